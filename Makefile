@@ -1,0 +1,38 @@
+# qinglong-edge developer entry points. The runtime needs only Python >= 3.11;
+# the tools below live in .venv, pinned in requirements-dev.txt.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: test lint typecheck unit bench dist demo clean
+
+$(STAMP): requirements-dev.txt pyproject.toml
+	$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+test: $(STAMP) lint typecheck unit
+
+lint: $(STAMP)
+	$(BIN)/ruff check qinglong_edge tests packaging
+
+typecheck: $(STAMP)
+	$(BIN)/mypy --strict qinglong_edge
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	@echo "make bench: no benchmarks are wired yet (issue 10)" >&2; exit 1
+
+dist: $(STAMP)
+	@echo "make dist: packaging is not built yet (issue 11)" >&2; exit 1
+
+demo: $(STAMP)
+	@echo "make demo: the end-to-end demo is not built yet (issue 12)" >&2; exit 1
+
+clean:
+	rm -rf $(VENV) dist build .mypy_cache .ruff_cache .pytest_cache .hypothesis

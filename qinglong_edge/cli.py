@@ -1,0 +1,135 @@
+"""Command line: parse arguments, load the config, run one command, map errors.
+
+``qinglong-edge [--config PATH] [--json] COMMAND ...``
+
+Each command group lives in :mod:`qinglong_edge.commands` and registers its own
+sub-parser; a command module imports the layer it needs (``ssl``, ``sqlite3``,
+``socket``...) only inside its ``run`` function, so ``--help`` and ``version`` stay
+light on a router (spec README, layer 5; a test checks ``sys.modules``).
+
+Exit statuses follow sysexits (spec README): 0 done, 64 usage, 65 invalid data,
+69 unavailable, 73/74 storage, 75 temporary failure, 77 permission, 78 configuration.
+Errors print one line ``qinglong-edge: <code>: <message>`` on stderr, or with
+``--json`` one JSON object on stdout; never a traceback (set
+``QINGLONG_EDGE_DEBUG=1`` to get one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+from qinglong_edge.errors import EX_SOFTWARE, EX_USAGE, EdgeError, exit_status_for
+
+__all__ = ["build_parser", "main"]
+
+PROG = "qinglong-edge"
+
+#: Command groups, in help order: (module under qinglong_edge.commands).
+COMMAND_MODULES: tuple[str, ...] = (
+    "version",
+    "doctor",
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so usage errors map to 64."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise _ArgumentError(message, self.format_usage())
+
+
+class _ArgumentError(Exception):
+    def __init__(self, message: str, usage: str) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the full parser (imports only the light command modules)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--config",
+        metavar="PATH",
+        default=argparse.SUPPRESS,
+        help="configuration file (default: $QINGLONG_EDGE_CONFIG or /etc/qinglong-edge/config.json)",
+    )
+    common.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print one machine-readable JSON line",
+    )
+    parser = _Parser(
+        prog=PROG,
+        description=(
+            "QingLong 3.0 edge agent: a Remote Worker that pulls offers (ADR-0110) and a "
+            "Local run API with authenticated cancellation (ADR-0372), for small devices."
+        ),
+        parents=[common],
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(f"qinglong_edge.commands.{name}")
+        module.register(subparsers, common)
+    return parser
+
+
+def _print_error(json_mode: bool, code: str, message: str, status: int) -> None:
+    if json_mode:
+        from qinglong_edge.commands._output import print_json
+
+        print_json({"ok": False, "code": code, "message": message, "exitStatus": status})
+    else:
+        print(f"{PROG}: {code}: {message}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI and return the exit status (the console script exits with it)."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    json_mode = "--json" in args_list
+    try:
+        parser = build_parser()
+        args = parser.parse_args(args_list)
+        # Defaults are applied here, not with set_defaults: argparse shares the
+        # parent's action objects with every sub-parser, so a default set on one
+        # would overwrite a value given before the sub-command.
+        for name, default in (("config", None), ("json", False)):
+            if not hasattr(args, name):
+                setattr(args, name, default)
+        handler = getattr(args, "handler", None)
+        if handler is None:
+            parser.print_help()
+            return EX_USAGE
+        status: int = handler(args)
+        return status
+    except _ArgumentError as exc:
+        if json_mode:
+            _print_error(True, "usage", str(exc), EX_USAGE)
+        else:
+            sys.stderr.write(exc.usage)
+            print(f"{PROG}: usage: {exc}", file=sys.stderr)
+        return EX_USAGE
+    except EdgeError as exc:
+        if os.environ.get("QINGLONG_EDGE_DEBUG") == "1":
+            raise
+        status = exit_status_for(exc)
+        _print_error(json_mode, exc.code, exc.message, status)
+        return status
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EX_SOFTWARE
+    except Exception as exc:  # last resort: no traceback to a user
+        if os.environ.get("QINGLONG_EDGE_DEBUG") == "1":
+            raise
+        _print_error(json_mode, "internal_error", type(exc).__name__, EX_SOFTWARE)
+        return EX_SOFTWARE
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

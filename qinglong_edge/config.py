@@ -1,0 +1,377 @@
+"""The agent configuration: one JSON file, schema ``qinglong/edge-agent@v1``.
+
+Lookup order: ``--config PATH``, else ``$QINGLONG_EDGE_CONFIG``, else
+``/etc/qinglong-edge/config.json``. The file is strict JSON (see
+:mod:`qinglong_edge.contracts.strictjson`) of at most 64 KiB, validated strictly:
+unknown keys are rejected, every limit is range-checked, paths must be absolute,
+and every error names the JSON path (``$.worker.requestTimeoutMs``).
+
+Shape (camelCase, like the QingLong configs; defaults in brackets)::
+
+    {
+      "schema": "qinglong/edge-agent@v1",
+      "profile": "edge" | "standalone",                       ["edge"]
+      "stateDirectory": "/abs/dir",                            required
+      "worker": {                                              absent: no Remote Worker role
+        "origin": "https://cluster.example:7443",              required
+        "workerId": "edge-1",                                  required
+        "credentialFile": "/abs", "certificateFile": "/abs",   required
+        "privateKeyFile": "/abs", "trustAnchorFiles": ["/abs", ...1-8], required
+        "journalDirectory": "/abs",                 [<stateDirectory>/worker]
+        "requestTimeoutMs": 1000-60000,             [15000]
+        "inboxMaximumEntries": 1-1024,              [64 edge, 256 standalone]
+        "inboxRetentionMs": 60000-31536000000,      [604800000 = 7 days]
+        "abandonedMaximumEntries": 1-1024,          [32]
+        "ownershipStaleMs": 5000-300000,            [30000]
+        "backoffBaseMs": 100-60000,                 [1000]
+        "sessionLeaseDurationMs": 5000-600000,      [180000: survives a missed cron minute]
+        "pullIntervalMs": 100-60000,                [2000 edge, 500 standalone]
+        "splayMaxMs": 0-60000,                      [0]
+        "maxConcurrentRuns": 1-1024                 [1]
+      },
+      "localApi": {                                            absent: no Local API role
+        "listener": {"host": "127.0.0.1" | "::1", "port": 1024-65535},  required
+        "databaseFile": "/abs",                     [<stateDirectory>/local.db]
+        "pepperKeyringDirectory": "/abs",           [<stateDirectory>/pepper]
+        "busyTimeoutMs": 100-30000                  [5000]
+      },
+      "execution": {                                           absent: Runs are never launched
+        "maxConcurrentRuns": 1-64,                  [2 edge, 8 standalone]
+        "terminateGraceMs": 1-30000,                [5000]
+        "killGraceMs": 1-30000,                     [1000]
+        "controlIntervalMs": 250-3600000,           [1000]
+        "logDirectory": "/abs",                     [<stateDirectory>/logs]
+        "maxLogBytes": 1024-67108864,               [1048576]
+        "cgroups": "auto" | "off"                   ["auto"]
+      }
+    }
+
+``execution`` needs ``localApi`` (Runs live in the Local store).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from qinglong_edge.contracts.errors import ContractError
+from qinglong_edge.contracts.origin import Origin, parse_origin
+from qinglong_edge.contracts.strictjson import StrictJsonError, loads
+from qinglong_edge.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_CONFIG_PATH",
+    "SCHEMA",
+    "EdgeConfig",
+    "ExecutionConfig",
+    "LocalApiConfig",
+    "WorkerConfig",
+    "load_config",
+    "parse_config",
+    "resolve_config_path",
+]
+
+SCHEMA = "qinglong/edge-agent@v1"
+DEFAULT_CONFIG_PATH = "/etc/qinglong-edge/config.json"
+ENV_CONFIG = "QINGLONG_EDGE_CONFIG"
+MAX_CONFIG_BYTES = 64 * 1024
+_WORKER_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """Remote Worker role (ADR-0110). Times in ms, sizes in entries."""
+
+    origin: Origin
+    worker_id: str
+    credential_file: str
+    certificate_file: str
+    private_key_file: str
+    trust_anchor_files: tuple[str, ...]
+    journal_directory: str
+    request_timeout_ms: int
+    inbox_maximum_entries: int
+    inbox_retention_ms: int
+    abandoned_maximum_entries: int
+    ownership_stale_ms: int
+    backoff_base_ms: int
+    session_lease_duration_ms: int
+    pull_interval_ms: int
+    splay_max_ms: int
+    max_concurrent_runs: int
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerConfig:
+    """Loopback listener of the Local API (local-api.md section 2.1)."""
+
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class LocalApiConfig:
+    """Local API role (ADR-0372)."""
+
+    listener: ListenerConfig
+    database_file: str
+    pepper_keyring_directory: str
+    busy_timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionConfig:
+    """Execution controller (local-api.md section 7). Times in ms, sizes in bytes."""
+
+    max_concurrent_runs: int
+    terminate_grace_ms: int
+    kill_grace_ms: int
+    control_interval_ms: int
+    log_directory: str
+    max_log_bytes: int
+    cgroups: str
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeConfig:
+    """A validated ``qinglong/edge-agent@v1`` configuration.
+
+    A role whose section is absent is ``None`` and disabled.
+    """
+
+    profile: str
+    state_directory: str
+    worker: WorkerConfig | None
+    local_api: LocalApiConfig | None
+    execution: ExecutionConfig | None
+    source: str = ""
+
+
+class _Section:
+    """Reads fields of one JSON object, tracking which keys were consumed."""
+
+    def __init__(self, value: object, path: str) -> None:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: must be an object", path=path)
+        self.data: Mapping[str, Any] = value
+        self.path = path
+        self.seen: set[str] = set()
+
+    def _at(self, key: str) -> str:
+        return f"{self.path}.{key}"
+
+    def _get(self, key: str, required: bool) -> Any:
+        self.seen.add(key)
+        if key not in self.data:
+            if required:
+                raise ConfigError(f"{self._at(key)}: is required", path=self._at(key))
+            return None
+        return self.data[key]
+
+    def integer(self, key: str, low: int, high: int, default: int) -> int:
+        value = self._get(key, required=False)
+        if value is None and key not in self.data:
+            return default
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise ConfigError(
+                f"{self._at(key)}: must be an integer from {low} to {high}", path=self._at(key)
+            )
+        return value
+
+    def choice(self, key: str, allowed: tuple[str, ...], default: str) -> str:
+        value = self._get(key, required=False)
+        if value is None and key not in self.data:
+            return default
+        if value not in allowed:
+            raise ConfigError(
+                f"{self._at(key)}: must be one of {', '.join(allowed)}", path=self._at(key)
+            )
+        return str(value)
+
+    def string(self, key: str, check: Callable[[str], bool], what: str) -> str:
+        value = self._get(key, required=True)
+        if not isinstance(value, str) or not check(value):
+            raise ConfigError(f"{self._at(key)}: must be {what}", path=self._at(key))
+        return value
+
+    def path_value(self, key: str, default: str | None = None) -> str:
+        value = self._get(key, required=default is None)
+        if value is None and key not in self.data and default is not None:
+            return default
+        return _absolute(value, self._at(key))
+
+    def section(self, key: str) -> _Section | None:
+        value = self._get(key, required=False)
+        if value is None and key not in self.data:
+            return None
+        return _Section(value, self._at(key))
+
+    def done(self) -> None:
+        unknown = [key for key in self.data if key not in self.seen]
+        if unknown:
+            at = self._at(unknown[0])
+            raise ConfigError(f"{at}: unknown key", path=at)
+
+
+def _absolute(value: object, path: str) -> str:
+    if (
+        not isinstance(value, str)
+        or not value.startswith("/")
+        or len(value) > 4096
+        or any(c in value for c in "\0\r\n")
+    ):
+        raise ConfigError(f"{path}: must be an absolute path", path=path)
+    return os.path.normpath(value)
+
+
+def _worker_id(value: str) -> bool:
+    return (
+        1 <= len(value) <= 128
+        and value[0].isascii()
+        and value[0].isalnum()
+        and all(c in _WORKER_ID_CHARS for c in value)
+    )
+
+
+def _parse_worker(sec: _Section, state_dir: str, profile: str) -> WorkerConfig:
+    origin_text = sec.string("origin", lambda v: True, "a string")
+    try:
+        origin = parse_origin(origin_text)
+    except ContractError as exc:
+        raise ConfigError(f"{sec._at('origin')}: {exc.detail}", path=sec._at("origin")) from None
+    worker_id = sec.string("workerId", _worker_id, "a worker id ([A-Za-z0-9][A-Za-z0-9._:-]*, 1-128)")
+    credential = sec.path_value("credentialFile")
+    certificate = sec.path_value("certificateFile")
+    key = sec.path_value("privateKeyFile")
+    anchors_raw = sec._get("trustAnchorFiles", required=True)
+    at = sec._at("trustAnchorFiles")
+    if not isinstance(anchors_raw, list) or not 1 <= len(anchors_raw) <= 8:
+        raise ConfigError(f"{at}: must be a list of 1 to 8 absolute paths", path=at)
+    anchors = tuple(_absolute(item, f"{at}[{i}]") for i, item in enumerate(anchors_raw))
+    config = WorkerConfig(
+        origin=origin,
+        worker_id=worker_id,
+        credential_file=credential,
+        certificate_file=certificate,
+        private_key_file=key,
+        trust_anchor_files=anchors,
+        journal_directory=sec.path_value("journalDirectory", os.path.join(state_dir, "worker")),
+        request_timeout_ms=sec.integer("requestTimeoutMs", 1000, 60000, 15000),
+        inbox_maximum_entries=sec.integer(
+            "inboxMaximumEntries", 1, 1024, 64 if profile == "edge" else 256
+        ),
+        inbox_retention_ms=sec.integer("inboxRetentionMs", 60_000, 31_536_000_000, 604_800_000),
+        abandoned_maximum_entries=sec.integer("abandonedMaximumEntries", 1, 1024, 32),
+        ownership_stale_ms=sec.integer("ownershipStaleMs", 5000, 300_000, 30_000),
+        backoff_base_ms=sec.integer("backoffBaseMs", 100, 60_000, 1000),
+        session_lease_duration_ms=sec.integer("sessionLeaseDurationMs", 5000, 600_000, 180_000),
+        pull_interval_ms=sec.integer("pullIntervalMs", 100, 60_000, 2000 if profile == "edge" else 500),
+        splay_max_ms=sec.integer("splayMaxMs", 0, 60_000, 0),
+        max_concurrent_runs=sec.integer("maxConcurrentRuns", 1, 1024, 1),
+    )
+    sec.done()
+    return config
+
+
+def _parse_local_api(sec: _Section, state_dir: str) -> LocalApiConfig:
+    listener_sec = sec.section("listener")
+    if listener_sec is None:
+        at = sec._at("listener")
+        raise ConfigError(f"{at}: is required", path=at)
+    host = listener_sec.string("host", lambda v: v in ("127.0.0.1", "::1"), "127.0.0.1 or ::1")
+    port_at = listener_sec._at("port")
+    if "port" not in listener_sec.data:
+        raise ConfigError(f"{port_at}: is required", path=port_at)
+    port = listener_sec.integer("port", 1024, 65535, 0)
+    listener_sec.done()
+    config = LocalApiConfig(
+        listener=ListenerConfig(host=host, port=port),
+        database_file=sec.path_value("databaseFile", os.path.join(state_dir, "local.db")),
+        pepper_keyring_directory=sec.path_value(
+            "pepperKeyringDirectory", os.path.join(state_dir, "pepper")
+        ),
+        busy_timeout_ms=sec.integer("busyTimeoutMs", 100, 30_000, 5000),
+    )
+    sec.done()
+    return config
+
+
+def _parse_execution(sec: _Section, state_dir: str, profile: str) -> ExecutionConfig:
+    config = ExecutionConfig(
+        max_concurrent_runs=sec.integer("maxConcurrentRuns", 1, 64, 2 if profile == "edge" else 8),
+        terminate_grace_ms=sec.integer("terminateGraceMs", 1, 30_000, 5000),
+        kill_grace_ms=sec.integer("killGraceMs", 1, 30_000, 1000),
+        control_interval_ms=sec.integer("controlIntervalMs", 250, 3_600_000, 1000),
+        log_directory=sec.path_value("logDirectory", os.path.join(state_dir, "logs")),
+        max_log_bytes=sec.integer("maxLogBytes", 1024, 64 * 1024 * 1024, 1024 * 1024),
+        cgroups=sec.choice("cgroups", ("auto", "off"), "auto"),
+    )
+    sec.done()
+    return config
+
+
+def parse_config(document: object, source: str = "") -> EdgeConfig:
+    """Validate a decoded configuration document.
+
+    Raises:
+        ConfigError: naming the JSON path of the first problem.
+    """
+    root = _Section(document, "$")
+    root.string("schema", lambda v: v == SCHEMA, f'"{SCHEMA}"')
+    profile = root.choice("profile", ("edge", "standalone"), "edge")
+    state_dir = root.path_value("stateDirectory")
+    worker_sec = root.section("worker")
+    local_sec = root.section("localApi")
+    exec_sec = root.section("execution")
+    worker = _parse_worker(worker_sec, state_dir, profile) if worker_sec else None
+    local_api = _parse_local_api(local_sec, state_dir) if local_sec else None
+    execution = _parse_execution(exec_sec, state_dir, profile) if exec_sec else None
+    root.done()
+    if execution is not None and local_api is None:
+        raise ConfigError("$.execution: needs the localApi section", path="$.execution")
+    return EdgeConfig(
+        profile=profile,
+        state_directory=state_dir,
+        worker=worker,
+        local_api=local_api,
+        execution=execution,
+        source=source,
+    )
+
+
+def resolve_config_path(explicit: str | None) -> str:
+    """``--config``, else ``$QINGLONG_EDGE_CONFIG``, else the default path."""
+    if explicit:
+        return explicit
+    return os.environ.get(ENV_CONFIG) or DEFAULT_CONFIG_PATH
+
+
+def load_config(explicit: str | None = None) -> EdgeConfig:
+    """Read, decode and validate the configuration file.
+
+    Raises:
+        ConfigError: the file is missing, unreadable, too large, not strict JSON, or
+            invalid; the message names the file and the JSON path.
+    """
+    path = resolve_config_path(explicit)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot open ({exc.strerror})") from None
+    try:
+        with os.fdopen(fd, "rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        document = loads(data, max_bytes=MAX_CONFIG_BYTES, min_bytes=2)
+    except StrictJsonError as exc:
+        raise ConfigError(f"{path}: {exc.path}: {exc.code} ({exc.detail})", path=exc.path) from None
+    try:
+        return parse_config(document, source=path)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc.message}", path=exc.path) from None

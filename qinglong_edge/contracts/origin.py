@@ -1,0 +1,90 @@
+"""The worker ingress origin (ADR-0110 section 1.1), parsed without I/O.
+
+The reference parses the origin as a WHATWG URL and accepts only ``https:`` with no
+userinfo, a path of exactly ``/`` (or none), no query and no fragment; the port
+defaults to 443. We accept the same set, spelled as an ASCII host name or an IP
+literal (IPv6 in brackets), and reject everything else with ``invalid_origin``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+
+from qinglong_edge.contracts.errors import ContractError
+
+__all__ = ["Origin", "parse_origin"]
+
+_ORIGIN = re.compile(
+    r"https://(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::(?P<port>[0-9]{1,5}))?/?",
+    re.ASCII,
+)
+_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?", re.ASCII)
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """A validated ``https`` origin.
+
+    Attributes:
+        host: host name (lower-cased) or IP literal without brackets.
+        port: TCP port, 1-65535 (443 when the origin names none).
+        is_ip: True for an IP literal; then no SNI is sent (section 1.2).
+        text: canonical ``https://host[:port]`` form, for messages and the Host header.
+    """
+
+    host: str
+    port: int
+    is_ip: bool
+    text: str
+
+    @property
+    def host_header(self) -> str:
+        """The ``Host`` header value: the host, bracketed for IPv6, with a non-443 port."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return host if self.port == 443 else f"{host}:{self.port}"
+
+
+def parse_origin(text: object) -> Origin:
+    """Parse ``text`` as a worker ingress origin.
+
+    Raises:
+        ContractError: ``invalid_origin`` for anything but ``https://host[:port][/]``.
+    """
+    if not isinstance(text, str) or len(text) > 2048:
+        raise ContractError("invalid_origin", "$", "origin must be a string of at most 2048")
+    match = _ORIGIN.fullmatch(text)
+    if match is None:
+        raise ContractError(
+            "invalid_origin",
+            "$",
+            "origin must be https://host[:port] with no userinfo, path, query or fragment",
+        )
+    raw_host = match.group("host")
+    port_text = match.group("port")
+    port = 443 if port_text is None else int(port_text)
+    if port_text is not None and (port < 1 or port > 65535 or port_text != str(port)):
+        raise ContractError("invalid_origin", "$", "port must be 1-65535 in canonical form")
+    is_ip = False
+    if raw_host.startswith("["):
+        try:
+            host = str(ipaddress.IPv6Address(raw_host[1:-1]))
+        except ValueError:
+            raise ContractError("invalid_origin", "$", "invalid IPv6 literal") from None
+        is_ip = True
+    else:
+        host = raw_host.lower()
+        try:
+            host = str(ipaddress.IPv4Address(host))
+            is_ip = True
+        except ValueError:
+            labels = host.rstrip(".").split(".") if len(host) <= 253 else []
+            if not labels or not all(_LABEL.fullmatch(label) for label in labels):
+                raise ContractError("invalid_origin", "$", "invalid host name") from None
+            if labels[-1].isdigit():
+                raise ContractError("invalid_origin", "$", "invalid IPv4 literal") from None
+            host = ".".join(labels)
+    origin = Origin(host=host, port=port, is_ip=is_ip, text="")
+    object.__setattr__(origin, "text", "https://" + origin.host_header)
+    return origin

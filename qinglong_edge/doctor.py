@@ -1,0 +1,378 @@
+"""Device checks behind ``qinglong-edge doctor``: real probes, one result each.
+
+Every probe does the real thing in the configured directories (creates, links,
+fsyncs, locks and removes its own temporary files) rather than guessing from the
+file-system type, because routers mount surprising things (JFFS2 overlays, FAT
+USB sticks, FUSE).
+
+A check is *required* when the configured roles cannot work without it; the
+command exits 0 only when every required check passes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import secrets
+import stat
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+
+from qinglong_edge.config import EdgeConfig
+
+__all__ = ["Check", "run_checks"]
+
+MIN_FREE_BYTES = 8 * 1024 * 1024
+MIN_SQLITE = (3, 35, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One doctor result.
+
+    Attributes:
+        name: stable identifier (``hard_links``, ``tls13``...).
+        ok: whether the probe passed.
+        required: whether a failure makes ``doctor`` exit non-zero.
+        detail: what was found, one line.
+        remedy: what to do about a failure ("" when ok).
+    """
+
+    name: str
+    ok: bool
+    required: bool
+    detail: str
+    remedy: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _probe_name(directory: str, tag: str) -> str:
+    return os.path.join(directory, f".doctor-{tag}.{secrets.token_hex(8)}.tmp")
+
+
+@contextlib.contextmanager
+def _temp_file(directory: str, tag: str) -> Iterator[tuple[str, int]]:
+    path = _probe_name(directory, tag)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        yield path, fd
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def check_python() -> Check:
+    ok = sys.version_info >= (3, 11)
+    version = ".".join(map(str, sys.version_info[:3]))
+    return Check(
+        "python", ok, True, f"Python {version}", "" if ok else "install Python 3.11 or newer"
+    )
+
+
+def check_tls13(required: bool) -> Check:
+    try:
+        import ssl
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.minimum_version = ssl.TLSVersion.TLSv1_3
+        context.maximum_version = ssl.TLSVersion.TLSv1_3
+        ok = bool(ssl.HAS_TLSv1_3)
+        detail = f"{ssl.OPENSSL_VERSION}, TLS 1.3 {'available' if ok else 'missing'}"
+    except (ImportError, ValueError, OSError) as exc:
+        ok, detail = False, f"ssl unusable ({type(exc).__name__})"
+    remedy = "" if ok else "install python3-openssl with OpenSSL >= 1.1.1 (TLS 1.3)"
+    return Check("tls13", ok, required, detail, remedy)
+
+
+def check_sqlite(required: bool) -> Check:
+    try:
+        import sqlite3
+
+        version = sqlite3.sqlite_version_info
+        ok = version >= MIN_SQLITE
+        detail = f"SQLite {sqlite3.sqlite_version}"
+    except ImportError:
+        ok, detail = False, "sqlite3 module missing"
+    need = ".".join(map(str, MIN_SQLITE))
+    remedy = "" if ok else f"install python3-sqlite3 with SQLite >= {need}"
+    return Check("sqlite", ok, required, detail, remedy)
+
+
+def check_sqlite_journal(directory: str, profile: str, required: bool) -> list[Check]:
+    """Real writes in ``directory``: the profile's journal mode, and whether WAL works."""
+    results = []
+    try:
+        import sqlite3
+    except ImportError:
+        return [
+            Check("sqlite_write", False, required, "sqlite3 module missing", "install python3-sqlite3")
+        ]
+    wanted = "wal" if profile == "standalone" else "delete"
+    for mode in dict.fromkeys((wanted, "wal")):
+        path = _probe_name(directory, f"sqlite-{mode}")
+        ok, detail = False, ""
+        try:
+            conn = sqlite3.connect(path, isolation_level=None)
+            try:
+                got = conn.execute(f"PRAGMA journal_mode={mode}").fetchone()[0]
+                conn.execute("PRAGMA synchronous=FULL")
+                conn.execute("CREATE TABLE t(x INTEGER)")
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("INSERT INTO t VALUES (1)")
+                conn.execute("COMMIT")
+                rows = conn.execute("SELECT count(*) FROM t").fetchone()[0]
+                ok = got == mode and rows == 1
+                detail = f"journal_mode={got} write+read {'ok' if rows == 1 else 'failed'}"
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:
+            detail = f"{mode} failed: {exc}"
+        finally:
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                with contextlib.suppress(OSError):
+                    os.unlink(path + suffix)
+        name = "sqlite_write" if mode == wanted else "sqlite_wal"
+        remedy = ""
+        if not ok:
+            remedy = (
+                "use the edge profile (journal_mode=DELETE) on this file system"
+                if mode == "wal"
+                else f"put the database on a writable local file system ({directory})"
+            )
+        results.append(Check(name, ok, required and mode == wanted, f"{directory}: {detail}", remedy))
+    return results
+
+
+def check_directory(directory: str, name: str, required: bool) -> Check:
+    """Exists, is a real directory owned by us, with no group/other permission bits."""
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        return Check(
+            name, False, required, f"{directory}: missing",
+            f"mkdir -p -m 0700 {directory} (or run the command that creates it)",
+        )
+    except OSError as exc:
+        return Check(name, False, required, f"{directory}: {exc.strerror}", "check the path")
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        return Check(
+            name, False, required, f"{directory}: not a real directory", "use a real directory, not a symlink"
+        )
+    problems = []
+    if st.st_uid != os.geteuid():
+        problems.append(f"owned by uid {st.st_uid}, not {os.geteuid()}")
+    if st.st_mode & 0o077:
+        problems.append(f"mode {stat.S_IMODE(st.st_mode):04o} allows group/other")
+    if problems:
+        return Check(
+            name, False, required, f"{directory}: {'; '.join(problems)}",
+            f"chown {os.geteuid()} {directory} && chmod 0700 {directory}",
+        )
+    return Check(name, True, required, f"{directory}: mode {stat.S_IMODE(st.st_mode):04o}, owner ok")
+
+
+def _exists(directory: str) -> bool:
+    return os.path.isdir(directory) and not os.path.islink(directory)
+
+
+def check_hard_links(directory: str, required: bool) -> Check:
+    remedy = "put the state directory on ext4/f2fs/ubifs/jffs2/tmpfs, not FAT/exFAT or a FUSE mount without links"
+    try:
+        with _temp_file(directory, "link") as (path, _fd):
+            target = path + ".link"
+            try:
+                os.link(path, target)
+                nlink = os.stat(path).st_nlink
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(target)
+    except OSError as exc:
+        return Check("hard_links", False, required, f"{directory}: link() failed: {exc.strerror}", remedy)
+    ok = nlink == 2
+    return Check("hard_links", ok, required, f"{directory}: link() ok, st_nlink={nlink}", "" if ok else remedy)
+
+
+def check_exclusive_create(directory: str, required: bool) -> Check:
+    try:
+        with _temp_file(directory, "excl") as (path, _fd):
+            try:
+                fd2 = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            except FileExistsError:
+                return Check("o_excl", True, required, f"{directory}: O_EXCL refuses an existing file")
+            os.close(fd2)
+    except OSError as exc:
+        return Check("o_excl", False, required, f"{directory}: {exc.strerror}", "use a local POSIX file system")
+    return Check(
+        "o_excl", False, required, f"{directory}: O_EXCL opened an existing file", "use a local POSIX file system"
+    )
+
+
+def check_fsync(directory: str, required: bool) -> Check:
+    try:
+        with _temp_file(directory, "fsync") as (_path, fd):
+            os.write(fd, b"qinglong-edge doctor\n")
+            os.fsync(fd)
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        return Check(
+            "fsync", False, required, f"{directory}: fsync failed: {exc.strerror}",
+            "use a file system that supports fsync on files and directories",
+        )
+    return Check("fsync", True, required, f"{directory}: fsync of file and directory ok")
+
+
+def check_flock(directory: str, required: bool) -> Check:
+    remedy = "use a local file system with flock (not NFS/SMB)"
+    try:
+        with _temp_file(directory, "flock") as (path, fd):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            other = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                try:
+                    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError as exc:
+                    if exc.errno in (errno.EAGAIN, errno.EACCES):
+                        return Check("flock", True, required, f"{directory}: flock is exclusive")
+                    raise
+                return Check("flock", False, required, f"{directory}: a second flock succeeded", remedy)
+            finally:
+                os.close(other)
+    except OSError as exc:
+        return Check("flock", False, required, f"{directory}: flock failed: {exc.strerror}", remedy)
+
+
+def check_free_space(directory: str, required: bool) -> Check:
+    try:
+        st = os.statvfs(directory)
+    except OSError as exc:
+        return Check("free_space", False, required, f"{directory}: {exc.strerror}", "check the path")
+    free = st.f_bavail * st.f_frsize
+    ok = free >= MIN_FREE_BYTES
+    detail = f"{directory}: {free // (1024 * 1024)} MiB free"
+    remedy = "" if ok else f"free at least {MIN_FREE_BYTES // (1024 * 1024)} MiB"
+    return Check("free_space", ok, required, detail, remedy)
+
+
+def _cgroup_probe(base: str) -> str | None:
+    name = os.path.join(base, f"qinglong-edge-doctor-{secrets.token_hex(4)}")
+    try:
+        os.mkdir(name)
+    except OSError:
+        return None
+    with contextlib.suppress(OSError):
+        os.rmdir(name)
+    return base
+
+
+def check_cgroups() -> Check:
+    """Can the agent create a cgroup per Run (v2 with cgroup.kill, else v1 pids/freezer)?"""
+    found = []
+    for base in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+        if os.path.exists(os.path.join(base, "cgroup.procs")) and os.path.exists(
+            os.path.join(base, "cgroup.controllers")
+        ) and _cgroup_probe(base):
+            found.append(f"v2 at {base}")
+            break
+    for controller in ("pids", "freezer"):
+        base = os.path.join("/sys/fs/cgroup", controller)
+        if os.path.exists(os.path.join(base, "tasks")) and _cgroup_probe(base):
+            found.append(f"v1 {controller}")
+    if found:
+        return Check("cgroups", True, False, "per-run cgroups: " + ", ".join(found))
+    return Check(
+        "cgroups", False, False,
+        "no writable cgroup hierarchy: escaped processes of a Run are found by process group only",
+        "run serve with a delegated cgroup (systemd Delegate=yes) or as root",
+    )
+
+
+def check_clock() -> Check:
+    year = time.gmtime().tm_year
+    ok = year >= 2020
+    remedy = "" if ok else "set the clock (NTP) before running: credentials and leases use wall time"
+    return Check("clock", ok, True, f"UTC year {year}", remedy)
+
+
+def check_secret_file(path: str, name: str, max_bytes: int) -> Check:
+    """A private file: regular, not a symlink, ours, no group/other bits, 1..max bytes."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return Check(name, False, True, f"{path}: {exc.strerror}", f"install the file at {path}")
+    problems = []
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
+        problems.append("not a regular file")
+    if st.st_mode & 0o077:
+        problems.append(f"mode {stat.S_IMODE(st.st_mode):04o} allows group/other")
+    if st.st_uid != os.geteuid():
+        problems.append(f"owned by uid {st.st_uid}")
+    if not 1 <= st.st_size <= max_bytes:
+        problems.append(f"size {st.st_size} outside 1..{max_bytes}")
+    if problems:
+        return Check(
+            name, False, True, f"{path}: {'; '.join(problems)}",
+            f"chmod 0600 {path} and make it a regular file owned by the agent user",
+        )
+    return Check(name, True, True, f"{path}: private, {st.st_size} bytes")
+
+
+def check_readable(path: str, name: str) -> Check:
+    try:
+        with open(path, "rb") as handle:
+            size = len(handle.read(1024 * 1024 + 1))
+    except OSError as exc:
+        return Check(name, False, True, f"{path}: {exc.strerror}", f"install the file at {path}")
+    ok = 1 <= size <= 1024 * 1024
+    return Check(name, ok, True, f"{path}: {size} bytes", "" if ok else "1 byte to 1 MiB expected")
+
+
+def _storage_checks(directory: str, label: str, required: bool) -> Iterator[Check]:
+    yield check_directory(directory, f"{label}_dir", required)
+    if not _exists(directory):
+        return
+    probes: list[Callable[[str, bool], Check]] = [
+        check_hard_links, check_exclusive_create, check_fsync, check_flock, check_free_space,
+    ]
+    for probe in probes:
+        result = probe(directory, required)
+        yield Check(f"{label}_{result.name}" if label != "state" else result.name,
+                    result.ok, result.required, result.detail, result.remedy)
+
+
+def run_checks(config: EdgeConfig) -> list[Check]:
+    """Run every check that applies to ``config``'s roles, in a stable order."""
+    worker, local = config.worker, config.local_api
+    checks = [check_python(), check_tls13(worker is not None), check_sqlite(local is not None)]
+    checks.extend(_storage_checks(config.state_directory, "state", True))
+    if worker is not None:
+        if worker.journal_directory != config.state_directory and _exists(worker.journal_directory):
+            checks.extend(_storage_checks(worker.journal_directory, "journal", True))
+        checks.append(check_secret_file(worker.credential_file, "worker_credential", 256))
+        checks.append(check_secret_file(worker.private_key_file, "worker_private_key", 1024 * 1024))
+        checks.append(check_readable(worker.certificate_file, "worker_certificate"))
+        for index, anchor in enumerate(worker.trust_anchor_files):
+            checks.append(check_readable(anchor, f"trust_anchor_{index}"))
+    if local is not None:
+        db_dir = os.path.dirname(local.database_file)
+        if _exists(db_dir):
+            checks.extend(check_sqlite_journal(db_dir, config.profile, True))
+        else:
+            checks.append(
+                Check("sqlite_write", False, True, f"{db_dir}: missing", f"mkdir -p -m 0700 {db_dir}")
+            )
+        checks.append(check_directory(local.pepper_keyring_directory, "pepper_dir", True))
+    if config.execution is not None:
+        checks.append(check_cgroups())
+    checks.append(check_clock())
+    return checks

@@ -1,0 +1,1 @@
+"""Test-only helpers: servers, PKI, cluster double. Never shipped in a package."""

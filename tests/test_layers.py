@@ -1,0 +1,64 @@
+"""Lower layers never import upper ones (spec README, "Layers")."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import sys
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "qinglong_edge"
+
+# Rank of each top-level part of the package; a module may import only ranks <= its own.
+RANK = {
+    "contracts": 0,
+    "errors": 1,
+    "config": 1,
+    "worker": 2,
+    "local": 3,
+    "execution": 4,
+    "doctor": 5,
+    "commands": 5,
+    "cli": 5,
+    "__main__": 5,
+    "__init__": 5,
+}
+
+
+def _part(module_path: pathlib.Path) -> str:
+    rel = module_path.relative_to(PACKAGE)
+    return rel.parts[0].removesuffix(".py")
+
+
+def _imports(path: pathlib.Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+    return found
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_module_respects_layers(path: pathlib.Path) -> None:
+    own = _part(path)
+    rank = RANK[own]
+    for lineno, name in _imports(path):
+        top = name.split(".")[0]
+        if top == "qinglong_edge":
+            parts = name.split(".")
+            if len(parts) == 1:
+                assert own in ("__init__", "cli", "commands", "__main__"), f"{path}:{lineno}"
+                continue
+            target = parts[1]
+            assert RANK[target] <= rank, f"{path}:{lineno} imports {name} (layer {target} above {own})"
+            if own == "contracts":
+                assert target == "contracts", f"{path}:{lineno}: contracts imports only contracts"
+        else:
+            assert top in sys.stdlib_module_names, f"{path}:{lineno}: {name} is not standard library"
