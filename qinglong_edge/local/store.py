@@ -319,7 +319,7 @@ class Store:
         except sqlite3.Error as exc:
             raise _unavailable(f"{path}: cannot open the database", exc) from None
         try:
-            defensive = _configure(conn, profile, busy_timeout_ms)
+            defensive = _configure(conn, path, profile, busy_timeout_ms)
             _quick_check(conn, path)
             _check_identity(conn, path)
             journal_mode, fallback = _journal_and_probe(conn, profile, path)
@@ -484,7 +484,7 @@ def json_needs_trusted_schema() -> bool:
     return False
 
 
-def _configure(conn: sqlite3.Connection, profile: str, busy_timeout_ms: int) -> bool:
+def _configure(conn: sqlite3.Connection, path: str, profile: str, busy_timeout_ms: int) -> bool:
     """Connection pragmas that write nothing; returns whether defensive mode is on."""
     try:
         conn.execute("PRAGMA foreign_keys = ON")
@@ -496,7 +496,7 @@ def _configure(conn: sqlite3.Connection, profile: str, busy_timeout_ms: int) -> 
         for name, value in _PROFILE_PRAGMAS[profile]:
             conn.execute(f"PRAGMA {name} = {int(value)}")
     except sqlite3.Error as exc:
-        raise _unavailable("cannot configure the database connection", exc) from None
+        raise _open_failure(exc, path, "cannot configure the database connection") from None
     defensive = False
     setconfig = getattr(conn, "setconfig", None)  # Python 3.12+
     if setconfig is not None:
@@ -513,19 +513,24 @@ def _configure(conn: sqlite3.Connection, profile: str, busy_timeout_ms: int) -> 
     return defensive
 
 
+def _open_failure(exc: sqlite3.Error, path: str, what: str) -> StoreError:
+    """``database_corrupt`` for a damaged file / not a database, else ``storage_unavailable``."""
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+        return StoreError(
+            f"{path}: the database is damaged or not a SQLite database ({_error_name(exc)}); "
+            "it was left untouched: restore it from a backup or move it aside",
+            code="database_corrupt",
+        )
+    return _unavailable(f"{path}: {what}", exc)
+
+
 def _quick_check(conn: sqlite3.Connection, path: str) -> None:
     """``PRAGMA quick_check``: refuse a damaged database before anything is written."""
     try:
         rows = conn.execute("PRAGMA quick_check").fetchall()
-    except sqlite3.DatabaseError as exc:
-        code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
-        if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or not isinstance(exc, sqlite3.OperationalError):
-            raise StoreError(
-                f"{path}: the database is damaged or not a SQLite database ({_error_name(exc)}); "
-                "it was left untouched: restore it from a backup or move it aside",
-                code="database_corrupt",
-            ) from None
-        raise _unavailable(f"{path}: integrity check could not run", exc) from None
+    except sqlite3.Error as exc:
+        raise _open_failure(exc, path, "integrity check could not run") from None
     if rows != [("ok",)]:
         first = str(rows[0][0]).splitlines()[0][:160] if rows else "no result"
         raise StoreError(
@@ -580,7 +585,7 @@ def _check_identity(conn: sqlite3.Connection, path: str) -> None:
             return
         _verify_applied(_applied(conn), path)
     except sqlite3.Error as exc:
-        raise _unavailable(f"{path}: cannot read the schema", exc) from None
+        raise _open_failure(exc, path, "cannot read the schema") from None
 
 
 def _probe(conn: sqlite3.Connection) -> None:
