@@ -12,14 +12,17 @@ from qinglong_edge.execution.identity import read_proc_stat, scan_processes
 from qinglong_edge.execution.spawn import Spawned, job_environment, spawn
 
 
-def start_job(script: str, cwd: str, *, cgroup: RunCgroup | None = None) -> Spawned:
-    """Start ``/bin/sh -c script`` exactly as the launcher does (new session, cgroup)."""
+def start_job(script: str, cwd: str, *, cgroup: RunCgroup | None = None, release: bool = True) -> Spawned:
+    """Start ``/bin/sh -c script`` exactly as the launcher does (new session, cgroup, gate)."""
     env = job_environment({}, run_id="run-test", attempt_id="attempt-test", home=cwd)
     fd = os.open(os.devnull, os.O_WRONLY)
     try:
-        return spawn(["/bin/sh", "-c", script], cwd=cwd, env=env, stdout_fd=fd, cgroup=cgroup)
+        job = spawn(["/bin/sh", "-c", script], cwd=cwd, env=env, stdout_fd=fd, cgroup=cgroup)
     finally:
         os.close(fd)
+    if release:
+        job.release()
+    return job
 
 
 def alive(pid: int) -> bool:
