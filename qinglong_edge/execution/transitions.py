@@ -249,34 +249,43 @@ class Changes:
 
 
 _CANDIDATES = """
-SELECT 'cancellation', r.cancel_requested_at_ms, r.id, a.id, r.cancel_reason
-FROM "Runs" AS r JOIN "RunAttempts" AS a ON a.run_id = r.id
-WHERE r.execution_owner = 'runtime'
-  AND r.status NOT IN ('succeeded', 'failed', 'cancelled', 'timed_out')
-  AND r.cancel_requested_at_ms IS NOT NULL
-  AND a.status IN ('claimed', 'starting', 'running') AND a.executor_type = 'local_process'
-  AND NOT EXISTS (SELECT 1 FROM "RunAttempts" AS b WHERE b.run_id = r.id AND b.attempt > a.attempt)
-UNION ALL
-SELECT 'deadline', a.deadline_at_ms, r.id, a.id, NULL
-FROM "Runs" AS r JOIN "RunAttempts" AS a ON a.run_id = r.id
-WHERE r.execution_owner = 'runtime' AND r.status IN ('dispatching', 'running')
-  AND r.cancel_requested_at_ms IS NULL
-  AND a.status IN ('starting', 'running') AND a.executor_type = 'local_process'
-  AND a.deadline_at_ms IS NOT NULL AND a.deadline_at_ms <= ?
-  AND NOT EXISTS (SELECT 1 FROM "RunAttempts" AS b WHERE b.run_id = r.id AND b.attempt > a.attempt)
-ORDER BY 2, 1, 4 LIMIT ?
+SELECT kind, due, run_id, attempt_id, reason FROM (
+  SELECT 'cancellation' AS kind, r.cancel_requested_at_ms AS due, r.id AS run_id, a.id AS attempt_id,
+         r.cancel_reason AS reason
+  FROM "Runs" AS r JOIN "RunAttempts" AS a ON a.run_id = r.id
+  WHERE r.execution_owner = 'runtime'
+    AND r.status NOT IN ('succeeded', 'failed', 'cancelled', 'timed_out')
+    AND r.cancel_requested_at_ms IS NOT NULL
+    AND a.status IN ('claimed', 'starting', 'running') AND a.executor_type = 'local_process'
+    AND NOT EXISTS (SELECT 1 FROM "RunAttempts" AS b WHERE b.run_id = r.id AND b.attempt > a.attempt)
+  UNION ALL
+  SELECT 'deadline', a.deadline_at_ms, r.id, a.id, NULL
+  FROM "Runs" AS r JOIN "RunAttempts" AS a ON a.run_id = r.id
+  WHERE r.execution_owner = 'runtime' AND r.status IN ('dispatching', 'running')
+    AND r.cancel_requested_at_ms IS NULL
+    AND a.status IN ('starting', 'running') AND a.executor_type = 'local_process'
+    AND a.deadline_at_ms IS NOT NULL AND a.deadline_at_ms <= ?
+    AND NOT EXISTS (SELECT 1 FROM "RunAttempts" AS b WHERE b.run_id = r.id AND b.attempt > a.attempt)
+)
+WHERE (due, kind, attempt_id) > (?, ?, ?)
+ORDER BY due, kind, attempt_id LIMIT ?
 """
 
 
-def list_candidates(conn: sqlite3.Connection, now_ms: int, limit: int = MAX_PAGE) -> list[Candidate]:
-    """The 7.1 union (cancellation + deadline), ordered by (due, kind, attempt id).
+def list_candidates(
+    conn: sqlite3.Connection, now_ms: int, *, after: tuple[int, str, str] | None = None, limit: int = MAX_PAGE
+) -> list[Candidate]:
+    """One page of the 7.1 union (cancellation + deadline), ordered by (due, kind, attempt id).
+
+    ``after`` is the cursor ``(due, kind, attempt_id)`` of the previous page's last row.
 
     Decision: a cancellation is due as soon as its intent exists (no
     ``cancel_requested_at_ms <= now`` filter), so a wall clock stepped backwards (NTP on a
     router) cannot delay a stop; deadlines compare with ``now_ms``. Includes ``queued``
     Runs with an intent (their ``claimed`` attempt), our 7.2 extension.
     """
-    rows = conn.execute(_CANDIDATES, (now_ms, limit)).fetchall()
+    cursor = after if after is not None else (-1, "", "")
+    rows = conn.execute(_CANDIDATES, (now_ms, *cursor, limit)).fetchall()
     return [Candidate(*row) for row in rows]
 
 

@@ -35,3 +35,15 @@ def run_cgroup(cgroup_manager: CgroupManager) -> Iterator[RunCgroup]:
         import time
 
         time.sleep(0.01)
+
+
+@pytest.fixture
+def env(tmp_path: object) -> Iterator[object]:
+    """A real Local store (tests/support/execution_env.py)."""
+    from tests.support.execution_env import make_env
+
+    root = os.path.join(str(tmp_path), "state")
+    os.makedirs(root)
+    environment = make_env(root)
+    yield environment
+    environment.store.close()
