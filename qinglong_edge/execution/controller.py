@@ -5,8 +5,13 @@ process authority. Public API (``serve`` builds one and calls these)::
 
     controller = ExecutionController(store, config.execution)
     controller.start()          # recovery, then the loop, on its own thread
-    controller.notify()         # after a cancel intent (or a task.start) commits; any thread
+    api = LocalApi(store, ..., on_intent=controller.on_intent)   # the HTTP hook (issue 8)
+    controller.notify()         # the same wake-up, for any other caller; any thread
     controller.stop(timeout_s)  # serve drain: stop the Runs (reason shutdown), join
+    store.close()               # only after stop(): the drain writes terminal states
+
+``stop`` needs ``timeout_s`` >= ``terminateGraceMs + killGraceMs`` plus a little (the
+drain stops every Run concurrently, so one grace period in all).
 
 The thread wakes on :meth:`notify` (a self-pipe), on any Run's output or exit (its log FIFO
 and pidfd are in the same ``selectors`` set), at the nearest deadline, and at least every
@@ -123,6 +128,7 @@ class ExecutionController:
         self._active: dict[str, ActiveRun] = {}
         self._retry_at: dict[str, float] = {}
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wake_lock = threading.Lock()
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._stopping = threading.Event()
@@ -166,8 +172,19 @@ class ExecutionController:
 
     def notify(self) -> None:
         """Wake the thread now (a cancel intent or a new Run committed). Never blocks."""
-        with contextlib.suppress(BlockingIOError, OSError):
-            os.write(self._wake_w, b"\0")
+        with self._wake_lock:
+            if self._wake_w < 0:
+                return
+            with contextlib.suppress(BlockingIOError, OSError):
+                os.write(self._wake_w, b"\0")
+
+    def on_intent(self, operation: str, run_id: str) -> None:
+        """The Local API's intent hook (``("run.cancel" | "task.start", runId)``): wake up.
+
+        The Run id is not needed: the thread re-reads every durable intent (level
+        triggered, field-lessons.md 2), so a lost wake-up only costs one control interval.
+        """
+        self.notify()
 
     def wait_ready(self, timeout_s: float | None = None) -> bool:
         """Wait until restart recovery has finished; True if it has."""
@@ -216,6 +233,10 @@ class ExecutionController:
             for active in list(self._active.values()):
                 active.close()
             self._selector.close()
+            with self._wake_lock:
+                os.close(self._wake_w)
+                os.close(self._wake_r)
+                self._wake_w = self._wake_r = -1
 
     def _next_timeout(self) -> float:
         if self._woken:

@@ -22,8 +22,8 @@ The process:
   Nothing of the agent's environment (credentials, pepper paths, ``QINGLONG_EDGE_*``)
   is passed on;
 * has its executable resolved here, in the agent, against that ``PATH`` and the working
-  directory, so a missing command is a launch failure (``EXECUTOR_START_FAILED``) with
-  or without a cgroup, rather than a Run that fails with 127 in one case only.
+  directory, so a missing command is a launch failure (``EXECUTOR_START_FAILED``)
+  rather than a Run whose wrapper fails to ``exec`` (127).
 
 Signal dispositions: handlers are reset by ``exec``; ``SIGPIPE``/``SIGXFSZ`` are
 restored by :mod:`subprocess`. The agent must not *ignore* SIGTERM/SIGINT/SIGHUP

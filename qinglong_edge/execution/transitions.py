@@ -5,8 +5,10 @@ opens its own ``BEGIN IMMEDIATE`` transaction, re-reads the Run and attempt, che
 they are still in the state the caller saw, and then changes both rows and appends the
 events in one commit. Run ``version`` and ``event_sequence`` rise by one per event.
 
-Events (type / dedupe key / actor type / actor id / payload keys in order). ``cs`` is the
-attempt's ``callback_sequence`` before the change, ``v0`` the Run version before it:
+Events (type / dedupe key / actor type / actor id / payload keys in order; the launch
+rows are written by :mod:`qinglong_edge.execution.launcher`). ``cs`` is the attempt's
+``callback_sequence`` before the change, ``v0`` the Run version before it; ``version`` in
+a payload is the Run version after that event:
 
 =================  ==========================================================  =====================================
 launch (claim)     ``run.dispatching``  ``local-execution:run:{runId}:{v0}:dispatching``   scheduler / local-execution
