@@ -11,7 +11,6 @@ and strict type checks that never let ``True == 1`` or ``2.0 == 2`` through.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -28,7 +27,6 @@ __all__ = [
     "utf8_length",
 ]
 
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Longest key rendered verbatim in an error path; longer keys are cut (paths are
 #: diagnostics printed to operators, not a channel for a peer's megabyte key).
 _MAX_PATH_KEY = 128
@@ -38,7 +36,7 @@ def child(path: str, key: str | int) -> str:
     """The JSON path of ``key`` under ``path``: ``$.a``, ``$.a[3]``, ``$["x y"]``."""
     if isinstance(key, int):
         return f"{path}[{key}]"
-    if _IDENTIFIER.fullmatch(key):
+    if len(key) <= _MAX_PATH_KEY and key.isascii() and key.isidentifier():  # [A-Za-z_][A-Za-z0-9_]*
         return f"{path}.{key}"
     shown = key if len(key) <= _MAX_PATH_KEY else key[:_MAX_PATH_KEY] + "..."
     return f"{path}[{json.dumps(shown, ensure_ascii=True)}]"

@@ -18,7 +18,7 @@ UTF-16 code units, which is Python ``sorted()`` for the ASCII strings involved.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 __all__ = ["icu_sort_key", "is_array_index", "js_own_key_order"]
 
@@ -26,7 +26,34 @@ __all__ = ["icu_sort_key", "is_array_index", "js_own_key_order"]
 _PUNCTUATION = "_-:./+"
 _MAX_ARRAY_INDEX = 2**32 - 2
 
-IcuKey = tuple[tuple[tuple[int, int], ...], tuple[int, ...]]
+IcuKey = tuple[str, str]
+
+
+def _primary(char: str) -> str:
+    """Two code points per character: (group, weight), compared like Appendix A's tuples."""
+    index = _PUNCTUATION.find(char)
+    if index >= 0:
+        return "\x00" + chr(index)
+    if char.isdigit():
+        return "\x01" + char
+    lowered = char.lower()
+    # A few characters lower-case to two code points ("İ"); keep the key total.
+    return "\x02" + (lowered if len(lowered) == 1 else char)
+
+
+class _Weights(dict[int, str]):
+    """A ``str.translate`` table: ASCII precomputed, anything else computed on demand."""
+
+    def __init__(self, weigh: Callable[[str], str]) -> None:
+        super().__init__((code, weigh(chr(code))) for code in range(128))
+        self._weigh = weigh
+
+    def __missing__(self, code: int) -> str:
+        return self._weigh(chr(code))
+
+
+_PRIMARY = _Weights(_primary)
+_TERTIARY = _Weights(lambda char: "\x01" if char.isupper() else "\x00")
 
 
 def icu_sort_key(text: str) -> IcuKey:
@@ -37,27 +64,18 @@ def icu_sort_key(text: str) -> IcuKey:
     are equal does the tertiary sequence decide: lowercase (and non-letters) 0,
     uppercase 1, so ``a < A`` and ``aB < Ab``.
 
+    The appendix's per-character ``(group, weight)`` tuples are encoded as two code
+    points each and built with ``str.translate`` (C speed), so comparing keys compares
+    exactly the appendix's sequences.
+
     Args:
         text: any string; the order is only guaranteed to match ICU for the ASCII
             alphabets of the contracts (``[A-Za-z0-9_.:/+-]``).
 
     Returns:
-        ``(primary, tertiary)`` tuples; compare keys with ``<``.
+        ``(primary, tertiary)`` strings; compare keys with ``<``.
     """
-    primary: list[tuple[int, int]] = []
-    tertiary: list[int] = []
-    for char in text:
-        index = _PUNCTUATION.find(char)
-        if index >= 0:
-            primary.append((0, index))
-        elif char.isdigit():
-            primary.append((1, ord(char)))
-        else:
-            lowered = char.lower()
-            # A few characters lower-case to two code points ("İ"); keep the key total.
-            primary.append((2, ord(lowered) if len(lowered) == 1 else ord(char)))
-        tertiary.append(1 if char.isupper() else 0)
-    return (tuple(primary), tuple(tertiary))
+    return (text.translate(_PRIMARY), text.translate(_TERTIARY))
 
 
 def is_array_index(key: str) -> bool:

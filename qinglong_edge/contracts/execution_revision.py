@@ -40,7 +40,7 @@ import base64
 import binascii
 import hashlib
 import re
-from typing import Any
+from typing import Any, NoReturn
 
 from qinglong_edge.contracts._shape import (
     child,
@@ -217,6 +217,21 @@ def _command(value: object, path: str) -> dict[str, Any]:
     raise ContractError("command_kind", child(path, "kind"), "must be argv or shell")
 
 
+def _raise_text(text: object, path: str, low: int, high: int) -> NoReturn:
+    nul_free_text(text, path, min_bytes=low, max_bytes=high)
+    raise ContractError("invalid_json", path, "unexpected text")  # not reached: the call above raises
+
+
+def _raise_env_name(name: object, path: str) -> NoReturn:
+    if not isinstance(name, str):
+        raise ContractError("not_string", path, "must be a string")
+    if _ENV_NAME.fullmatch(name) is None:
+        raise ContractError("env_name", path, "not a valid environment name")
+    if name.startswith("QL3_"):
+        raise ContractError("env_reserved", path, "the QL3_ prefix is reserved")
+    raise ContractError("env_duplicate", path, "duplicate environment name")
+
+
 def _environment(value: object, path: str, project_id: str) -> list[dict[str, str]]:
     """``canonicalBindings`` + the cross-project check, sorted with the ICU key."""
     if not isinstance(value, list):
@@ -226,34 +241,29 @@ def _environment(value: object, path: str, project_id: str) -> list[dict[str, st
     names: set[str] = set()
     total = 0
     bindings: list[dict[str, str]] = []
-    for index, item in enumerate(value):
-        at = child(path, index)
-        binding = object_value(item, at)
+    # Paths are built only when raising: this loop runs for up to 256 bindings per pull.
+    for index, binding in enumerate(value):
+        if not isinstance(binding, dict):
+            raise ContractError("not_object", f"{path}[{index}]", "must be an object")
         name = binding.get("name")
-        name_path = child(at, "name")
-        if not isinstance(name, str):
-            raise ContractError("not_string", name_path, "must be a string")
-        if _ENV_NAME.fullmatch(name) is None:
-            raise ContractError("env_name", name_path, "not a valid environment name")
-        if name.startswith("QL3_"):
-            raise ContractError("env_reserved", name_path, "the QL3_ prefix is reserved")
-        if name in names:
-            raise ContractError("env_duplicate", name_path, "duplicate environment name")
+        if not isinstance(name, str) or _ENV_NAME.fullmatch(name) is None or name.startswith("QL3_") or name in names:
+            _raise_env_name(name, f"{path}[{index}].name")
         names.add(name)
-        total += len(name)
         kind = binding.get("kind")
         if kind == "public":
-            text = nul_free_text(binding.get("value"), child(at, "value"), min_bytes=0,
-                                 max_bytes=MAX_ENVIRONMENT_BYTES)
-            total += utf8_length(text)
-            bindings.append({"name": name, "kind": "public", "value": text})
+            key, low, high = "value", 0, MAX_ENVIRONMENT_BYTES
         elif kind == "secret":
-            ref = nul_free_text(binding.get("secretRef"), child(at, "secretRef"), min_bytes=1,
-                                max_bytes=MAX_SECRET_REF_BYTES)
-            total += utf8_length(ref)
-            bindings.append({"name": name, "kind": "secret", "secretRef": ref})
+            key, low, high = "secretRef", 1, MAX_SECRET_REF_BYTES
         else:
-            raise ContractError("binding_kind", child(at, "kind"), "must be public or secret")
+            raise ContractError("binding_kind", f"{path}[{index}].kind", "must be public or secret")
+        text = binding.get(key)
+        if not isinstance(text, str) or "\x00" in text:
+            _raise_text(text, f"{path}[{index}].{key}", low, high)
+        size = utf8_length(text)
+        if not low <= size <= high:
+            _raise_text(text, f"{path}[{index}].{key}", low, high)
+        total += len(name) + size
+        bindings.append({"name": name, "kind": kind, key: text})
     if total > MAX_ENVIRONMENT_BYTES:
         raise ContractError("budget", path, f"environment exceeds {MAX_ENVIRONMENT_BYTES} bytes")
     for index, binding in enumerate(bindings):

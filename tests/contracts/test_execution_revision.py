@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import random
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.execution_revision import (
@@ -373,3 +376,33 @@ def test_digest_matches_json_stringify_of_the_immutable_part() -> None:
     immutable = {k: v for k, v in normalized.items() if k not in ("createdAtMs", "contentDigest")}
     text = json.dumps(immutable, separators=(",", ":"), ensure_ascii=False)
     assert hashlib.sha256(DIGEST_PREFIX + text.encode()).hexdigest() == normalized["contentDigest"]
+
+
+def appendix_a_key(s: str) -> tuple[list[tuple[int, int]], list[int]]:
+    """offer-delivery.md Appendix A, transcribed as printed (the verified reference)."""
+    p = []
+    t = []
+    for c in s:
+        if c in "_-:./+":
+            p.append((0, "_-:./+".index(c)))
+        elif c.isdigit():
+            p.append((1, ord(c)))
+        else:
+            p.append((2, ord(c.lower())))
+        t.append(1 if c.isupper() else 0)
+    return (p, t)
+
+
+@given(st.lists(st.text(alphabet="aAbBzZ019_-.:/+", max_size=8), min_size=2, max_size=8))
+@settings(max_examples=300, deadline=None)
+def test_icu_key_orders_exactly_like_appendix_a(names: list[str]) -> None:
+    assert sorted(names, key=icu_sort_key) == sorted(names, key=appendix_a_key)
+    for a, b in itertools.pairwise(names):
+        assert (icu_sort_key(a) < icu_sort_key(b)) == (appendix_a_key(a) < appendix_a_key(b))
+
+
+@given(st.lists(st.text(alphabet=st.characters(codec="utf-8", exclude_characters="İ"), max_size=6), max_size=6))
+@settings(max_examples=200, deadline=None)
+def test_icu_key_agrees_with_appendix_a_on_any_text(names: list[str]) -> None:
+    # Outside the contract alphabets the appendix is not ICU, but our key must still be it.
+    assert sorted(names, key=icu_sort_key) == sorted(names, key=appendix_a_key)

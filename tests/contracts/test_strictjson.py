@@ -116,3 +116,32 @@ def test_dumps_rejects_values_json_cannot_hold() -> None:
 def test_format_path_quotes_non_identifiers() -> None:
     assert format_path(("offer", "lease", 0)) == "$.offer.lease[0]"
     assert format_path(("a b",)) == '$["a b"]'
+
+
+def test_unterminated_strings_are_rejected_whatever_they_hold() -> None:
+    assert code_of(b'"' + b'\\"' * 50_000)[0] == "invalid_json"
+    assert code_of(b'["' + b"[" * 100)[0] == "invalid_json"
+    assert code_of(b"[" * 40 + b'"' + b"]" * 40)[0] == "depth_exceeded"
+    assert code_of(b'["abc\\')[0] == "invalid_json"
+
+
+def test_surrogate_escapes_pass_only_as_pairs() -> None:
+    assert loads(b'["\\ud83d\\ude00", "\\\\ud800"]', max_bytes=100) == ["\U0001f600", "\\ud800"]
+    assert code_of(b'{"a":["ok","\\uDBFF"]}') == ("lone_surrogate", "$.a[1]")
+
+
+def test_a_nested_problem_is_reported_after_the_duplicate_that_holds_it() -> None:
+    # Document order: the duplicate key of the outer object comes before its values.
+    assert code_of(b'{"a":1,"a":{"x":NaN}}') == ("duplicate_key", "$.a")
+    assert code_of(b'{"a":{"x":NaN},"b":1,"b":2}') == ("duplicate_key", "$.b")
+    assert code_of(b'[{"x":[1e999]},{"y":1,"y":1}]') == ("non_finite_number", "$[0].x[0]")
+
+
+@pytest.mark.parametrize("text", [b"0.0e-400", b"-0.0", b"0e5", b"0.000"])
+def test_zero_is_not_an_underflow(text: bytes) -> None:
+    assert loads(text, max_bytes=100) == 0.0
+
+
+@pytest.mark.parametrize("text", [b"1e-400", b"-0.5e-400", b"0.00001e-330", b"10E-400"])
+def test_rejects_a_float_that_underflows(text: bytes) -> None:
+    assert code_of(text)[0] == "non_finite_number"
