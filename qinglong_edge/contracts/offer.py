@@ -32,7 +32,8 @@ Error codes (``ContractError.code``; ``path`` is the JSON path of the offending 
   ``integer_out_of_range``, ``lone_surrogate``;
 * shape: ``not_object``, ``not_string``, ``not_integer``, ``not_boolean``, ``key_set``,
   ``length``, ``control_character``, ``pattern``, ``out_of_range``;
-* envelope: ``schema``, ``status``, ``idle_reason``, ``stats_range``;
+* envelope: ``schema``, ``status``, ``idle_reason``, ``stats_range``; ``invalid_authority``
+  when the second argument is not a :class:`ClaimAuthority`;
 * offer: ``offer_id_mismatch``, ``worker_mismatch``, ``delivery_kind``,
   ``executor_type``, ``lease_order`` (``renewedAtMs < acquiredAtMs``,
   ``expiresAtMs <= renewedAtMs`` or ``updatedAtMs < acquiredAtMs``), ``lease_status``,
