@@ -28,6 +28,7 @@ Point names are ``<operation>.<step>``. Operations (see :mod:`qinglong_edge.work
 ``offer_accept``    first publication of ``offers/<offerId>.json``
 ``offer_update``    an inbox record revision (higher lease version, ``replace_offer``)
 ``offer_discard``   removal of ``offers/<offerId>.json`` (``inbox discard``, retention)
+``abandoned_prune`` removal of the oldest ``abandoned/<offerId>.json`` beyond the bound
 ==================  ==========================================================
 
 Steps of a first publication (:data:`FIRST_PUBLICATION_STEPS`), in order:
@@ -54,6 +55,7 @@ __all__ = [
     "POINTS",
     "REMOVAL_STEPS",
     "UPDATE_STEPS",
+    "armed",
     "crashpoint",
 ]
 
@@ -74,6 +76,7 @@ OPERATIONS: dict[str, tuple[str, ...]] = {
     "offer_accept": FIRST_PUBLICATION_STEPS,
     "offer_update": UPDATE_STEPS,
     "offer_discard": REMOVAL_STEPS,
+    "abandoned_prune": REMOVAL_STEPS,
 }
 
 #: Every documented point name, in execution order within each operation.
@@ -88,6 +91,11 @@ def _parse(value: str | None) -> tuple[str, str] | None:
 
 
 _TARGET = _parse(os.environ.get(ENV))
+
+
+def armed(name: str) -> bool:
+    """Whether ``name`` is the configured point (lets callers skip work only a test needs)."""
+    return _TARGET is not None and _TARGET[0] == name
 
 
 def crashpoint(name: str) -> None:

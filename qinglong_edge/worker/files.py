@@ -39,21 +39,33 @@ import secrets
 import stat
 from collections.abc import Callable
 
+from qinglong_edge.contracts.errors import ContractError
+from qinglong_edge.contracts.fields import dispatch_id
+from qinglong_edge.contracts.ids import JOURNAL_OFFER_ID
 from qinglong_edge.errors import JournalError
+from qinglong_edge.worker import crashpoints
 from qinglong_edge.worker.crashpoints import crashpoint
 
 __all__ = [
     "MAX_RECORD_BYTES",
     "MIN_RECORD_BYTES",
+    "RECORD_FILE",
     "TEMP_NAME",
+    "check_private",
     "fsync_directory",
+    "fsync_parent",
     "journal_error",
+    "list_records",
     "open_private_directory",
+    "probe_file_system",
     "publish_first",
     "publish_replace",
     "read_record",
+    "record_file_name",
     "remove_durably",
+    "remove_stray_temp_files",
     "temp_name",
+    "unsafe",
 ]
 
 #: Record size bounds in bytes, including the trailing newline (section 3.1: 160 KiB).
@@ -118,6 +130,9 @@ def open_private_directory(name: str, *, dir_fd: int | None, what: str, create: 
         except FileNotFoundError:
             if not create:
                 raise
+            if dir_fd is None:
+                # Missing parents of an absolute root are created too (0700, umask applies).
+                os.makedirs(os.path.dirname(name) or "/", 0o700, exist_ok=True)
             os.mkdir(name, 0o700, dir_fd=dir_fd)
             created = True
             before = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -165,12 +180,13 @@ def temp_name(target: str) -> str:
 
 def _write_all(fd: int, data: bytes, op: str) -> None:
     view = memoryview(data)
-    half = len(view) // 2
+    # One write() normally; two when a test armed the torn-write point between them.
+    split = len(view) // 2 if crashpoints.armed(f"{op}.tmp_partial") else len(view)
     written = 0
     while written < len(view):
-        end = half if written < half else len(view)
+        end = split if written < split else len(view)
         written += os.write(fd, view[written:end])
-        if written == half:
+        if written == split and split < len(view):
             crashpoint(f"{op}.tmp_partial")
 
 
@@ -339,3 +355,120 @@ def read_record(dir_fd: int, name: str, what: str) -> bytes | None:
     if len(data) != st.st_size:
         raise unsafe(f"{what}: changed while being read")
     return data
+
+
+# -- directory-level helpers of the journal (3.1) ----------------------------------------------
+
+#: ``<offerId>.json`` in ``offers/`` and ``abandoned/`` (3.1 listing rule).
+RECORD_FILE = re.compile(r"([A-Za-z0-9._:-]{1,128})\.json")
+_PROBE = "journal-probe"
+
+
+def record_file_name(offer_id: str) -> str:
+    """``<offerId>.json``; an id that cannot be a file name is ``offer_conflict`` (3.1).
+
+    The id must be a dispatch id (1-128 JS characters, no control characters) and match
+    ``[A-Za-z0-9._:-]{1,128}``, so it can never contain ``/`` or be ``.``/``..``.
+    """
+    try:
+        dispatch_id(offer_id, "$.offerId")
+    except ContractError:
+        raise JournalError("offerId is not a valid dispatch id", code="offer_conflict") from None
+    if JOURNAL_OFFER_ID.fullmatch(offer_id) is None:
+        raise JournalError("offerId cannot be a journal file name", code="offer_conflict")
+    return f"{offer_id}.json"
+
+
+def list_records(dir_fd: int, what: str) -> list[str]:
+    """offerIds of a records directory, in JS default order (3.1 listing rules).
+
+    Every entry must be a regular file ``<offerId>.json``; anything else (a symlink, a
+    temp file, a directory) is ``unsafe_storage``.
+    """
+    ids = []
+    try:
+        with os.scandir(dir_fd) as entries:
+            for entry in entries:
+                match = RECORD_FILE.fullmatch(entry.name)
+                if match is None or not entry.is_file(follow_symlinks=False):
+                    raise unsafe(f"{what}: unexpected entry {entry.name!r}")
+                ids.append(match.group(1))
+    except JournalError:
+        raise
+    except OSError as exc:
+        raise journal_error(exc, what) from None
+    for offer_id in ids:
+        record_file_name(offer_id)
+    return sorted(ids)
+
+
+def fsync_parent(path: str) -> None:
+    """fsync the directory holding ``path`` (a just-created journal root)."""
+    parent = os.path.dirname(path) or "/"
+    try:
+        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise journal_error(exc, parent) from None
+    try:
+        fsync_directory(fd, parent)
+    finally:
+        os.close(fd)
+
+
+def remove_stray_temp_files(root_fd: int, root: str) -> list[str]:
+    """Unlink every ``.<name>.<32 hex>.tmp`` in the root; return their names.
+
+    The journal calls this right after taking the owner lock and before it creates any
+    temp file itself, so every temp file found is older than the lock's acquisition
+    and belongs to a dead owner: no file times are compared.
+    """
+    try:
+        with os.scandir(root_fd) as entries:
+            names = [e.name for e in entries if TEMP_NAME.fullmatch(e.name) and not e.is_dir(follow_symlinks=False)]
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=root_fd)
+    except OSError as exc:
+        raise journal_error(exc, f"{root}: remove stray temp files") from None
+    return names
+
+
+def probe_file_system(root_fd: int, root: str) -> None:
+    """Refuse a file system without ``O_EXCL`` or hard links (FAT, exFAT, some FUSE).
+
+    Creates ``.journal-probe.<32 hex>.tmp`` twice with ``O_EXCL`` (the second must fail),
+    hard-links it and checks ``st_nlink == 2``, then removes both names.
+
+    Raises:
+        JournalError: ``unsafe_storage`` naming what is missing; ``storage_unavailable``
+            for ENOSPC/EIO/EROFS.
+    """
+    probe = temp_name(_PROBE)
+    link = temp_name(f"{_PROBE}-link")
+    try:
+        fd = os.open(probe, _TEMP_FLAGS, 0o600, dir_fd=root_fd)
+    except OSError as exc:
+        raise journal_error(exc, f"{root}: create probe file") from None
+    try:
+        os.close(fd)
+        try:
+            again = os.open(probe, _TEMP_FLAGS, 0o600, dir_fd=root_fd)
+        except FileExistsError:
+            pass
+        else:
+            os.close(again)
+            raise unsafe(f"{root}: this file system ignores O_EXCL")
+        try:
+            os.link(probe, link, src_dir_fd=root_fd, dst_dir_fd=root_fd, follow_symlinks=False)
+            links = os.stat(probe, dir_fd=root_fd, follow_symlinks=False).st_nlink
+        except OSError as exc:
+            if exc.errno in _UNAVAILABLE:
+                raise journal_error(exc, f"{root}: hard link probe") from None
+            name = errno.errorcode.get(exc.errno or 0, "error")
+            raise unsafe(f"{root}: this file system has no hard links ({name})") from None
+        if links != 2:
+            raise unsafe(f"{root}: this file system does not count hard links")
+    finally:
+        for name in (link, probe):
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=root_fd)

@@ -9,6 +9,12 @@ Commands:
                           answer stdin lines: "check" -> {"event":"check","code":...},
                           "release" -> release and exit 0. EOF exits.
     try ROOT              try once: {"event":"try","code":null|"already_owned",...,"ms":elapsed}
+    cycle ROOT            golden vector A from nothing: claim create (t=1000), attempt
+                          (rev 1), accept (t=1001), clear; {"event":"done","result":...}
+    resume ROOT           a fresh process after a crash: open the journal and finish
+                          the cycle from whatever state is on disk (the "server"
+                          always answers vector A, as a replay would);
+                          {"event":"done","result":"accepted"|"replayed"|"already"}
 """
 
 from __future__ import annotations
@@ -59,12 +65,37 @@ def _try(root: str) -> int:
     return 0
 
 
+def _cycle(root: str, resume: bool) -> int:
+    from qinglong_edge.contracts.journal_records import PendingClaim
+    from qinglong_edge.worker.journal import Journal
+    from tests.worker import offer_vectors as vectors
+
+    with Journal.open(root) as journal:
+        claim = journal.read_claim()
+        if not resume and (claim is not None or journal.list_offers()):
+            raise SystemExit("cycle needs an empty journal")
+        if claim is None:
+            if journal.list_offers():
+                _emit(event="done", result="already")
+                return 0
+            claim = journal.create_claim(PendingClaim.create(vectors.authority(), 1000))
+        if claim.revision == 0:
+            attempt = claim.replace(revision=1, attempt_count=1, last_attempt_at_ms=1000)
+            claim = journal.replace_claim(attempt, 0)
+        result, _record = journal.accept_offer(vectors.offer(), 1001)
+        journal.clear_claim(claim.offer_id, claim.revision)
+    _emit(event="done", result=result)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     command, root, *rest = argv
     if command == "hold":
         return _hold(root, int(rest[0]))
     if command == "try":
         return _try(root)
+    if command in ("cycle", "resume"):
+        return _cycle(root, resume=command == "resume")
     raise SystemExit(f"unknown command {command}")
 
 
