@@ -42,6 +42,7 @@ from qinglong_edge.config import WorkerConfig
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.journal_records import (
     INBOX_TRANSITIONS,
+    AbandonedClaim,
     PendingClaim,
     abandoned_record_bytes,
     check_inbox_update,
@@ -143,10 +144,20 @@ _RECORD_CODES = frozenset({"claim_conflict", "claim_revision_conflict", "offer_c
 _UPDATE_CODES = frozenset({"invalid_transition", "offer_conflict", "offer_revision_conflict"})
 
 
+def _claim_key(claim: PendingClaim) -> tuple[object, ...]:
+    return (claim.offer_id, claim.worker_id, claim.worker_session_id, claim.worker_generation,
+            claim.authority.lease_token_digest)
+
+
+def _abandoned_key(record: AbandonedClaim) -> tuple[object, ...]:
+    return (record.offer_id, record.worker_id, record.worker_session_id, record.worker_generation,
+            record.lease_token_digest)
+
+
 class _Dirs:
     """The opened, checked directories of one journal root."""
 
-    def __init__(self, root: str, root_fd: int, offers_fd: int, abandoned_fd: int | None) -> None:
+    def __init__(self, root: str, root_fd: int, offers_fd: int | None, abandoned_fd: int | None) -> None:
         self.root = root
         self.root_fd = root_fd
         self.offers_fd = offers_fd
@@ -178,10 +189,14 @@ class _Records:
         return None if data is None else _parsed(parse_pending_claim, data, what)
 
     def _list_offers(self) -> list[str]:
+        if self._dirs.offers_fd is None:  # a reader of a journal that never finished opening
+            return []
         return files.list_records(self._dirs.offers_fd, self._dirs.what(OFFERS_DIR))
 
     def _read_offer(self, offer_id: str) -> InboxRecord | None:
         name = files.record_file_name(offer_id)
+        if self._dirs.offers_fd is None:
+            return None
         what = self._dirs.what(OFFERS_DIR, name)
         data = files.read_record(self._dirs.offers_fd, name, what)
         if data is None:
@@ -201,14 +216,19 @@ class JournalReader(_Records):
 
     @classmethod
     def open(cls, root: str) -> JournalReader:
-        """Open an existing journal root for reading (``unsafe_storage`` if missing or unsafe)."""
+        """Open an existing journal root for reading (``unsafe_storage`` if missing or unsafe).
+
+        A root without ``offers/`` (its first open was interrupted) reads as empty.
+        """
         _check_root_path(root)
         root = os.path.normpath(root)
         root_fd, _ = files.open_private_directory(root, dir_fd=None, what=root, create=False)
         try:
-            offers_fd, _ = files.open_private_directory(
-                OFFERS_DIR, dir_fd=root_fd, what=os.path.join(root, OFFERS_DIR), create=False
-            )
+            offers_fd: int | None = None
+            if os.path.lexists(os.path.join(root, OFFERS_DIR)):
+                offers_fd, _ = files.open_private_directory(
+                    OFFERS_DIR, dir_fd=root_fd, what=os.path.join(root, OFFERS_DIR), create=False
+                )
         except BaseException:
             os.close(root_fd)
             raise
@@ -313,6 +333,20 @@ class Journal(_Records):
     def lock(self) -> OwnerLock:
         return self._lock
 
+    @property
+    def _abandoned_fd(self) -> int:
+        fd = self._dirs.abandoned_fd
+        if fd is None:  # cannot happen: open() always opens abandoned/
+            raise JournalError("abandoned/ is not open", code="unsafe_storage")
+        return fd
+
+    @property
+    def _offers_fd(self) -> int:
+        fd = self._dirs.offers_fd
+        if fd is None:  # cannot happen: open() always opens offers/
+            raise JournalError("offers/ is not open", code="unsafe_storage")
+        return fd
+
     @contextlib.contextmanager
     def _owned(self) -> Iterator[None]:
         with self._mutex:
@@ -397,71 +431,78 @@ class Journal(_Records):
                 raise JournalError("pending claim is not at the expected revision", code="claim_revision_conflict")
             self._remove(self._dirs.root_fd, CLAIM_NAME, "claim_clear")
 
-    def abandon_claim(self, reason: str, now_ms: int) -> bytes:
+    def abandon_claim(self, reason: str, now_ms: int) -> AbandonedClaim:
         """Move the pending claim to ``abandoned/<offerId>.json`` with ``reason``.
 
         Spec README (offer delivery gaps): a claim bound to another session or
-        generation, one that used its 16 attempts, or one answered
-        ``worker_offer_fenced`` is abandoned so nothing wedges the device. The
-        abandoned record is published (fsynced) before the claim is removed; then the
-        oldest abandoned records beyond ``abandoned_maximum_entries`` are pruned
-        (by ``abandonedAtMs``, then name; the new one is never pruned).
+        generation (``stale_session``), one that used its 16 attempts
+        (``attempt_budget_exhausted``), or one answered ``worker_offer_fenced``
+        (``offer_fenced``) is abandoned so nothing wedges the device. The abandoned
+        record (the claim without its lease token) is published first (fsynced),
+        then the claim is removed (unlink, fsync root); then the oldest abandoned
+        records beyond ``abandoned_maximum_entries`` are pruned (by ``abandonedAtMs``,
+        then offerId; the new one is never pruned). After a crash between the two,
+        the next call finds its own record and finishes the removal.
+
+        Args:
+            reason: one of ``journal_records.ABANDON_REASONS``.
+            now_ms: wall-clock ms (``abandonedAtMs``).
 
         Returns:
-            The abandoned record's bytes.
+            The abandoned record as stored.
 
         Raises:
             JournalError: ``claim_revision_conflict`` when there is no claim;
                 ``offer_conflict`` when an abandoned record of that offerId with
-                another authority exists; contract errors for a bad reason.
+                another authority exists.
+            ContractError: ``abandon_reason`` for an unknown reason (nothing changed).
         """
         with self._owned():
             claim = self._read_claim()
             if claim is None:
                 raise JournalError("there is no pending claim to abandon", code="claim_revision_conflict")
-            assert self._dirs.abandoned_fd is not None
+            abandoned_fd = self._abandoned_fd
             data = abandoned_record_bytes(claim, reason, now_ms)
             name = files.record_file_name(claim.offer_id)
+            what = self._dirs.what(ABANDONED_DIR, name)
             try:
-                self._publish_first(self._dirs.abandoned_fd, name, data, "claim_abandon")
+                self._publish_first(abandoned_fd, name, data, "claim_abandon")
             except JournalError as exc:
                 if exc.code != "offer_conflict":
                     raise
-                # A previous abandon of this very claim crashed before removing it.
-                what = self._dirs.what(ABANDONED_DIR, name)
-                old = files.read_record(self._dirs.abandoned_fd, name, what)
-                previous = None if old is None else _parsed(parse_abandoned_record, old, what)
-                if previous is None or (
-                    previous.offer_id, previous.worker_id, previous.worker_session_id,
-                    previous.worker_generation, previous.lease_token_digest,
-                ) != (
-                    claim.offer_id, claim.worker_id, claim.worker_session_id,
-                    claim.worker_generation, claim.authority.lease_token_digest,
-                ):
+                # Our own earlier abandon of this very claim crashed before the removal?
+                old = files.read_record(abandoned_fd, name, what)
+                if old is None or _abandoned_key(_parsed(parse_abandoned_record, old, what)) != _claim_key(claim):
                     raise
-                data = old if old is not None else data
+                data = old
             self._remove(self._dirs.root_fd, CLAIM_NAME, "claim_clear")
             self._prune_abandoned(keep=name)
-            return data
+            return _parsed(parse_abandoned_record, data, what)
 
-    def _prune_abandoned(self, keep: str) -> None:
-        assert self._dirs.abandoned_fd is not None
-        fd = self._dirs.abandoned_fd
-        ids = files.list_records(fd, self._dirs.what(ABANDONED_DIR))
-        excess = len(ids) - self.options.abandoned_maximum_entries
-        if excess <= 0:
-            return
-        aged = []
-        for offer_id in ids:
+    def list_abandoned(self) -> list[AbandonedClaim]:
+        """The abandoned claims kept, oldest first (``abandonedAtMs``, then offerId)."""
+        with self._owned():
+            return sorted(self._read_abandoned(), key=lambda item: (item.abandoned_at_ms, item.offer_id))
+
+    def _read_abandoned(self) -> list[AbandonedClaim]:
+        fd = self._abandoned_fd
+        records = []
+        for offer_id in files.list_records(fd, self._dirs.what(ABANDONED_DIR)):
             name = f"{offer_id}.json"
-            if name == keep:
-                continue
             what = self._dirs.what(ABANDONED_DIR, name)
             data = files.read_record(fd, name, what)
             if data is not None:
-                aged.append((_parsed(parse_abandoned_record, data, what).abandoned_at_ms, name))
-        for _, name in sorted(aged)[:excess]:
-            self._remove(fd, name, "abandoned_prune")
+                records.append(_parsed(parse_abandoned_record, data, what))
+        return records
+
+    def _prune_abandoned(self, keep: str) -> None:
+        records = self._read_abandoned()
+        excess = len(records) - self.options.abandoned_maximum_entries
+        if excess <= 0:
+            return
+        aged = sorted((r.abandoned_at_ms, r.offer_id) for r in records if f"{r.offer_id}.json" != keep)
+        for _, offer_id in aged[:excess]:
+            self._remove(self._abandoned_fd, files.record_file_name(offer_id), "abandoned_prune")
 
     # -- inbox (3.4, 3.6) ------------------------------------------------------------------
 
@@ -504,7 +545,7 @@ class Journal(_Records):
                 if len(self._list_offers()) >= self.options.maximum_entries:
                     raise JournalError("the inbox is full", code="capacity_exhausted")
                 record = inbox_record(delivered, now_ms)
-                self._publish_first(self._dirs.offers_fd, name, inbox_record_bytes(record), "offer_accept")
+                self._publish_first(self._offers_fd, name, inbox_record_bytes(record), "offer_accept")
                 return "accepted", record
             stored = existing["offer"]
             if not same_offer_authority(stored, delivered):
@@ -522,7 +563,7 @@ class Journal(_Records):
                 "updatedAtMs": max(now_ms, existing["updatedAtMs"]),
             }
             self._check_update(existing, updated)
-            self._publish_replace(self._dirs.offers_fd, name, inbox_record_bytes(updated), "offer_update")
+            self._publish_replace(self._offers_fd, name, inbox_record_bytes(updated), "offer_update")
             return "replayed", updated
 
     def replace_offer(self, record: InboxRecord, expected_revision: int) -> InboxRecord:
@@ -544,7 +585,7 @@ class Journal(_Records):
             ):
                 raise JournalError("inbox record is not at the expected revision", code="offer_revision_conflict")
             self._check_update(existing, record)
-            self._publish_replace(self._dirs.offers_fd, name, inbox_record_bytes(record), "offer_update")
+            self._publish_replace(self._offers_fd, name, inbox_record_bytes(record), "offer_update")
             return record
 
     @staticmethod
@@ -558,7 +599,7 @@ class Journal(_Records):
     def discard_offer(self, offer_id: str) -> bool:
         """Remove ``offers/<offerId>.json`` (unlink + fsync). False if it did not exist."""
         with self._owned():
-            return self._remove(self._dirs.offers_fd, files.record_file_name(offer_id), "offer_discard")
+            return self._remove(self._offers_fd, files.record_file_name(offer_id), "offer_discard")
 
     def prune_inbox(self, now_ms: int) -> list[str]:
         """Remove terminal records (``start_failure_acknowledged``,
@@ -576,7 +617,7 @@ class Journal(_Records):
                     and record["state"] in TERMINAL_STATES
                     and record["updatedAtMs"] < now_ms - self.options.retention_ms
                 ):
-                    self._remove(self._dirs.offers_fd, files.record_file_name(offer_id), "offer_discard")
+                    self._remove(self._offers_fd, files.record_file_name(offer_id), "offer_discard")
                     pruned.append(offer_id)
             return pruned
 

@@ -18,12 +18,14 @@ While held, one daemon thread runs every ``stale/2`` ms: it checks that the lock
 path still names our inode ``(st_dev, st_ino)`` and re-writes the owner record
 (pid, process start time, boot id, times) for diagnosis. The lock becomes
 *compromised* when the lock file was deleted or replaced, or when no refresh
-succeeded for ``stale`` ms (``time.monotonic()``: wall-clock steps from NTP or a
-router booting at 1970 change nothing; file mtimes are never read). Once
+ran for ``stale`` ms (the process was stopped or starved; measured with
+``time.monotonic()``: wall-clock steps from NTP or a router booting at 1970 change
+nothing; file mtimes are never read). Once
 compromised, :meth:`OwnerLock.ensure_owned` (called by every journal operation)
 raises ``ownership_compromised``; after release it raises ``not_owned``.
 
-The record is diagnostic only and is not fsynced (no decision reads it).
+The record is diagnostic only: it is not fsynced, and a failed rewrite (ENOSPC on
+a log-structured flash file system) is retried without compromising the lock.
 
 Errors (``JournalError.code``): ``already_owned`` (held by a live process, no
 waiting), ``unsafe_storage`` (lock file is a symlink, not a regular file, foreign,
@@ -246,6 +248,8 @@ class OwnerLock:
         self.acquired_at = self._last_refresh
         self._compromise: str | None = None
         self._released = False
+        #: Owner-record rewrites that failed (diagnostic; they do not compromise the lock).
+        self.record_write_failures = 0
         self._thread = threading.Thread(target=self._refresh_loop, name="qinglong-edge-owner-lock", daemon=True)
         self._thread.start()
 
@@ -255,7 +259,7 @@ class OwnerLock:
         root: str,
         *,
         stale_ms: int = DEFAULT_STALE_MS,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
     ) -> OwnerLock:
         """Take the lock on ``<root>/.owner.lock`` now, or fail at once.
 
@@ -263,7 +267,8 @@ class OwnerLock:
             root: the journal root, already checked (0700, ours, not a symlink).
             stale_ms: a refresh runs every ``stale_ms // 2``; no successful refresh
                 for ``stale_ms`` compromises the lock. 100..300 000 ms.
-            clock: monotonic seconds (tests inject one to jump it).
+            clock: monotonic seconds; default ``time.monotonic`` (looked up at call
+                time, never the wall clock).
 
         Raises:
             JournalError: ``already_owned`` when another open file description holds
@@ -293,7 +298,7 @@ class OwnerLock:
                     refreshed_at_ms=now_ms,
                 )
                 _write_record(fd, record)
-                return cls(path=path, fd=fd, stale_ms=stale_ms, clock=clock, record=record)
+                return cls(path=path, fd=fd, stale_ms=stale_ms, clock=clock or time.monotonic, record=record)
             except BaseException as exc:
                 os.close(fd)
                 if isinstance(exc, OSError) and not isinstance(exc, JournalError):
@@ -371,13 +376,21 @@ class OwnerLock:
             wait = interval if self._refresh_once() else min(_RETRY_S, interval)
 
     def _refresh_once(self) -> bool:
-        """One heartbeat; True when it succeeded (or the lock is already compromised)."""
+        """One heartbeat. Returns False only when the record could not be re-written
+        (retried sooner); the lock itself stays trusted as long as the check passes.
+
+        The heartbeat *is* the check: the path still names our inode and we were not
+        stalled past ``stale_ms``. The record is diagnostic, so a failed write (ENOSPC
+        on a log-structured flash file system, EIO) must not turn a storage problem
+        into ``ownership_compromised``.
+        """
         with self._state:
             if self._released or self._compromise is not None:
                 return True
             self._check_locked()
             if self._compromise is not None:
                 return True
+            self._last_refresh = self._clock()
             record = OwnerRecord(
                 pid=self._record.pid,
                 process_start_ticks=self._record.process_start_ticks,
@@ -389,9 +402,9 @@ class OwnerLock:
             try:
                 _write_record(self._fd, record)
             except OSError:
-                return False  # transient (ENOSPC, EIO): retried; stale_ms bounds it
+                self.record_write_failures += 1
+                return False
             self._record = record
-            self._last_refresh = self._clock()
             return True
 
     # -- release -------------------------------------------------------------------------

@@ -15,6 +15,8 @@ Commands:
                           the cycle from whatever state is on disk (the "server"
                           always answers vector A, as a replay would);
                           {"event":"done","result":"accepted"|"replayed"|"already"}
+    abandon ROOT          create vector A's claim and abandon it (offer_fenced, t=5000);
+                          with an existing claim (after a crash) only abandon it again
 """
 
 from __future__ import annotations
@@ -88,12 +90,30 @@ def _cycle(root: str, resume: bool) -> int:
     return 0
 
 
+def _abandon(root: str) -> int:
+    from qinglong_edge.contracts.journal_records import PendingClaim
+    from qinglong_edge.worker.journal import Journal
+    from tests.worker import offer_vectors as vectors
+
+    with Journal.open(root) as journal:
+        if journal.read_claim() is None:
+            if journal.list_abandoned():
+                _emit(event="done", result="already")
+                return 0
+            journal.create_claim(PendingClaim.create(vectors.authority(), 1000))
+        record = journal.abandon_claim("offer_fenced", 5000)
+    _emit(event="done", result="abandoned", abandonedAtMs=record.abandoned_at_ms)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     command, root, *rest = argv
     if command == "hold":
         return _hold(root, int(rest[0]))
     if command == "try":
         return _try(root)
+    if command == "abandon":
+        return _abandon(root)
     if command in ("cycle", "resume"):
         return _cycle(root, resume=command == "resume")
     raise SystemExit(f"unknown command {command}")

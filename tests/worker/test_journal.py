@@ -263,13 +263,14 @@ def test_offers_are_listed_in_js_default_order(journal: Journal) -> None:
 
 def test_abandon_moves_the_claim_with_its_reason(journal: Journal, root: pathlib.Path) -> None:
     journal.create_claim(_claim())
-    data = journal.abandon_claim("offer_fenced", 7000)
+    returned = journal.abandon_claim("offer_fenced", 7000)
     assert journal.read_claim() is None
     stored = (root / "abandoned" / "offer-1.json").read_bytes()
-    assert stored == data
     assert vectors.LEASE_TOKEN.encode() not in stored  # the capability is not kept
     record = parse_abandoned_record(stored)
+    assert record == returned
     assert record.reason == "offer_fenced" and record.abandoned_at_ms == 7000 and record.offer_id == "offer-1"
+    assert journal.list_abandoned() == [record]
     assert stat.S_IMODE(os.lstat(root / "abandoned" / "offer-1.json").st_mode) == 0o600
     journal.create_claim(_claim(offer_id="offer-2"))  # the next cycle starts a new claim
 
@@ -283,6 +284,7 @@ def test_abandoned_records_are_bounded_oldest_pruned(root: pathlib.Path) -> None
         journal.create_claim(_claim(offer_id="o3"))
         journal.abandon_claim("attempt_budget_exhausted", 50)  # clock behind: still kept, being new
         assert sorted(os.listdir(root / "abandoned")) == ["o0.json", "o3.json"]
+        assert [r.offer_id for r in journal.list_abandoned()] == ["o3", "o0"]
 
 
 def test_rejects_abandon_without_a_claim_or_with_an_unknown_reason(journal: Journal) -> None:
@@ -302,9 +304,22 @@ def test_abandon_finishes_after_a_crash_between_publication_and_clear(journal: J
     path = root / "abandoned" / "offer-1.json"
     path.write_bytes(abandoned_record_bytes(claim, "offer_fenced", 10))
     path.chmod(0o600)
-    journal.abandon_claim("offer_fenced", 20)
+    assert journal.abandon_claim("offer_fenced", 20).abandoned_at_ms == 10  # the first record stays
     assert journal.read_claim() is None
     assert parse_abandoned_record(path.read_bytes()).abandoned_at_ms == 10
+
+
+def test_rejects_abandon_over_a_foreign_abandoned_record(journal: Journal, root: pathlib.Path) -> None:
+    from qinglong_edge.contracts.journal_records import abandoned_record_bytes
+
+    path = root / "abandoned" / "offer-1.json"
+    path.write_bytes(abandoned_record_bytes(_claim(token="Z" * 43), "offer_fenced", 10))
+    path.chmod(0o600)
+    journal.create_claim(_claim())
+    with pytest.raises(JournalError) as info:
+        journal.abandon_claim("offer_fenced", 20)
+    assert _code(info) == "offer_conflict"
+    assert journal.read_claim() is not None
 
 
 # -- inbox updates, retention, discard -------------------------------------------------------------
@@ -405,6 +420,14 @@ def test_reader_works_while_another_owns(journal: Journal, root: pathlib.Path) -
         assert reader.list_offers() == ["offer-1"]
         assert reader.read_offer("offer-1") == journal.read_offer("offer-1")
         assert reader.read_claim() == journal.read_claim()
+
+
+def test_reader_of_a_root_without_offers_reads_empty(root: pathlib.Path) -> None:
+    root.mkdir(parents=True, mode=0o700)  # a first open interrupted before offers/ existed
+    with JournalReader.open(str(root)) as reader:
+        assert reader.list_offers() == []
+        assert reader.read_offer("offer-1") is None
+        assert reader.read_claim() is None
 
 
 # -- open-time checks (3.1) -------------------------------------------------------------------------

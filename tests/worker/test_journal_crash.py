@@ -117,3 +117,43 @@ def test_crash_with_exit_mode_kills_without_cleanup(tmp_path: pathlib.Path) -> N
     assert claim == CLAIM_REV1 and offers == {} and len(temps) == 1
     # The torn temp file holds half the record: it is never what a reader sees.
     assert 0 < len((root / temps[0]).read_bytes()) < len(vectors.OFFER_RECORD_T1001)
+
+
+def _abandon_expectations() -> dict[str, tuple[bool, bool]]:
+    """Point -> (claim present, abandoned record present) after a kill there."""
+    table = {}
+    steps = crashpoints.OPERATIONS["claim_abandon"]
+    for step in steps:
+        table[f"claim_abandon.{step}"] = (True, steps.index(step) >= steps.index("linked"))
+    for step in crashpoints.OPERATIONS["claim_clear"]:
+        table[f"claim_clear.{step}"] = (step == "begin", True)
+    return table
+
+
+ABANDON_EXPECT = _abandon_expectations()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", list(ABANDON_EXPECT))
+def test_sigkill_while_abandoning_leaves_the_claim_or_its_record(tmp_path: pathlib.Path, point: str) -> None:
+    root = tmp_path / "journal"
+    child = Child("abandon", str(root), env={crashpoints.ENV: f"{point}:pause"})
+    try:
+        assert wait_stopped(child.pid), f"abandon never reached {point}: {child.stderr_text()}"
+        child.signal(signal.SIGKILL)
+        child.wait()
+    finally:
+        child.close()
+    claim_present, record_present = ABANDON_EXPECT[point]
+    assert ((root / "pending-claim.json").read_bytes() == CLAIM_REV0) if claim_present else \
+        not (root / "pending-claim.json").exists()
+    abandoned = sorted(os.listdir(root / "abandoned"))
+    assert abandoned == (["offer-1.json"] if record_present else [])
+
+    finished = run_child("abandon", str(root))
+    assert finished.returncode == 0, finished.stderr.decode()
+    assert not (root / "pending-claim.json").exists()
+    assert sorted(os.listdir(root / "abandoned")) == ["offer-1.json"]
+    data = (root / "abandoned" / "offer-1.json").read_bytes()
+    assert b'"reason":"offer_fenced"' in data and b'"abandonedAtMs":5000' in data
+    assert vectors.LEASE_TOKEN.encode() not in data

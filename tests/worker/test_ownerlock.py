@@ -185,13 +185,13 @@ def test_missed_refresh_past_stale_compromises_by_the_monotonic_clock(private_di
 
 @pytest.mark.parametrize("jump_s", [-1.6e9, -3600.0, 3600.0, 10 * 365 * 86400.0], ids=["to_1970", "back_1h", "ntp_step_1h", "ahead_10y"])
 def test_wall_clock_jumps_change_nothing(private_dir: pathlib.Path, monkeypatch: pytest.MonkeyPatch, jump_s: float) -> None:
-    lock = OwnerLock.acquire(str(private_dir), stale_ms=STALE_MS)
+    lock = OwnerLock.acquire(str(private_dir), stale_ms=200)
     try:
         real_time, real_time_ns = time.time, time.time_ns
         monkeypatch.setattr(time, "time", lambda: real_time() + jump_s)
         monkeypatch.setattr(time, "time_ns", lambda: real_time_ns() + int(jump_s * 1e9))
         for _ in range(4):  # across several refresh periods
-            time.sleep(STALE_MS / 2000)
+            time.sleep(0.1)
             lock.ensure_owned()
         assert not lock.compromised
         # The refresh thread ran under the jumped wall clock (its stamp moved with it)...
@@ -323,3 +323,35 @@ def test_rejects_malformed_proc_stat(line: bytes) -> None:
 def test_rejects_malformed_owner_record(data: bytes) -> None:
     with pytest.raises((ValueError, UnicodeDecodeError)):
         parse_owner_record(data)
+
+
+def test_default_clock_is_monotonic_not_wall(private_dir: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _Clock()
+    monkeypatch.setattr(ownerlock.time, "monotonic", fake)
+    lock = OwnerLock.acquire(str(private_dir), stale_ms=60_000)  # no clock given
+    try:
+        monkeypatch.setattr(ownerlock.time, "time", lambda: 0.0)
+        monkeypatch.setattr(ownerlock.time, "time_ns", lambda: 0)
+        lock.ensure_owned()  # the wall clock at 1970 does not matter
+        fake.now += 61.0  # the monotonic clock does
+        with pytest.raises(JournalError) as info:
+            lock.ensure_owned()
+        assert _code(info) == "ownership_compromised"
+    finally:
+        lock.release()
+
+
+def test_failed_record_rewrite_does_not_compromise(private_dir: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A fake failure: ENOSPC on rewriting an already-allocated record happens on
+    # log-structured flash file systems (JFFS2/UBIFS), not on the ext4/tmpfs here.
+    lock = OwnerLock.acquire(str(private_dir), stale_ms=STALE_MS)
+    try:
+        def full(fd: int, record: object) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(ownerlock, "_write_record", full)
+        time.sleep(STALE_MS / 1000 * 2.5)  # several refresh periods, past stale
+        lock.ensure_owned()
+        assert lock.record_write_failures >= 2
+    finally:
+        lock.release()
