@@ -33,10 +33,10 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from qinglong_edge.config import WorkerConfig
 from qinglong_edge.contracts.errors import ContractError
@@ -49,12 +49,21 @@ from qinglong_edge.contracts.journal_records import (
     inbox_record,
     inbox_record_bytes,
     parse_abandoned_record,
-    parse_inbox_record,
-    parse_pending_claim,
 )
 from qinglong_edge.contracts.offer import normalize_internal_offer, same_offer_authority
 from qinglong_edge.errors import JournalError
 from qinglong_edge.worker import files
+from qinglong_edge.worker.journal_view import (
+    ABANDONED_DIR,
+    CLAIM_NAME,
+    OFFERS_DIR,
+    InboxRecord,
+    JournalDirs,
+    JournalReader,
+    RecordReads,
+    check_root_path,
+    parse_record,
+)
 from qinglong_edge.worker.ownerlock import DEFAULT_STALE_MS, MAX_STALE_MS, MIN_STALE_MS, OwnerLock
 
 __all__ = [
@@ -70,17 +79,11 @@ __all__ = [
     "JournalReader",
 ]
 
-CLAIM_NAME = "pending-claim.json"
-OFFERS_DIR = "offers"
-ABANDONED_DIR = "abandoned"
 #: Inbox capacity (3.1): default 64 (edge profile), allowed 1..1024.
 DEFAULT_MAXIMUM_ENTRIES = 64
 HARD_MAXIMUM_ENTRIES = 1024
 
-#: An inbox record: the normalized ``offers/<offerId>.json`` document (contracts.journal_records).
-InboxRecord = dict[str, Any]
 AcceptResult = tuple[Literal["accepted", "replayed"], InboxRecord]
-T = TypeVar("T")
 #: States no transition leaves (3.4): what inbox retention may prune.
 TERMINAL_STATES = frozenset(state for state, targets in INBOX_TRANSITIONS.items() if targets == {state})
 
@@ -122,25 +125,6 @@ class JournalOptions:
                 raise JournalError(f"{name} must be {low}..{high}", code="invalid_configuration")
 
 
-def _check_root_path(root: str) -> None:
-    """3.1: absolute, <= 4096 characters, no NUL/CR/LF."""
-    if not isinstance(root, str) or not root.startswith("/") or len(root) > 4096 or any(c in root for c in "\0\r\n"):
-        raise JournalError("journal root must be an absolute path without NUL/CR/LF", code="invalid_configuration")
-
-
-def _parsed(parse: Callable[[bytes], T], data: bytes, what: str) -> T:
-    """Run a record parser; a record that breaks its contract is ``unsafe_storage`` (3.1),
-    unless the contract names a journal code (``claim_conflict`` ...)."""
-    try:
-        return parse(data)
-    except JournalError:
-        raise
-    except ContractError as exc:
-        code = exc.code if exc.code in _RECORD_CODES else "unsafe_storage"
-        raise JournalError(f"{what}: {exc.code} at {exc.path}", code=code) from None
-
-
-_RECORD_CODES = frozenset({"claim_conflict", "claim_revision_conflict", "offer_conflict", "invalid_configuration"})
 _UPDATE_CODES = frozenset({"invalid_transition", "offer_conflict", "offer_revision_conflict"})
 
 
@@ -154,114 +138,10 @@ def _abandoned_key(record: AbandonedClaim) -> tuple[object, ...]:
             record.lease_token_digest)
 
 
-class _Dirs:
-    """The opened, checked directories of one journal root."""
-
-    def __init__(self, root: str, root_fd: int, offers_fd: int | None, abandoned_fd: int | None) -> None:
-        self.root = root
-        self.root_fd = root_fd
-        self.offers_fd = offers_fd
-        self.abandoned_fd = abandoned_fd
-
-    def close(self) -> None:
-        for fd in (self.offers_fd, self.abandoned_fd, self.root_fd):
-            if fd is not None:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-
-    def what(self, *parts: str) -> str:
-        return os.path.join(self.root, *parts)
-
-
-class _Records:
-    """Reads shared by the lock-free reader and the owned journal."""
-
-    def __init__(self, dirs: _Dirs) -> None:
-        self._dirs = dirs
-
-    @property
-    def root(self) -> str:
-        return self._dirs.root
-
-    def _read_claim(self) -> PendingClaim | None:
-        what = self._dirs.what(CLAIM_NAME)
-        data = files.read_record(self._dirs.root_fd, CLAIM_NAME, what)
-        return None if data is None else _parsed(parse_pending_claim, data, what)
-
-    def _list_offers(self) -> list[str]:
-        if self._dirs.offers_fd is None:  # a reader of a journal that never finished opening
-            return []
-        return files.list_records(self._dirs.offers_fd, self._dirs.what(OFFERS_DIR))
-
-    def _read_offer(self, offer_id: str) -> InboxRecord | None:
-        name = files.record_file_name(offer_id)
-        if self._dirs.offers_fd is None:
-            return None
-        what = self._dirs.what(OFFERS_DIR, name)
-        data = files.read_record(self._dirs.offers_fd, name, what)
-        if data is None:
-            return None
-        return _parsed(lambda raw: parse_inbox_record(raw, expected_offer_id=offer_id), data, what)
-
-
-class JournalReader(_Records):
-    """Lock-free, read-only view of a journal (``inbox list|show``).
-
-    Safe while a ``pull`` owns the journal: records only ever change by ``link`` or
-    ``rename``, so a reader sees a complete old or new file. Nothing is created.
-
-    Raises (from every method): ``JournalError`` ``unsafe_storage`` /
-    ``storage_unavailable`` as :mod:`qinglong_edge.worker.files` says.
-    """
-
-    @classmethod
-    def open(cls, root: str) -> JournalReader:
-        """Open an existing journal root for reading (``unsafe_storage`` if missing or unsafe).
-
-        A root without ``offers/`` (its first open was interrupted) reads as empty.
-        """
-        _check_root_path(root)
-        root = os.path.normpath(root)
-        root_fd, _ = files.open_private_directory(root, dir_fd=None, what=root, create=False)
-        try:
-            offers_fd: int | None = None
-            if os.path.lexists(os.path.join(root, OFFERS_DIR)):
-                offers_fd, _ = files.open_private_directory(
-                    OFFERS_DIR, dir_fd=root_fd, what=os.path.join(root, OFFERS_DIR), create=False
-                )
-        except BaseException:
-            os.close(root_fd)
-            raise
-        return cls(_Dirs(root, root_fd, offers_fd, None))
-
-    def close(self) -> None:
-        self._dirs.close()
-
-    def __enter__(self) -> JournalReader:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def read_claim(self) -> PendingClaim | None:
-        """The pending claim, or None."""
-        return self._read_claim()
-
-    def list_offers(self) -> list[str]:
-        """offerIds in the inbox, sorted (JS default string order)."""
-        return self._list_offers()
-
-    def read_offer(self, offer_id: str) -> InboxRecord | None:
-        """The inbox record of ``offer_id``, or None."""
-        return self._read_offer(offer_id)
-
-
-class Journal(_Records):
+class Journal(RecordReads):
     """The owned, writable journal. Open with :meth:`open`; close to release the lock."""
 
-    def __init__(self, dirs: _Dirs, lock: OwnerLock, options: JournalOptions) -> None:
+    def __init__(self, dirs: JournalDirs, lock: OwnerLock, options: JournalOptions) -> None:
         super().__init__(dirs)
         self._lock = lock
         self.options = options
@@ -288,11 +168,11 @@ class Journal(_Records):
         """
         options = options or JournalOptions()
         options.validate()
-        _check_root_path(root)
+        check_root_path(root)
         root = os.path.normpath(root)
         root_fd, created = files.open_private_directory(root, dir_fd=None, what=root, create=True)
         lock: OwnerLock | None = None
-        dirs: _Dirs | None = None
+        dirs: JournalDirs | None = None
         try:
             if created:
                 files.fsync_parent(root)
@@ -302,7 +182,7 @@ class Journal(_Records):
             offers_fd, made_offers = files.open_private_directory(
                 OFFERS_DIR, dir_fd=root_fd, what=os.path.join(root, OFFERS_DIR), create=True
             )
-            dirs = _Dirs(root, root_fd, offers_fd, None)
+            dirs = JournalDirs(root, root_fd, offers_fd, None)
             dirs.abandoned_fd, made_abandoned = files.open_private_directory(
                 ABANDONED_DIR, dir_fd=root_fd, what=os.path.join(root, ABANDONED_DIR), create=True
             )
@@ -472,12 +352,12 @@ class Journal(_Records):
                     raise
                 # Our own earlier abandon of this very claim crashed before the removal?
                 old = files.read_record(abandoned_fd, name, what)
-                if old is None or _abandoned_key(_parsed(parse_abandoned_record, old, what)) != _claim_key(claim):
+                if old is None or _abandoned_key(parse_record(parse_abandoned_record, old, what)) != _claim_key(claim):
                     raise
                 data = old
             self._remove(self._dirs.root_fd, CLAIM_NAME, "claim_clear")
             self._prune_abandoned(keep=name)
-            return _parsed(parse_abandoned_record, data, what)
+            return parse_record(parse_abandoned_record, data, what)
 
     def list_abandoned(self) -> list[AbandonedClaim]:
         """The abandoned claims kept, oldest first (``abandonedAtMs``, then offerId)."""
@@ -492,7 +372,7 @@ class Journal(_Records):
             what = self._dirs.what(ABANDONED_DIR, name)
             data = files.read_record(fd, name, what)
             if data is not None:
-                records.append(_parsed(parse_abandoned_record, data, what))
+                records.append(parse_record(parse_abandoned_record, data, what))
         return records
 
     def _prune_abandoned(self, keep: str) -> None:
