@@ -181,3 +181,26 @@ def test_pepper_content_rule_is_total(tmp_path_factory: pytest.TempPathFactory, 
     except PepperError:
         return
     assert len(content) == 43 and len(material.pepper) == 32
+
+
+@pytest.mark.root
+def test_rejects_a_process_whose_real_uid_differs_from_its_effective_uid(keyring: pathlib.Path) -> None:
+    """A setuid-style process (ruid != euid) must not use the keyring (local-api.md 3.3)."""
+    if os.geteuid() != 0:
+        pytest.skip("changing the real uid needs root")
+    import subprocess
+    import sys
+
+    from tests.support.cli import REPO
+
+    write_pepper_file(keyring, PEPPER_KEY_ID, PEPPER_TEXT)
+    probe = (
+        "import os, sys\n"
+        "from qinglong_edge.local.pepper import PepperError, read_pepper\n"
+        "os.setreuid(65534, 0)\n"
+        "try:\n    read_pepper(sys.argv[1], sys.argv[2])\nexcept PepperError as exc:\n    print(exc.code)\n"
+        "else:\n    print('read')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe, str(keyring), PEPPER_KEY_ID], capture_output=True,
+                          text=True, cwd=REPO, check=False, env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.stdout.strip() == "unsafe_pepper", proc.stderr
