@@ -7,6 +7,8 @@ import sqlite3
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from qinglong_edge.contracts.credentials import pepper_material_digest
 from qinglong_edge.errors import StoreError
@@ -313,3 +315,33 @@ def test_rejects_a_bad_subject(kind: str, ident: str) -> None:
     with pytest.raises(StoreError) as info:
         Subject(kind, ident)
     assert info.value.code == "invalid_input"
+
+
+@pytest.fixture(scope="module")
+def shared_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Provisioned]:
+    base = tmp_path_factory.mktemp("auth")
+    provisioned = provision(base / "local.db", base / "pepper")
+    yield provisioned
+    provisioned.store.close()
+
+
+_B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+header_values = st.lists(
+    st.one_of(
+        st.text(max_size=400),
+        st.builds(
+            lambda ident, secret: f"Bearer ql3c_{ident}_{secret}",
+            st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}", fullmatch=True),
+            st.text(alphabet=_B64, min_size=43, max_size=43),
+        ),
+    ),
+    max_size=3,
+)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=header_values)
+def test_authentication_is_total_over_header_values(shared_env: Provisioned, values: list[str]) -> None:
+    """Any header list is a principal (only the real token), None, or the 503 class: nothing else."""
+    principal = _auth(shared_env, values)
+    assert (principal is not None) == (values == [AUTHORIZATION])
