@@ -32,6 +32,9 @@ PROG = "qinglong-edge"
 COMMAND_MODULES: tuple[str, ...] = (
     "version",
     "doctor",
+    "offer",
+    "inbox",
+    "admin",
 )
 
 

@@ -31,6 +31,7 @@ import sqlite3
 from dataclasses import dataclass
 
 from qinglong_edge.contracts.fields import MAX_INT32, MAX_SAFE_INTEGER, has_control
+from qinglong_edge.contracts.ids import API_ID
 from qinglong_edge.errors import StoreError
 from qinglong_edge.local.identity import Subject
 from qinglong_edge.local.store import read_transaction, write_transaction
@@ -273,7 +274,9 @@ def create_project(conn: sqlite3.Connection, project_id: str, name: str, slug: s
         StoreError: ``invalid_input`` (id, name 1-255, slug grammar), ``conflict`` (the id
             exists with another name/slug, or the slug is taken).
     """
-    _check_project_id(project_id)
+    if not isinstance(project_id, str) or API_ID.fullmatch(project_id) is None:
+        # Stricter than the column: a project must be addressable by the Local API routes.
+        raise StoreError("project id must match [A-Za-z0-9][A-Za-z0-9._:-]{0,127}", code="invalid_input")
     if not isinstance(name, str) or not 1 <= len(name) <= 255 or has_control(name):
         raise StoreError("project name must be 1-255 characters without control characters", code="invalid_input")
     if not isinstance(slug, str) or _SLUG.fullmatch(slug) is None:

@@ -449,3 +449,30 @@ def test_close_is_idempotent_and_fences(store: Store) -> None:
 def test_rejects_bad_open_arguments(tmp_path: pathlib.Path, kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         Store.open(str(tmp_path / "x.db"), **kwargs)  # type: ignore[arg-type]
+
+
+def test_concurrent_opens_migrate_exactly_once(tmp_path: pathlib.Path) -> None:
+    """Several processes (here threads with their own connections) opening a new file race safely."""
+    path = str(tmp_path / "race" / "local.db")
+    stores: list[Store] = []
+    errors: list[BaseException] = []
+
+    def opener() -> None:
+        try:
+            stores.append(Store.open(path))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=opener) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    try:
+        assert errors == []
+        assert len(stores) == 4
+        versions = stores[0].run(lambda c: [r[0] for r in c.execute("SELECT version FROM schema_migrations")])
+        assert versions == [m.version for m in schema.MIGRATIONS]
+    finally:
+        for opened in stores:
+            opened.close()
