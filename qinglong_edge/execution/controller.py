@@ -7,11 +7,11 @@ process authority. Public API (``serve`` builds one and calls these)::
     controller.start()          # recovery, then the loop, on its own thread
     api = LocalApi(store, ..., on_intent=controller.on_intent)   # the HTTP hook (issue 8)
     controller.notify()         # the same wake-up, for any other caller; any thread
-    controller.stop(timeout_s)  # serve drain: stop the Runs (reason shutdown), join
+    controller.stop()           # serve drain: stop the Runs (reason shutdown), join
     store.close()               # only after stop(): the drain writes terminal states
 
-``stop`` needs ``timeout_s`` >= ``terminateGraceMs + killGraceMs`` plus a little (the
-drain stops every Run concurrently, so one grace period in all).
+``stop()`` waits :attr:`ExecutionController.stop_timeout_s` by default (both graces plus
+2 s: the drain stops every Run concurrently, so one grace period in all).
 
 The thread wakes on :meth:`notify` (a self-pipe), on any Run's output or exit (its log FIFO
 and pidfd are in the same ``selectors`` set), at the nearest deadline, and at least every
@@ -38,8 +38,11 @@ one whose process is gone is reconciled: ``cancelled``/``timed_out`` if it has a
 else ``lost`` (``RECOVERY_PROCESS_NOT_RUNNING``: its exit status died with the previous
 agent); a pid now owned by another process is never signalled (the identity differs). An
 attempt ``starting`` without a handle never ran its job (start barrier) and becomes
-``lost`` (``RECOVERY_UNSTARTED_LAUNCH``) or ``cancelled``. Cgroups and FIFOs of ours that
-belong to no active attempt are emptied and removed.
+``lost`` (``RECOVERY_UNSTARTED_LAUNCH``) or ``cancelled``. A cgroup ``qinglong-edge/<id>``
+whose ``<id>`` is an attempt of *this* database that is no longer active (leftovers of a
+crash) is emptied and removed; cgroups named after anything else (another agent's
+database, an operator's) are never touched. FIFOs in the log directory of no active
+attempt are removed.
 
 Shutdown (:meth:`stop`): decision for the drain that 7.2 mentions: the Runs this agent is
 running are stopped, not left behind. Each active Run gets a ``shutdown`` intent (an
@@ -71,6 +74,7 @@ from qinglong_edge.execution.transitions import (
     MAX_PAGE,
     Candidate,
     Snapshot,
+    finished_attempts,
     list_active,
     list_candidates,
     load_snapshot,
@@ -98,11 +102,13 @@ class ExecutionController:
         clock: wall clock in ms for stored times (default: the store's).
         cgroups: a prepared :class:`CgroupManager` (default: detected at :meth:`start`).
         poll_ms: observation interval during a stop (local-api.md 7.3: 25 ms).
-        work_directory: default working directory of jobs (default: the parent of the
-            log directory).
+        work_directory: default working directory (and ``HOME``) of jobs whose task has
+            none (default: ``work`` beside the log directory, normally
+            ``<stateDirectory>/work``, created 0700 at :meth:`start`).
         pids_max: per-Run ``pids.max`` where the v1 pids controller is used (None: no cap).
 
-    Creating it has no side effect beyond a self-pipe; the thread starts in :meth:`start`.
+    Creating it opens a self-pipe and a selector, nothing else; :meth:`start` creates the
+    directories and starts the thread.
     """
 
     def __init__(
@@ -121,7 +127,9 @@ class ExecutionController:
         self.config = config
         self.clock = clock
         self.poll_ms = min(poll_ms, config.terminate_grace_ms, config.kill_grace_ms)
-        self.work_directory = work_directory or os.path.dirname(config.log_directory.rstrip("/")) or "/"
+        self.work_directory = work_directory or os.path.join(
+            os.path.dirname(os.path.normpath(config.log_directory)), "work"
+        )
         self.new_id = new_id
         self._cgroups = cgroups
         self._pids_max = pids_max
@@ -149,17 +157,19 @@ class ExecutionController:
         return self._cgroups
 
     def start(self) -> None:
-        """Detect cgroups, create the log directory, start the thread (recovery runs on it).
+        """Detect cgroups, create the log and work directories, start the thread (recovery
+        runs on it).
 
         Raises:
-            EdgeError: ``log_unavailable`` when the log directory cannot be created.
+            EdgeError: ``log_unavailable`` when a directory cannot be created.
         """
         if self._thread is not None:
             return
-        try:
-            os.makedirs(self.config.log_directory, mode=0o700, exist_ok=True)
-        except OSError as exc:
-            raise EdgeError(f"{self.config.log_directory}: {exc.strerror}", code="log_unavailable") from None
+        for directory in (self.config.log_directory, self.work_directory):
+            try:
+                os.makedirs(directory, mode=0o700, exist_ok=True)
+            except OSError as exc:
+                raise EdgeError(f"{directory}: {exc.strerror}", code="log_unavailable") from None
         if not self.cgroups.available:
             _log.warning("per-Run cgroups are not used: %s", self.cgroups.reason)
         self._launcher = Launcher(
@@ -190,8 +200,19 @@ class ExecutionController:
         """Wait until restart recovery has finished; True if it has."""
         return self._ready.wait(timeout_s)
 
-    def stop(self, timeout_s: float = 10.0) -> bool:
-        """Drain (module docstring) and join the thread; True if it finished in time."""
+    @property
+    def stop_timeout_s(self) -> float:
+        """A ``stop`` timeout that lets the drain finish: both graces plus 2 s (seconds)."""
+        return (self.config.terminate_grace_ms + self.config.kill_grace_ms) / 1000 + 2.0
+
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Drain (module docstring) and join the thread; True if it finished in time.
+
+        Args:
+            timeout_s: how long to wait (default :attr:`stop_timeout_s`).
+        """
+        if timeout_s is None:
+            timeout_s = self.stop_timeout_s
         self._stopping.set()
         self.notify()
         thread = self._thread
@@ -314,6 +335,8 @@ class ExecutionController:
         for active in list(self._active.values()):
             self._check_exit(active)
         launcher = self._launcher
+        if launcher is not None and launcher.unrecorded:
+            launcher.retry_unrecorded()
         while launcher is not None and len(self._active) < self.config.max_concurrent_runs:
             if self._stopping.is_set():
                 return
@@ -439,7 +462,8 @@ class ExecutionController:
                 complete = False
                 _log.warning("run %s: recovery deferred: %s", snap.run.id, exc.code)
         active_ids = {s.attempt.id for s in snaps} | set(self._active)
-        for name in self.cgroups.owned_names() - active_ids:
+        leftover = sorted(self.cgroups.owned_names() - active_ids)
+        for name in self.store.run(lambda c: finished_attempts(c, leftover)):
             self._discard_orphan_cgroup(name)
         self._sweep_fifos()
         self._recovered = complete

@@ -22,8 +22,8 @@ ran (the barrier); restart recovery marks it ``lost`` (``RECOVERY_UNSTARTED_LAUN
 
 The job's command comes from the Run's task revision (:mod:`qinglong_edge.local.tasks`):
 ``argv`` (``file`` + ``args``) or ``shell`` (``<shell or /bin/sh> -c <command>``), the
-working directory (default: the directory above ``execution.logDirectory``, normally the
-state directory; also ``HOME``), and the task's environment on top of the minimal base of
+working directory (default: the controller's work directory, ``<stateDirectory>/work``;
+also ``HOME``), and the task's environment on top of the minimal base of
 :func:`~qinglong_edge.execution.spawn.job_environment`. Output goes to the bounded log of
 :mod:`qinglong_edge.execution.logs` (``<logDirectory>/<logArtifactId>.log``).
 """
@@ -351,6 +351,18 @@ class Launcher:
         self.work_directory = work_directory
         self.clock = clock
         self.new_id = new_id
+        #: Launch failures not yet recorded (the store failed): (run id, attempt id, summary).
+        self.unrecorded: set[tuple[str, str, str]] = set()
+
+    def retry_unrecorded(self) -> None:
+        """Record launch failures that could not be written before (store back up)."""
+        for run_id, attempt_id, summary in sorted(self.unrecorded):
+            try:
+                self.store.run(lambda c, r=run_id, a=attempt_id, m=summary: record_start_failure(  # type: ignore[misc]
+                    c, r, a, summary=m, now_ms=self.clock(), new_id=self.new_id))
+            except StoreError:
+                return
+            self.unrecorded.discard((run_id, attempt_id, summary))
 
     def launch_next(self) -> LaunchResult | None:
         """Claim and start the next queued attempt; ``None`` when nothing is queued.
@@ -374,7 +386,8 @@ class Launcher:
             self.store.run(lambda c: record_start_failure(c, claim.run_id, claim.attempt_id, summary=summary,
                                                           now_ms=self.clock(), new_id=self.new_id))
         except StoreError:
-            _log.warning("run %s: the launch failure could not be recorded; recovery will", claim.run_id)
+            _log.warning("run %s: the launch failure could not be recorded yet", claim.run_id)
+            self.unrecorded.add((claim.run_id, claim.attempt_id, summary))
         return LaunchResult("failed", claim.run_id, claim.attempt_id)
 
     def _start(self, claim: Claim) -> LaunchResult:

@@ -73,6 +73,7 @@ __all__ = [
     "Changes",
     "Snapshot",
     "at_or_after",
+    "finished_attempts",
     "list_active",
     "list_candidates",
     "load_in",
@@ -305,6 +306,16 @@ def list_active(conn: sqlite3.Connection) -> list[Snapshot]:
         ).fetchall()
         snaps = [load_in(conn, run_id, attempt_id) for run_id, attempt_id in rows]
     return [s for s in snaps if s is not None and s.latest]
+
+
+def finished_attempts(conn: sqlite3.Connection, attempt_ids: list[str]) -> list[str]:
+    """Those of ``attempt_ids`` that are attempts of this database and no longer active."""
+    found = []
+    for attempt_id in attempt_ids:
+        row = conn.execute('SELECT status FROM "RunAttempts" WHERE id = ?', (attempt_id,)).fetchone()
+        if row is not None and row[0] not in ACTIVE_ATTEMPT:
+            found.append(attempt_id)
+    return found
 
 
 def record_completion(

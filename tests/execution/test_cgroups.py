@@ -8,6 +8,8 @@ import subprocess
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from qinglong_edge.contracts.ids import new_uuid4
 from qinglong_edge.errors import ExecutionError
@@ -169,3 +171,9 @@ def test_signal_pids_tolerates_exited_pids_and_skips_non_members() -> None:
 
 def test_hierarchy_parent_is_under_qinglong_edge() -> None:
     assert Hierarchy("v2", "/sys/fs/cgroup").parent == "/sys/fs/cgroup/qinglong-edge"
+
+
+@given(st.text(max_size=400))
+def test_mountinfo_parser_never_raises(text: str) -> None:
+    for hierarchy in find_hierarchies(text):
+        assert hierarchy.kind in ("v2", "freezer", "pids")

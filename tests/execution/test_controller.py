@@ -317,3 +317,20 @@ def test_shutdown_stops_running_jobs_with_reason_shutdown(env: Env) -> None:
         ("attempt.cancelled", ("reconciler", "local-execution-control")),
         ("run.cancelled", ("reconciler", "local-execution-control")),
     ]
+
+
+def test_shutdown_drain_stops_every_run_at_once(env: Env) -> None:
+    env.task("t-stubborn-2", "trap '' TERM INT HUP; sleep 100038 & while :; do wait; done")
+    runs = [env.start("t-stubborn-2") for _ in range(2)]
+    with env.controller(terminate_grace_ms=1000, kill_grace_ms=300) as controller:
+        controller.on_intent("task.start", runs[0][0])  # the Local API's hook
+        pids = [_pid(env, attempt_id) for _, attempt_id in runs]
+        assert wait_for(lambda: len(descendants_by_marker("100038")) == 2)
+        assert controller.stop_timeout_s == 3.3
+        started = time.monotonic()
+        assert controller.stop() is True
+        elapsed = time.monotonic() - started
+    assert 1.0 <= elapsed < 2.4  # one grace period for both, not one per Run
+    assert not any(alive(p) for p in pids) and not descendants_by_marker("100038")
+    assert [env.run_row(r)["cancel_reason"] for r, _ in runs] == ["shutdown", "shutdown"]
+    assert [env.status(r) for r, _ in runs] == ["cancelled", "cancelled"]

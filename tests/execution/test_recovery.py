@@ -170,16 +170,29 @@ def test_claim_transaction_cancels_a_queued_run_with_an_intent(env: Env) -> None
     assert env.store.run(lambda c: claim_next(c, now_ms=0, log_artifact_id="local-" + "1" * 30)) is None
 
 
-def test_cgroups_of_no_active_attempt_are_swept_at_start(env: Env, cgroup_manager: CgroupManager,
-                                                         tmp_path: object) -> None:
-    stale = cgroup_manager.create(f"stale-{new_uuid4()}")
-    assert stale is not None
-    job = start_job("sleep 100044", str(tmp_path), cgroup=stale)
+def test_cgroups_of_finished_attempts_are_swept_at_start_and_others_never(
+    env: Env, cgroup_manager: CgroupManager, tmp_path: object
+) -> None:
+    env.task("t-done", "true")
+    run_id, attempt_id = env.start("t-done")
+    env.cancel(run_id)
+    env.store.run(lambda c: claim_next(c, now_ms=int(time.time() * 1000), log_artifact_id="local-" + "2" * 30))
+    assert env.status(run_id) == "cancelled"
+    # A crash left a process in the cgroup of that finished attempt; another cgroup under
+    # qinglong-edge/ belongs to no attempt of this database (another agent's).
+    ours, foreign = cgroup_manager.create(attempt_id), cgroup_manager.create(f"foreign-{new_uuid4()}")
+    assert ours is not None and foreign is not None
+    leftover = start_job("sleep 100044", str(tmp_path), cgroup=ours)
+    bystander = start_job("sleep 100045", str(tmp_path), cgroup=foreign)
     try:
-        assert wait_for(lambda: job.pid in stale.members())
+        assert wait_for(lambda: leftover.pid in ours.members() and bystander.pid in foreign.members())
         with env.controller(cgroups=cgroup_manager):
             pass
-        assert wait_for(lambda: not alive(job.pid))
-        assert stale.name not in cgroup_manager.owned_names()
+        assert wait_for(lambda: not alive(leftover.pid))
+        assert attempt_id not in cgroup_manager.owned_names()
+        assert alive(bystander.pid) and foreign.name in cgroup_manager.owned_names()
     finally:
-        reap(job.process)
+        reap(leftover.process)
+        foreign.kill()
+        reap(bystander.process)
+        wait_for(foreign.remove)

@@ -111,3 +111,26 @@ def test_rejects_a_missing_working_directory(tmp_path: object) -> None:
     with pytest.raises(ExecutionError) as info:
         spawn(["/bin/true"], cwd=os.path.join(str(tmp_path), "gone"), env=env, stdout_fd=1)
     assert info.value.code == "spawn_failed"
+
+
+def test_identity_capture_failure_discards_the_unstarted_process(tmp_path: object,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake on purpose: /proc cannot be made to fail for one real pid. The process is real."""
+    import qinglong_edge.execution.spawn as spawn_module
+
+    started: list[int] = []
+
+    def failing_capture(pid: int, **_: object) -> None:
+        started.append(pid)
+        raise ExecutionError("boom", code="provider_unavailable")
+
+    monkeypatch.setattr(spawn_module, "capture", failing_capture)
+    marker = os.path.join(str(tmp_path), "ran")
+    env = job_environment({}, run_id="r", attempt_id="a", home=str(tmp_path))
+    with pytest.raises(ExecutionError) as info:
+        spawn(["/bin/sh", "-c", f"echo yes > {marker}"], cwd=str(tmp_path), env=env, stdout_fd=1)
+    assert info.value.code == "identity_unavailable"
+    assert started and not alive(started[0])  # killed and reaped
+    with pytest.raises(ChildProcessError):
+        os.waitpid(started[0], os.WNOHANG)
+    assert not os.path.exists(marker)  # the job never ran
