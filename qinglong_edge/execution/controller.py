@@ -347,15 +347,22 @@ class ExecutionController:
                 self._track(result.active)
 
     def _control(self, candidate: Candidate) -> None:
-        """local-api.md 7.2 for one candidate."""
+        """local-api.md 7.2 for one candidate.
+
+        A deadline first checks for a completion (a job that exited just before its
+        deadline was noticed ended by itself), then writes its ``timeout`` intent.
+        """
+        active = self._active.get(candidate.attempt_id)
         if candidate.kind == "deadline":
+            if active is not None and active.exit_code() is not None:
+                self._complete(active)
+                return
             requested = self.store.run(lambda c: request_control_cancellation(
                 c, candidate.run_id, candidate.attempt_id, reason="timeout", requested_at_ms=candidate.due_at_ms,
                 require_deadline=True, new_id=self.new_id,
             ))
             if not requested:
                 return
-        active = self._active.get(candidate.attempt_id)
         if active is not None and active.exit_code() is not None:
             self._complete(active)  # completion first
             return
