@@ -23,7 +23,7 @@ configuration is :mod:`qinglong_edge.commands.config`'s job.
 
 Limits: text <= 256 KiB (:data:`MAX_TEXT_CHARS` characters), <= 64 sections, <= 128
 options per section, <= 64 items per option, <= 4096 characters per value; NUL is
-rejected anywhere.
+rejected anywhere; empty lines are skipped.
 
 Errors: :class:`ContractError` with code ``invalid_uci``; ``path`` is the UCI name of
 the offending line (``pkg.section.option``), or ``line N`` when no name was read yet.
@@ -153,6 +153,9 @@ def parse_show(text: str, package: str) -> tuple[UciSection, ...]:
     by_name: dict[str, dict[str, tuple[str, ...]]] = {}
     pos = 0
     while pos < len(text):
+        if text[pos] == "\n":  # uci never prints one; tolerate it (e.g. a trailing echo)
+            pos += 1
+            continue
         line = _line_of(text, pos)
         eq = text.find("=", pos)
         newline = text.find("\n", pos)
