@@ -60,9 +60,12 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qinglong_edge.commands._output import print_json
+
+if TYPE_CHECKING:
+    from qinglong_edge.contracts.uci import UciSection
 
 __all__ = [
     "UCI_PACKAGE",
@@ -72,6 +75,7 @@ __all__ = [
     "register",
     "render_document",
     "render_uci_text",
+    "write_atomically",
 ]
 
 #: The UCI package (config file name) and init script name on OpenWrt.
@@ -212,7 +216,9 @@ def _set(target: dict[str, Any], path: tuple[str, ...], value: object) -> None:
     target[path[-1]] = value
 
 
-def render_document(sections: Sequence[Any], package: str = UCI_PACKAGE) -> tuple[dict[str, Any], dict[str, str]]:
+def render_document(
+    sections: Sequence[UciSection], package: str = UCI_PACKAGE
+) -> tuple[dict[str, Any], dict[str, str]]:
     """Map parsed UCI sections to a (not yet validated) JSON document.
 
     Args:
@@ -232,7 +238,7 @@ def render_document(sections: Sequence[Any], package: str = UCI_PACKAGE) -> tupl
     from qinglong_edge.config import SCHEMA
     from qinglong_edge.errors import ConfigError
 
-    found: dict[str, Any] = {}
+    found: dict[str, UciSection] = {}
     for section in sections:
         where = f"{package}.{section.name}"
         if section.type not in _BY_TYPE:
@@ -246,8 +252,8 @@ def render_document(sections: Sequence[Any], package: str = UCI_PACKAGE) -> tupl
     document: dict[str, Any] = {"schema": SCHEMA}
     enabled: dict[str, bool] = {}
     for kind in UCI_SCHEMA:
-        section = found.get(kind.type)
-        section_name = section.name if section is not None else f"@{kind.type}[0]"
+        present = found.get(kind.type)
+        section_name = present.name if present is not None else f"@{kind.type}[0]"
         base = "$" if kind.json_key is None else f"$.{kind.json_key}"
         names[base] = f"{package}.{section_name}" if kind.json_key else package
         known = {option.name: option for option in kind.options}
@@ -255,7 +261,7 @@ def render_document(sections: Sequence[Any], package: str = UCI_PACKAGE) -> tupl
             uci_name = f"{package}.{section_name}.{option.name}"
             for depth in range(1, len(option.json_path) + 1):
                 names.setdefault(base + "".join(f".{k}" for k in option.json_path[:depth]), uci_name)
-        values: Mapping[str, tuple[str, ...]] = section.options if section is not None else {}
+        values: Mapping[str, tuple[str, ...]] = present.options if present is not None else {}
         for name in values:
             if name not in known:
                 where = f"{package}.{section_name}.{name}"

@@ -317,3 +317,22 @@ def _to_uci(doc: dict[str, Any]) -> str:
 def test_json_to_uci_to_json_round_trip(doc: dict[str, Any]) -> None:
     rendered = json.loads(render_uci_text(_to_uci(doc)))
     assert rendered == doc
+
+
+def test_render_imports_nothing_heavy(tmp_path: pathlib.Path) -> None:
+    """Rendering from a file needs neither ssl, sqlite3, sockets nor subprocess (spec README, layer 5)."""
+    import subprocess
+    import sys
+
+    dump = tmp_path / "uci.txt"
+    dump.write_text(REALISTIC)
+    probe = (
+        "import sys\nfrom qinglong_edge.cli import main\nstatus = main(sys.argv[1:])\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "{'ssl', '_ssl', 'sqlite3', '_sqlite3', 'socket', 'http', 'subprocess'})\n"
+        "print(heavy, file=sys.stderr)\nsys.exit(status)\n"
+    )
+    proc = subprocess.run([sys.executable, "-I", "-c", probe, "config", "render-uci", "--input", str(dump),
+                           "--output", str(tmp_path / "c.json")], capture_output=True, text=True, cwd=REPO, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "[]"

@@ -72,6 +72,17 @@ def busybox() -> str:
     return path
 
 
+@pytest.fixture(scope="session")
+def busybox_path(busybox: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A PATH of busybox applets only, so scripts see the tools a router has, not GNU's."""
+    directory = tmp_path_factory.mktemp("busybox-bin")
+    applets = subprocess.run([busybox, "--list"], capture_output=True, text=True, check=True).stdout.split()
+    for applet in applets:
+        if "/" not in applet and applet not in ("[", "[["):
+            (directory / applet).symlink_to(busybox)
+    return str(directory)
+
+
 def busybox_unpack(busybox: str, archive: pathlib.Path, dest: pathlib.Path) -> None:
     """``busybox gzip -dc ARCHIVE | busybox tar -xf - -C DEST``, as opkg-lede does."""
     dest.mkdir(parents=True, exist_ok=True)

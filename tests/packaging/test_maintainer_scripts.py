@@ -65,7 +65,8 @@ def test_syntax_check_can_fail(busybox: str, tmp_path: pathlib.Path) -> None:
 class Device:
     """An offline root holding the installed package, as opkg leaves it before postinst."""
 
-    def __init__(self, unpacked: Unpacked, root: pathlib.Path) -> None:
+    def __init__(self, unpacked: Unpacked, root: pathlib.Path, path: str) -> None:
+        self.path = path
         self.root = make_root(root)
         shutil.copytree(unpacked.root, root, dirs_exist_ok=True, symlinks=True)
         info = root / INFO
@@ -82,7 +83,7 @@ class Device:
 
     def env(self, *, instroot: bool, upgrade: bool = False) -> dict[str, str]:
         env = {
-            "PATH": os.environ["PATH"],
+            "PATH": self.path,
             "QLE_STUB_ROOT": str(self.root),
             "QLE_STUB_LOG": str(self.log),
             "PKG_UPGRADE": "1" if upgrade else "0",
@@ -117,8 +118,8 @@ class Device:
 
 
 @pytest.fixture
-def device(unpacked: Unpacked, tmp_path: pathlib.Path) -> Device:
-    return Device(unpacked, tmp_path / "root")
+def device(unpacked: Unpacked, tmp_path: pathlib.Path, busybox_path: str) -> Device:
+    return Device(unpacked, tmp_path / "root", busybox_path)
 
 
 def test_postinst_building_an_image_only_adds_the_user(busybox: str, device: Device) -> None:
@@ -221,7 +222,8 @@ def test_boilerplate_does_nothing_without_functions_sh(busybox: str, device: Dev
 class Router:
     """The init script, with its OpenWrt paths moved into a temp root, under stub procd."""
 
-    def __init__(self, unpacked: Unpacked, root: pathlib.Path) -> None:
+    def __init__(self, unpacked: Unpacked, root: pathlib.Path, path: str) -> None:
+        self.path = path
         self.root = make_root(root)
         shutil.copytree(unpacked.root, root, dirs_exist_ok=True, symlinks=True)
         self.rundir = root / "var/etc/qinglong-edge"
@@ -266,7 +268,7 @@ class Router:
             self.log.unlink()
         script = (f'. "$QLE_STUB_ROOT/lib/functions.sh"; . "$QLE_STUB_ROOT/lib/procd.sh"; '
                   f'. "{self.init}"; {function}')
-        env = {"PATH": f"{self.root / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        env = {"PATH": f"{self.root / 'bin'}{os.pathsep}{self.path}",
                "QLE_STUB_ROOT": str(self.root), "QLE_STUB_LOG": str(self.log)}
         return subprocess.run([busybox, "sh", "-c", script], env=env, capture_output=True, text=True,
                               check=False, timeout=120)
@@ -276,8 +278,8 @@ class Router:
 
 
 @pytest.fixture
-def router(unpacked: Unpacked, tmp_path: pathlib.Path) -> Router:
-    return Router(unpacked, tmp_path / "root")
+def router(unpacked: Unpacked, tmp_path: pathlib.Path, busybox_path: str) -> Router:
+    return Router(unpacked, tmp_path / "root", busybox_path)
 
 
 def test_start_with_defaults_renders_config_but_starts_nothing(busybox: str, router: Router) -> None:

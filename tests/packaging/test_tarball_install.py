@@ -8,6 +8,7 @@ import os
 import pathlib
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 
@@ -24,11 +25,18 @@ def unpacked_tarball(dist: Dist, busybox: str, tmp_path_factory: pytest.TempPath
     return top
 
 
-def _sh(busybox: str, script: pathlib.Path, *args: str, cwd: pathlib.Path | None = None,
-        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    child_env = {"PATH": os.environ["PATH"], **(env or {})}
-    return subprocess.run([busybox, "sh", str(script), *args], capture_output=True, text=True,
-                          cwd=cwd, env=child_env, check=False, timeout=120)
+Shell = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+@pytest.fixture
+def sh(busybox: str, busybox_path: str) -> Shell:
+    """``busybox sh SCRIPT ARGS`` seeing busybox applets only on PATH, as on OpenWrt."""
+
+    def run(script: pathlib.Path, *args: str, cwd: pathlib.Path | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([busybox, "sh", str(script), *args], capture_output=True, text=True,
+                              cwd=cwd, env={"PATH": busybox_path}, check=False, timeout=120)
+
+    return run
 
 
 def _mode(path: pathlib.Path) -> int:
@@ -52,10 +60,10 @@ def test_tarball_layout(unpacked_tarball: pathlib.Path, dist: Dist) -> None:
         "config.json", "qinglong-edge-pull.service", "qinglong-edge-pull.timer", "qinglong-edge.service"]
 
 
-def test_install_for_openwrt_25_into_a_staging_root(busybox: str, unpacked_tarball: pathlib.Path,
+def test_install_for_openwrt_25_into_a_staging_root(sh: Shell, unpacked_tarball: pathlib.Path,
                                                     tmp_path: pathlib.Path) -> None:
     root = _openwrt_root(tmp_path)
-    result = _sh(busybox, unpacked_tarball / "install.sh", "--destdir", str(root), cwd=tmp_path)
+    result = sh(unpacked_tarball / "install.sh", "--destdir", str(root), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "staged qinglong-edge" in result.stdout
     assert _mode(root / "etc/init.d/qinglong-edge") == 0o755
@@ -77,15 +85,15 @@ def test_install_for_openwrt_25_into_a_staging_root(busybox: str, unpacked_tarba
     assert json.loads(launched.stdout)["ok"] is True
 
 
-def test_reinstall_keeps_changed_conffiles_and_the_user(busybox: str, unpacked_tarball: pathlib.Path,
+def test_reinstall_keeps_changed_conffiles_and_the_user(sh: Shell, unpacked_tarball: pathlib.Path,
                                                         tmp_path: pathlib.Path) -> None:
     root = _openwrt_root(tmp_path)
-    assert _sh(busybox, unpacked_tarball / "install.sh", "--destdir", str(root)).returncode == 0
+    assert sh(unpacked_tarball / "install.sh", "--destdir", str(root)).returncode == 0
     config = root / "etc/config/qinglong-edge"
     shipped = config.read_text()
     config.write_text(shipped.replace("option enabled '0'", "option enabled '1'", 1))
     (root / "usr/lib/qinglong-edge/qinglong_edge/stale_module.py").write_text("# removed upstream\n")
-    result = _sh(busybox, unpacked_tarball / "install.sh", "--destdir", str(root))
+    result = sh(unpacked_tarball / "install.sh", "--destdir", str(root))
     assert result.returncode == 0, result.stderr
     assert "kept your /etc/config/qinglong-edge" in result.stdout
     assert "option enabled '1'" in config.read_text()
@@ -95,22 +103,22 @@ def test_reinstall_keeps_changed_conffiles_and_the_user(busybox: str, unpacked_t
     assert [line[:9] for line in (root / "etc/passwd").read_text().splitlines()].count("qinglong:") == 1
 
 
-def test_install_picks_a_free_id_when_5700_is_taken(busybox: str, unpacked_tarball: pathlib.Path,
+def test_install_picks_a_free_id_when_5700_is_taken(sh: Shell, unpacked_tarball: pathlib.Path,
                                                     tmp_path: pathlib.Path) -> None:
     root = _openwrt_root(tmp_path)
     with open(root / "etc/passwd", "a") as handle:
         handle.write("someone:x:5700:5700::/home/someone:/bin/ash\n")
     with open(root / "etc/group", "a") as handle:
         handle.write("someone:x:5700:\n")
-    assert _sh(busybox, unpacked_tarball / "install.sh", "--destdir", str(root)).returncode == 0
+    assert sh(unpacked_tarball / "install.sh", "--destdir", str(root)).returncode == 0
     users = [line for line in (root / "etc/passwd").read_text().splitlines() if line.startswith("qinglong:")]
     assert users == ["qinglong:x:32768:32768:qinglong:/var/run/qinglong:/bin/false"]
 
 
-def test_install_with_another_prefix_rewrites_every_reference(busybox: str, unpacked_tarball: pathlib.Path,
+def test_install_with_another_prefix_rewrites_every_reference(sh: Shell, unpacked_tarball: pathlib.Path,
                                                               tmp_path: pathlib.Path) -> None:
     root = _openwrt_root(tmp_path)
-    result = _sh(busybox, unpacked_tarball / "install.sh", "--destdir", str(root), "--prefix", "/opt/qle",
+    result = sh(unpacked_tarball / "install.sh", "--destdir", str(root), "--prefix", "/opt/qle",
                  "--python", "/opt/python/bin/python3")
     assert result.returncode == 0, result.stderr
     assert (root / "opt/qle/bin/qinglong-edge").read_text().startswith("#!/opt/python/bin/python3\n")
@@ -124,9 +132,9 @@ def test_install_with_another_prefix_rewrites_every_reference(busybox: str, unpa
     assert launched.returncode == 0, launched.stderr
 
 
-def test_install_for_systemd(busybox: str, unpacked_tarball: pathlib.Path, tmp_path: pathlib.Path) -> None:
+def test_install_for_systemd(sh: Shell, unpacked_tarball: pathlib.Path, tmp_path: pathlib.Path) -> None:
     root = make_root(tmp_path / "root")
-    result = _sh(busybox, unpacked_tarball / "install.sh", "--destdir", str(root), "--target", "systemd")
+    result = sh(unpacked_tarball / "install.sh", "--destdir", str(root), "--target", "systemd")
     assert result.returncode == 0, result.stderr
     units = root / "etc/systemd/system"
     assert sorted(p.name for p in units.iterdir()) == [
@@ -141,15 +149,15 @@ def test_install_for_systemd(busybox: str, unpacked_tarball: pathlib.Path, tmp_p
         assert config.stat().st_gid == 5700 and config.stat().st_uid == 0
     assert json.loads(config.read_text())["stateDirectory"] == "/var/lib/qinglong-edge"
     config.write_text('{"schema": "qinglong/edge-agent@v1", "stateDirectory": "/srv/qe"}')
-    assert _sh(busybox, unpacked_tarball / "install.sh", "--destdir", str(root), "--target", "systemd").returncode == 0
+    assert sh(unpacked_tarball / "install.sh", "--destdir", str(root), "--target", "systemd").returncode == 0
     assert "/srv/qe" in config.read_text()  # an existing config is never replaced
 
 
-def test_install_plain_has_code_and_launcher_only(busybox: str, unpacked_tarball: pathlib.Path,
+def test_install_plain_has_code_and_launcher_only(sh: Shell, unpacked_tarball: pathlib.Path,
                                                   tmp_path: pathlib.Path) -> None:
     root = tmp_path / "root"
     root.mkdir()
-    result = _sh(busybox, unpacked_tarball / "install.sh", "--destdir", str(root))
+    result = sh(unpacked_tarball / "install.sh", "--destdir", str(root))
     assert result.returncode == 0, result.stderr
     installed = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
     assert "usr/local/bin/qinglong-edge" in installed
@@ -157,11 +165,11 @@ def test_install_plain_has_code_and_launcher_only(busybox: str, unpacked_tarball
 
 
 def test_uninstall_removes_the_package_and_keeps_the_configuration(
-        busybox: str, unpacked_tarball: pathlib.Path, tmp_path: pathlib.Path) -> None:
+        sh: Shell, unpacked_tarball: pathlib.Path, tmp_path: pathlib.Path) -> None:
     root = _openwrt_root(tmp_path)
-    assert _sh(busybox, unpacked_tarball / "install.sh", "--destdir", str(root)).returncode == 0
+    assert sh(unpacked_tarball / "install.sh", "--destdir", str(root)).returncode == 0
     (root / "etc/qinglong-edge/state").mkdir(parents=True)
-    result = _sh(busybox, root / "usr/lib/qinglong-edge/uninstall.sh", "--destdir", str(root))
+    result = sh(root / "usr/lib/qinglong-edge/uninstall.sh", "--destdir", str(root))
     assert result.returncode == 0, result.stderr
     for gone in ("etc/init.d/qinglong-edge", "etc/crontabs/qinglong", "lib/upgrade/keep.d/qinglong-edge",
                  "usr/bin/qinglong-edge", "usr/lib/qinglong-edge"):
@@ -169,8 +177,8 @@ def test_uninstall_removes_the_package_and_keeps_the_configuration(
     assert (root / "etc/config/qinglong-edge").exists()
     assert (root / "etc/qinglong-edge/state").is_dir()
     assert "qinglong:" in (root / "etc/passwd").read_text()  # the user stays, as on OpenWrt
-    assert _sh(busybox, unpacked_tarball / "install.sh", "--destdir", str(root)).returncode == 0
-    result = _sh(busybox, unpacked_tarball / "uninstall.sh", "--destdir", str(root), "--purge")
+    assert sh(unpacked_tarball / "install.sh", "--destdir", str(root)).returncode == 0
+    result = sh(unpacked_tarball / "uninstall.sh", "--destdir", str(root), "--purge")
     assert result.returncode == 0, result.stderr
     assert not (root / "etc/config/qinglong-edge").exists()
     assert not (root / "etc/qinglong-edge").exists()
@@ -186,22 +194,22 @@ def test_uninstall_removes_the_package_and_keeps_the_configuration(
         pytest.param(["--prefix"], id="missing_value"),
     ],
 )
-def test_rejects_bad_install_arguments(busybox: str, unpacked_tarball: pathlib.Path, tmp_path: pathlib.Path,
+def test_rejects_bad_install_arguments(sh: Shell, unpacked_tarball: pathlib.Path, tmp_path: pathlib.Path,
                                        args: list[str]) -> None:
-    result = _sh(busybox, unpacked_tarball / "install.sh", *args, cwd=tmp_path)
+    result = sh(unpacked_tarball / "install.sh", *args, cwd=tmp_path)
     assert result.returncode == 64, result.stderr
     assert "usage: ./install.sh" in result.stderr
     assert list(tmp_path.iterdir()) == []
 
 
-def test_rejects_uninstall_without_an_installation(busybox: str, unpacked_tarball: pathlib.Path,
+def test_rejects_uninstall_without_an_installation(sh: Shell, unpacked_tarball: pathlib.Path,
                                                    tmp_path: pathlib.Path) -> None:
-    result = _sh(busybox, unpacked_tarball / "uninstall.sh", "--destdir", str(tmp_path))
+    result = sh(unpacked_tarball / "uninstall.sh", "--destdir", str(tmp_path))
     assert result.returncode == 1
     assert "no qinglong-edge installed" in result.stderr
 
 
-def test_help_describes_the_options(busybox: str, unpacked_tarball: pathlib.Path) -> None:
-    result = _sh(busybox, unpacked_tarball / "install.sh", "--help")
+def test_help_describes_the_options(sh: Shell, unpacked_tarball: pathlib.Path) -> None:
+    result = sh(unpacked_tarball / "install.sh", "--help")
     assert result.returncode == 0
     assert "--destdir" in result.stdout and "--prefix" in result.stdout and "set -eu" not in result.stdout
