@@ -32,9 +32,10 @@ Shell = Callable[..., "subprocess.CompletedProcess[str]"]
 def sh(busybox: str, busybox_path: str) -> Shell:
     """``busybox sh SCRIPT ARGS`` seeing busybox applets only on PATH, as on OpenWrt."""
 
-    def run(script: pathlib.Path, *args: str, cwd: pathlib.Path | None = None) -> subprocess.CompletedProcess[str]:
+    def run(script: pathlib.Path, *args: str, cwd: pathlib.Path | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run([busybox, "sh", str(script), *args], capture_output=True, text=True,
-                              cwd=cwd, env={"PATH": busybox_path}, check=False, timeout=120)
+                              cwd=cwd, env={"PATH": busybox_path, **(env or {})}, check=False, timeout=120)
 
     return run
 
@@ -157,7 +158,7 @@ def test_install_plain_has_code_and_launcher_only(sh: Shell, unpacked_tarball: p
                                                   tmp_path: pathlib.Path) -> None:
     root = tmp_path / "root"
     root.mkdir()
-    result = sh(unpacked_tarball / "install.sh", "--destdir", str(root))
+    result = sh(unpacked_tarball / "install.sh", env={"DESTDIR": str(root)})  # the make-style variable
     assert result.returncode == 0, result.stderr
     installed = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
     assert "usr/local/bin/qinglong-edge" in installed
