@@ -59,7 +59,7 @@ __all__ = [
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 #: ``Depends:`` of qinglong-edge_*.ipk (packaging.md 3.5), python3-light included.
-DEPENDS: tuple[str, ...] = ("python3-light", "python3-openssl", "python3-sqlite3", "python3-urllib")
+DEPENDS: tuple[str, ...] = ("python3-light", "python3-openssl", "python3-sqlite3", "python3-urllib", "python3-logging")
 
 #: Split package -> top-level modules it ships (openwrt-24.10, python3-package-*.mk).
 SPLIT_PACKAGES: Mapping[str, tuple[str, ...]] = {
