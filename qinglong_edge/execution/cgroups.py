@@ -2,8 +2,10 @@
 
 ``setsid`` and double-fork escape ``kill(-pgid)`` (field-lessons.md 3); a cgroup does
 not: every descendant of a process inside it stays inside. Where the agent can create
-cgroups, each attempt gets ``<mount>/qinglong-edge/<attemptId>`` in every usable
-hierarchy:
+cgroups, each attempt gets ``<base>/qinglong-edge/<attemptId>`` in every usable hierarchy,
+where ``<base>`` is the agent's own cgroup when it may create children there (systemd
+``Delegate=yes``: the Runs then stay inside the service's ``TasksMax``/``MemoryMax``
+budget and its subtree), else the hierarchy's root (root on a router without systemd):
 
 * cgroup v2 (the unified hierarchy, ``/sys/fs/cgroup`` or ``/sys/fs/cgroup/unified`` in
   hybrid mode): membership, ``cgroup.kill`` (Linux >= 5.14, atomic, catches a process that
@@ -15,13 +17,15 @@ hierarchy:
 How a process gets in: the launcher starts the job through a tiny ``/bin/sh`` wrapper
 that writes its own pid (``$$``) into every ``cgroup.procs`` of :meth:`RunCgroup.procs_files`
 and only then ``exec``\\ s the command, so the job cannot fork before it is inside (see
-:mod:`qinglong_edge.execution.launcher`). We do not use ``preexec_fn``: it is not safe
+:mod:`qinglong_edge.execution.spawn`). We do not use ``preexec_fn``: it is not safe
 in a process that has threads (the HTTP pool, the store thread).
 
-We never touch a cgroup we did not create: every path is ``<mount>/qinglong-edge/<name>``
+We never touch a cgroup we did not create: every path is ``<base>/qinglong-edge/<name>``
 with ``name`` matching the Local API id grammar, and :meth:`CgroupManager.owned_names`
-lists only that directory. Detection (``execution.cgroups``: ``auto`` | ``off``) happens
-once, at controller start, by creating and removing a probe cgroup.
+lists only that directory. No controller is ever enabled (``cgroup.subtree_control`` is
+not written), so cgroup v2's "no internal processes" rule never applies to our parent.
+Detection (``execution.cgroups``: ``auto`` | ``off``) happens once, at controller start,
+by creating and removing a probe cgroup.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ __all__ = [
     "Hierarchy",
     "RunCgroup",
     "find_hierarchies",
+    "own_cgroups",
     "signal_pids",
 ]
 
@@ -62,14 +67,17 @@ class Hierarchy:
     Attributes:
         kind: ``v2``, ``freezer`` (v1) or ``pids`` (v1).
         mount: its mount point, e.g. ``/sys/fs/cgroup/unified``.
+        base: the cgroup directory that holds our ``qinglong-edge`` directory (the
+            mount point itself when empty).
     """
 
     kind: str
     mount: str
+    base: str = ""
 
     @property
     def parent(self) -> str:
-        return os.path.join(self.mount, PARENT)
+        return os.path.join(self.base or self.mount, PARENT)
 
 
 def _unescape_mount(text: str) -> str:
@@ -102,6 +110,25 @@ def find_hierarchies(mountinfo: str) -> list[Hierarchy]:
                 if kind in options:
                     found.setdefault(kind, Hierarchy(kind, mount))
     return [found[k] for k in ("v2", "freezer", "pids") if k in found]
+
+
+def own_cgroups(text: str) -> dict[str, str]:
+    """The agent's cgroup path per hierarchy kind, from a ``/proc/self/cgroup`` text.
+
+    Lines are ``id:controllers:path``; v2 is ``0::/path``. Unparsable lines are skipped.
+    """
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3 or not parts[2].startswith("/"):
+            continue
+        controllers = set(parts[1].split(",")) if parts[1] else set()
+        if parts[0] == "0" and not controllers:
+            found.setdefault("v2", parts[2])
+        for kind in ("freezer", "pids"):
+            if kind in controllers:
+                found.setdefault(kind, parts[2])
+    return found
 
 
 def _read(path: str) -> str:
@@ -288,6 +315,19 @@ class RunCgroup:
         return not left
 
 
+def _probe(parent: str) -> bool:
+    """Can we create (and remove) a cgroup in ``parent``, creating ``parent`` if needed?"""
+    probe = os.path.join(parent, f".probe-{secrets.token_hex(4)}")
+    try:
+        os.makedirs(parent, mode=0o755, exist_ok=True)
+        os.mkdir(probe)
+    except OSError:
+        return False
+    with contextlib.suppress(OSError):
+        os.rmdir(probe)
+    return True
+
+
 class CgroupManager:
     """Creates and finds the per-Run cgroups (see the module docstring).
 
@@ -311,10 +351,16 @@ class CgroupManager:
 
     @classmethod
     def detect(
-        cls, mode: str = "auto", *, mountinfo_path: str = "/proc/self/mountinfo", pids_max: int | None = None
+        cls,
+        mode: str = "auto",
+        *,
+        mountinfo_path: str = "/proc/self/mountinfo",
+        self_cgroup_path: str = "/proc/self/cgroup",
+        pids_max: int | None = None,
     ) -> CgroupManager:
         """Find the hierarchies where we can create and remove a probe cgroup.
 
+        Per hierarchy the agent's own cgroup is tried first, then the hierarchy root.
         Never raises: any failure leaves that hierarchy out (and all out for ``off``).
         """
         if mode == "off":
@@ -323,18 +369,23 @@ class CgroupManager:
             mountinfo = _read(mountinfo_path)
         except OSError:
             return cls([], reason="mountinfo is unreadable")
+        try:
+            own = own_cgroups(_read(self_cgroup_path))
+        except OSError:
+            own = {}
         usable = []
         for hierarchy in find_hierarchies(mountinfo):
-            probe = os.path.join(hierarchy.parent, f".probe-{secrets.token_hex(4)}")
-            try:
-                os.makedirs(hierarchy.parent, mode=0o755, exist_ok=True)
-                os.mkdir(probe)
-            except OSError:
-                continue
-            with contextlib.suppress(OSError):
-                os.rmdir(probe)
-            usable.append(hierarchy)
-        if not any(h.kind in ("v2", "freezer", "pids") for h in usable):
+            bases = []
+            relative = own.get(hierarchy.kind, "/").strip("/")
+            if relative and ".." not in relative.split("/"):
+                bases.append(os.path.join(hierarchy.mount, relative))
+            bases.append(hierarchy.mount)
+            for base in bases:
+                candidate = Hierarchy(hierarchy.kind, hierarchy.mount, base)
+                if _probe(candidate.parent):
+                    usable.append(candidate)
+                    break
+        if not usable:
             return cls([], reason="no writable cgroup hierarchy")
         return cls(usable, pids_max=pids_max)
 

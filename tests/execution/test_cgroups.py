@@ -13,7 +13,15 @@ from hypothesis import strategies as st
 
 from qinglong_edge.contracts.ids import new_uuid4
 from qinglong_edge.errors import ExecutionError
-from qinglong_edge.execution.cgroups import CgroupManager, Hierarchy, RunCgroup, find_hierarchies, signal_pids
+from qinglong_edge.execution.cgroups import (
+    PARENT,
+    CgroupManager,
+    Hierarchy,
+    RunCgroup,
+    find_hierarchies,
+    own_cgroups,
+    signal_pids,
+)
 from tests.support.jobs import alive, descendants_by_marker, kill_pids, read_text, reap, start_job, wait_until
 
 HYBRID = """\
@@ -177,3 +185,49 @@ def test_hierarchy_parent_is_under_qinglong_edge() -> None:
 def test_mountinfo_parser_never_raises(text: str) -> None:
     for hierarchy in find_hierarchies(text):
         assert hierarchy.kind in ("v2", "freezer", "pids")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("9:name=systemd:/\n8:pids:/a\n6:freezer:/b\n0::/c\n", {"pids": "/a", "freezer": "/b", "v2": "/c"}),
+        ("0::/system.slice/qinglong-edge.service\n", {"v2": "/system.slice/qinglong-edge.service"}),
+        ("3:cpu,pids:/x\ngarbage\n4:freezer:relative\n", {"pids": "/x"}),
+        ("", {}),
+    ],
+    ids=["hybrid", "pure-v2-service", "joined-controllers-and-garbage", "empty"],
+)
+def test_reads_own_cgroups(text: str, expected: dict[str, str]) -> None:
+    assert own_cgroups(text) == expected
+
+
+def test_nests_under_the_agents_own_cgroup_when_delegated(cgroup_manager: CgroupManager, tmp_path: object) -> None:
+    """/proc/self/cgroup is faked (moving the test runner itself would disturb the suite);
+    the delegated directory, the cgroups and the job are real."""
+    v2 = [h for h in cgroup_manager.hierarchies if h.kind == "v2"]
+    if not v2:
+        pytest.skip("no cgroup v2 hierarchy on this machine")
+    own = f"qle-test-own-{new_uuid4()}"
+    delegated = os.path.join(v2[0].mount, own)
+    os.mkdir(delegated)
+    fake = os.path.join(str(tmp_path), "cgroup")
+    with open(fake, "w") as handle:
+        handle.write(f"0::/{own}\n")
+    try:
+        manager = CgroupManager.detect("auto", self_cgroup_path=fake)
+        nested = [h for h in manager.hierarchies if h.kind == "v2"]
+        assert nested and nested[0].parent == os.path.join(delegated, PARENT)
+        group = manager.create(f"test-{new_uuid4()}")
+        assert group is not None and group.paths["v2"].startswith(delegated + "/")
+        job = start_job("sleep 100046", str(tmp_path), cgroup=group)
+        try:
+            assert wait_until(lambda: job.pid in group.members())
+            assert f"0::/{own}/{PARENT}/{group.name}" in read_text(f"/proc/{job.pid}/cgroup").splitlines()
+            group.kill()
+            assert wait_until(lambda: not group.live_members())
+        finally:
+            reap(job.process)
+            assert wait_until(group.remove)
+    finally:
+        os.rmdir(os.path.join(delegated, PARENT))
+        os.rmdir(delegated)
