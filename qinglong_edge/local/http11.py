@@ -289,11 +289,13 @@ class HeadParser:
                         raise HttpProtocolError("request line too long", code="uri_too_long", status=414)
                     raise HttpProtocolError("request head too large", code="head_too_large", status=431)
                 return None
+            # Report the earliest fault: a CR followed by anything but LF comes
+            # before the LF that ends this line.
+            if lf - 1 > self._line_start and buf.find(b"\r", self._line_start, lf - 1) != -1:
+                raise HttpProtocolError("bare CR in the request head", code="bare_cr")
             if lf == self._line_start or buf[lf - 1] != 0x0D:
                 raise HttpProtocolError("bare LF in the request head", code="bare_lf")
             line = bytes(buf[self._line_start : lf - 1])
-            if b"\r" in line:
-                raise HttpProtocolError("bare CR in the request head", code="bare_cr")
             self._line_start = lf + 1
             if self._request_line is None:
                 self._request_line = _parse_request_line(line)
