@@ -349,7 +349,9 @@ def _finish(request_line: tuple[str, str], fields: list[tuple[str, str]], head_b
     if len(lengths) > 1:
         raise HttpProtocolError("more than one Content-Length", code="duplicate_content_length")
     if lengths:
-        _validate(_CONTENT_LENGTH_RE, lengths[0].encode("latin-1"), "invalid_content_length", "Content-Length is not 1*DIGIT")
+        _validate(
+            _CONTENT_LENGTH_RE, lengths[0].encode("latin-1"), "invalid_content_length", "Content-Length is not 1*DIGIT"
+        )
         if head.has_transfer_encoding:
             raise HttpProtocolError("Transfer-Encoding with Content-Length", code="ambiguous_framing")
     expects = head.values("expect")

@@ -38,8 +38,8 @@ from typing import Final
 from qinglong_edge.errors import ApiError
 
 __all__ = [
-    "MAX_URL_BYTES",
     "MAX_SAFE_INTEGER",
+    "MAX_URL_BYTES",
     "Route",
     "resolve",
 ]
