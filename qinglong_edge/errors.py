@@ -60,7 +60,11 @@ EX_CONFIG = 78
 
 
 class UsageError(EdgeError, ValueError):
-    """The command line is wrong (unknown option, missing argument)."""
+    """The command line is wrong (unknown option, missing argument).
+
+    Codes: ``usage`` (64), ``input_unreadable`` (66: a file named on the command line
+    cannot be read).
+    """
 
     code = "usage"
     exit_status = EX_USAGE
@@ -242,6 +246,7 @@ EXIT_STATUS_BY_CODE: dict[str, int] = {
     "unsafe_pepper": EX_CANTCREAT,
     "store_busy": EX_TEMPFAIL,
     "not_found": EX_DATAERR,
+    "input_unreadable": 66,  # EX_NOINPUT: an input file named on the command line cannot be read
 }
 
 
