@@ -215,3 +215,4 @@ def _parse_query(operation: str, query: str | None) -> dict[str, int | str | Non
     if pair is not None and (values[pair[0]] is None) != (values[pair[1]] is None):
         raise error
     return values
+
