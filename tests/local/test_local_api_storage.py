@@ -81,7 +81,11 @@ def test_locked_before_the_request_is_503_and_recovers(tmp_path: pathlib.Path) -
 
 def test_locked_between_admission_and_commit_is_503_cancellation_unavailable(tmp_path: pathlib.Path) -> None:
     with local_api(tmp_path, busy_timeout_ms=100) as api, contextlib.ExitStack() as stack:
-        api.hooks.append(lambda route: (api.hooks.clear(), stack.enter_context(locked(api.db_path))) and None)
+        def hook(route: Route) -> None:
+            api.hooks.clear()
+            stack.enter_context(locked(api.db_path))
+
+        api.hooks.append(hook)
         response = api.cancel()
         assert response.raw_head.endswith(b"\r\n\r\n")
         assert (response.status, response.body) == (503, b'{"code":"run_cancellation_unavailable"}')
