@@ -306,6 +306,11 @@ class Server:
         return self._requests
 
     @property
+    def healthy(self) -> bool:
+        """Every thread the server started is still running."""
+        return bool(self._threads) and all(thread.is_alive() for thread in self._threads)
+
+    @property
     def thread_count(self) -> int:
         """Threads this server runs: one poll thread plus the worker pool."""
         return len(self._threads)
