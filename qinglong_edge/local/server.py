@@ -279,7 +279,11 @@ class Server:
         self._returned: collections.deque[tuple[_Conn, str]] = collections.deque()
         self._jobs: collections.deque[tuple[_Conn, RequestHead] | None] = collections.deque()
         self._jobs_ready = threading.Condition(self._lock)
+        # _in_flight: requests inside the application (the capacity check);
+        # _busy: requests handed to a worker and not yet handed back (the drain waits
+        # for it, so a response being written is never cut off).
         self._in_flight = 0
+        self._busy = 0
         self._listening = False
         self._draining = False
         self._stopping = False
@@ -350,7 +354,7 @@ class Server:
         self._wake()
         deadline = time.monotonic() + drain_for
         with self._lock:
-            clean = self._idle.wait_for(lambda: self._in_flight == 0, max(0.0, deadline - time.monotonic()))
+            clean = self._idle.wait_for(lambda: self._busy == 0, max(0.0, deadline - time.monotonic()))
             self._stopping = True
             busy = [conn.sock for conn in self._conns.values() if conn.state is _State.BUSY]
             for _ in range(self.limits.max_in_flight):
@@ -520,6 +524,7 @@ class Server:
             full = self._in_flight >= self.limits.max_in_flight
             if not full:
                 self._in_flight += 1
+                self._busy += 1
         if full:
             self._answer_from_poll(conn, head, "server_overloaded", close=head.has_body or head.wants_close)
             return
@@ -645,29 +650,33 @@ class Server:
                 return
             conn, head = job
             try:
-                self._serve(conn, head)
+                action = self._serve(conn, head)
             except Exception as exc:  # noqa: BLE001 - one request must never kill a worker
                 # Type name only: a message could quote request bytes.
                 _log.error("local API worker failed: %s", type(exc).__name__)
-                self._hand_back(conn, "linger")
-            finally:
-                with self._lock:
-                    self._in_flight -= 1
-                    self._idle.notify_all()
+                action = "linger"
+            self._hand_back(conn, action)
 
-    def _serve(self, conn: _Conn, head: RequestHead) -> None:
+    def _serve(self, conn: _Conn, head: RequestHead) -> str:
+        """Run the application and write its answer; returns what to do with the
+        connection next (see :meth:`_hand_back`)."""
         exchange = Exchange(self, conn, head)
-        conn.sock.setblocking(True)
         try:
+            conn.sock.setblocking(True)
             response = self.application(exchange)
         except BodyReadError as exc:
             response = _body_error_response(exc.code)
         except Exception as exc:  # noqa: BLE001 - local-api.md 2.2 step 8: anything unexpected is 503
             _log.error("local API application failed: %s", type(exc).__name__)
             response = Response(503, {"code": "request_unavailable"}, close=True)
+        finally:
+            # The request's work is done: free its capacity slot before the answer is
+            # written, so a client that reacts to the answer at once (a new request,
+            # a reconnect after connection: close) never finds it still counted.
+            with self._lock:
+                self._in_flight -= 1
         if response.status == 0:  # disconnected: nobody to answer
-            self._hand_back(conn, "close")
-            return
+            return "close"
         body_unread = not exchange.body_consumed
         close = (
             response.close
@@ -691,21 +700,21 @@ class Server:
             conn.sock.settimeout(self.limits.write_timeout_s)
             conn.sock.sendall(data)
         except OSError:
-            self._hand_back(conn, "close")
-            return
+            return "close"
         finally:
             with self._lock:
                 self._requests += 1
         conn.served += 1
         if not close:
-            self._hand_back(conn, "keep")
-        else:
-            self._hand_back(conn, "linger" if body_unread else "close")
+            return "keep"
+        return "linger" if body_unread else "close"
 
     def _hand_back(self, conn: _Conn, action: str) -> None:
-        """Return a connection to the poll thread: ``keep`` (keep-alive), ``linger``
+        """Return the connection to the poll thread: ``keep`` (keep-alive), ``linger``
         (half-close, unread body may follow) or ``close``."""
         with self._lock:
+            self._busy -= 1
+            self._idle.notify_all()
             self._returned.append((conn, action))
         self._wake()
 

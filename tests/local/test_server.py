@@ -329,3 +329,58 @@ def test_100_concurrent_connections_never_raise_the_thread_count() -> None:
         assert statuses.get(b"HTTP/1.1 200 OK", 0) >= 4
         assert peak <= ceiling
         assert len(os.listdir("/proc/self/task")) <= ceiling
+
+
+def test_clients_at_the_in_flight_limit_never_see_overload() -> None:
+    """4 keep-alive clients (the edge in-flight limit) in a tight loop, reconnecting at
+    the 100-request limit: the slot of an answered request is always free again by
+    the time its client can send the next one."""
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def client(address: tuple[str, int]) -> None:
+        sock = socket.create_connection(address)
+        reader = ResponseReader(sock)
+        mine = []
+        for _ in range(150):
+            sock.sendall(GET_OK)
+            response = reader.read()
+            assert response is not None
+            mine.append(response.status)
+            if response.closes:
+                sock.close()
+                sock = socket.create_connection(address)
+                reader = ResponseReader(sock)
+        sock.close()
+        with lock:
+            statuses.extend(mine)
+
+    with running() as (server, _):
+        threads = [threading.Thread(target=client, args=(server.address,)) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    assert statuses == [200] * 600
+
+
+def test_a_request_leaves_the_in_flight_count_before_its_answer_is_sent() -> None:
+    with running() as (server, app):
+        blocked = [socket.create_connection(server.address) for _ in range(3)]
+        try:
+            for sock in blocked:
+                sock.sendall(request_bytes("GET", "/block"))
+            for _ in range(3):
+                assert app.entered.acquire(timeout=5)
+            for _ in range(50):
+                with socket.create_connection(server.address) as sock:
+                    sock.sendall(GET_OK)
+                    assert ResponseReader(sock).read() is not None
+                    # the answer is here: its slot is already free (3 still blocked)
+                    assert server._in_flight == 3
+                again = exchange(server.address, GET_OK)
+                assert again is not None and again.status == 200
+        finally:
+            app.release.set()
+            for sock in blocked:
+                sock.close()
