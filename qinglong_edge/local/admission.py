@@ -49,11 +49,11 @@ from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.ids import new_uuid4
 from qinglong_edge.errors import ApiError, StoreError
 from qinglong_edge.local.audit import AuditRecord, record_audit
+from qinglong_edge.local.exchange import Exchange
 from qinglong_edge.local.http11 import RequestHead
 from qinglong_edge.local.identity import Principal, Subject, authenticate, confirm
 from qinglong_edge.local.policy import Decision, PolicyFence, decide
 from qinglong_edge.local.routes import Route
-from qinglong_edge.local.server import Exchange
 from qinglong_edge.local.store import Store
 
 __all__ = ["Admission", "Admitted", "read_json_body"]

@@ -50,9 +50,9 @@ from qinglong_edge.contracts.ids import new_uuid4
 from qinglong_edge.errors import ApiError, StoreError
 from qinglong_edge.local import runs
 from qinglong_edge.local.admission import Admission, Admitted, read_json_body
+from qinglong_edge.local.exchange import Exchange, Response
 from qinglong_edge.local.policy import PolicyFence
 from qinglong_edge.local.routes import Route, resolve
-from qinglong_edge.local.server import Exchange, Response
 from qinglong_edge.local.store import Store, now_ms
 
 __all__ = ["UNAVAILABLE_CODES", "IntentHook", "LocalApi"]
