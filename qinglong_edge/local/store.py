@@ -28,6 +28,11 @@ Rules for an operation ``fn(conn)``:
   up front). An operation that returns with a transaction still open is a bug: it is
   rolled back and reported as ``storage_unavailable``.
 * Rows are plain tuples (the default row factory); do not change connection settings.
+* The repository writers (:mod:`~qinglong_edge.local.identity`, ``policy``, ``audit``,
+  ``tasks``, ``runs``) open their own transaction: call them one per operation (or
+  one after another), never inside another :func:`write_transaction`.
+* Callers serving requests should pass ``timeout_s`` so a wedged database cannot hold a
+  request thread forever (the busy timeout already bounds each lock wait).
 * Any ``sqlite3.Error`` escaping ``fn`` becomes :class:`StoreError` code
   ``storage_unavailable`` (busy past the timeout, I/O error, read-only, disk full,
   constraint failure); a :class:`StoreError` raised by ``fn`` passes through unchanged,
