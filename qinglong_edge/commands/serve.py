@@ -63,7 +63,13 @@ def start_execution_controller(config: Any, store: Any, relay: IntentRelay) -> C
     thread here (``config.execution``, ``store``), sets ``relay.target`` to the
     controller's non-blocking wake-up so a new cancel intent or a new queued Run is
     acted on at once, and returns a callable that stops the controller (called after
-    the HTTP drain, before the store closes).
+    the HTTP drain, before the store closes). With branch issue-9-execution's API::
+
+        from qinglong_edge.execution.controller import ExecutionController
+        controller = ExecutionController(store, config.execution)
+        controller.start()
+        relay.target = controller.on_intent
+        return controller.stop
 
     Returns:
         The stop callable, or None when no controller runs.

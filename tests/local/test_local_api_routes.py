@@ -212,3 +212,19 @@ def test_task_start_needs_run_start(tmp_path: pathlib.Path) -> None:
         response = start(api, {"schema": "qinglong/task-start@v1"})
         assert (response.status, response.json()) == (403, {"code": "forbidden"})
         assert api.audit_rows()[-1][0] == "task.start"
+
+
+def test_task_start_fence_race_is_409_and_creates_nothing(api: LocalApiServer, task: Any) -> None:
+    from qinglong_edge.local.policy import revoke_role
+    from tests.support.store import USER
+
+    def race(route: Any) -> None:
+        api.hooks.clear()
+        api.write(lambda c: revoke_role(c, "default", USER, mutation_id="revoke-1", changed_by=SYSTEM, now_ms=NOW))
+
+    api.hooks.append(race)
+    response = start(api, start_body(task))
+    assert (response.status, response.json()) == (
+        409, {"code": "task_start_fence_rejected", "reason": "authorization_changed"})
+    assert api.query('SELECT count(*) FROM "Runs" WHERE task_id = ?', ("nightly",)) == [(0,)]
+    assert api.intents == []

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from qinglong_edge.errors import ApiError
 from qinglong_edge.local.routes import Route, resolve
@@ -141,3 +143,30 @@ def test_route_is_immutable() -> None:
     assert isinstance(route, Route)
     with pytest.raises(AttributeError):
         route.project_id = "x"  # type: ignore[misc]
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.sampled_from(["GET", "POST", "HEAD", "PUT"]),
+    st.one_of(
+        st.text(max_size=600),
+        st.builds(
+            lambda tail, query: f"{P}/{tail}" + (f"?{query}" if query is not None else ""),
+            st.sampled_from(["runs", "runs/r", "runs/r/events", "runs/r/steps", "runs/r/cancellation", "tasks/t/runs"]),
+            st.one_of(st.none(), st.text(alphabet="abcdefghijklmnopqrstuvwxyz_=&0123456789+-.%?#", max_size=80)),
+        ),
+    ),
+)
+def test_resolve_is_total(method: str, target: str) -> None:
+    """Any method and target: a Route, or ApiError 404/400 with a known code; nothing else."""
+    try:
+        route = resolve(method, target)
+    except ApiError as exc:
+        assert exc.http_status in (400, 404)
+        assert exc.body["code"] in {"route_not_found", *CODES.values()}
+        if exc.http_status == 400:
+            assert "?" in target
+        return
+    assert route.permission in ("run.read", "run.stop", "run.start")
+    limit = route.query.get("limit")
+    assert limit is None or 1 <= int(limit) <= 64
