@@ -32,8 +32,10 @@ PROG = "qinglong-edge"
 COMMAND_MODULES: tuple[str, ...] = (
     "version",
     "doctor",
-    "admin",
     "offer",
+    "inbox",
+    "admin",
+    "config",
     "serve",
 )
 
