@@ -433,6 +433,7 @@ def render_json_response(
     keep_alive_timeout_s: int = 5,
     date: str | None = None,
     max_body_bytes: int = MAX_RESPONSE_BODY_BYTES,
+    head_only: bool = False,
 ) -> tuple[int, bytes]:
     """Serialise a Local API JSON response, head and body.
 
@@ -452,6 +453,8 @@ def render_json_response(
         date: the ``Date`` value (tests pin it), default now.
         max_body_bytes: body cap; a larger or unserialisable body becomes
             503 ``{"code":"response_unavailable"}``.
+        head_only: the request was ``HEAD``: the headers (``content-length`` included)
+            are sent without the body, as Node does (RFC 9110 9.3.2).
 
     Returns:
         (status actually sent, the response bytes).
@@ -477,7 +480,8 @@ def render_json_response(
         lines.append(b"Connection: keep-alive\r\n")
         lines.append(b"Keep-Alive: timeout=" + str(keep_alive_timeout_s).encode("ascii") + b"\r\n")
     lines.append(b"\r\n")
-    lines.append(payload)
+    if not head_only:
+        lines.append(payload)
     return status, b"".join(lines)
 
 

@@ -33,7 +33,8 @@ Limits (local-api.md 2.1; :class:`ServerLimits`):
   ``server_draining`` with ``connection: close``, requests in flight finish; after
   the drain timeout (edge 5 s, standalone 10 s) every socket is shut.
 
-A response sent without consuming the request body always carries
+Responses to ``HEAD`` (a 404 here: no route takes it) carry their headers but no
+body, as Node sends them. A response sent without consuming the request body always carries
 ``connection: close``; the socket is then half-closed and kept for up to
 ``linger_s`` without reading (so the client can read the answer before a reset),
 then closed. ``Expect: 100-continue`` is answered by :meth:`Exchange.read_body`,
@@ -413,6 +414,7 @@ class Server:
             request_id=new_request_id(),
             close=close,
             keep_alive_timeout_s=int(self.limits.keep_alive_timeout_s),
+            head_only=head.method == "HEAD",
         )
         with self._lock:
             self._requests += 1
@@ -573,6 +575,7 @@ class Server:
                 request_id=exchange.request_id,
                 close=close,
                 keep_alive_timeout_s=int(self.limits.keep_alive_timeout_s),
+                head_only=head.method == "HEAD",
             )
         try:
             conn.sock.settimeout(self.limits.write_timeout_s)

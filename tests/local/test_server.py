@@ -384,3 +384,20 @@ def test_a_request_leaves_the_in_flight_count_before_its_answer_is_sent() -> Non
             app.release.set()
             for sock in blocked:
                 sock.close()
+
+
+def test_head_requests_get_headers_without_a_body() -> None:
+    """RFC 9110 9.3.2, as Node does: content-length is sent, the body is not, and the
+    next response on the connection is not mistaken for one."""
+    with running() as (server, _), socket.create_connection(server.address) as sock:
+        sock.sendall(request_bytes("HEAD", "/ok") + GET_OK)
+        sock.settimeout(5)
+        data = b""
+        while data.count(b"HTTP/1.1 ") < 2 or not data.endswith(b'{"ok":true}'):
+            chunk = sock.recv(65536)
+            assert chunk
+            data += chunk
+        first, second = data.split(b"HTTP/1.1 ")[1:]
+        assert first.startswith(b"200 OK") and first.endswith(b"\r\n\r\n")
+        assert b"content-length: 11\r\n" in first
+        assert second.endswith(b'{"ok":true}')
