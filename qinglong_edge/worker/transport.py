@@ -458,7 +458,10 @@ class IngressTransport:
                     context, material, path, body, max_response_bytes=max_response_bytes, deadline=deadline
                 )
             except TransportError as error:
-                if self._closed and error.code == "request_rejected":
+                if self._closed and error.code in ("request_rejected", "response_rejected") and (
+                    error.http_status in (None, 200)
+                ):
+                    # close() shut the socket under this call: report that, not the EOF.
                     raise TransportError("transport closed during the request", code="closed") from None
                 _LOG.debug("worker ingress %s: %s", self._origin.text, error)
                 raise

@@ -27,6 +27,7 @@ from tests.support.tls_server import (
     TLSServer,
     Trickle,
     TricklePeer,
+    UnacceptingPeer,
     cert_path,
     http_response,
     legacy_tls_server,
@@ -217,11 +218,20 @@ def test_rejects_plaintext_server_on_the_port(files: WorkerFiles) -> None:
     assert "TLS error" in str(error) and elapsed < TIMEOUT_S * 0.8
 
 
+def test_rejects_connect_that_never_completes_at_the_timeout(files: WorkerFiles) -> None:
+    with UnacceptingPeer() as peer:
+        if not peer.connect_blocks():
+            pytest.skip("this kernel answers SYNs to a full accept queue")
+        error, elapsed = fail(files, peer.origin())
+    assert "connect: timed out" in str(error)
+    assert elapsed >= TIMEOUT_S * 0.9
+
+
 def test_rejects_silent_peer_at_the_timeout(files: WorkerFiles) -> None:
     with SilentPeer() as server:
         error, elapsed = fail(files, server.origin())
         assert server.wait_for(lambda: server.peer_closed == 1), "the client must close the socket"
-    assert "timed out" in str(error)
+    assert "TLS handshake: timed out" in str(error)
     assert elapsed >= TIMEOUT_S * 0.9
 
 
