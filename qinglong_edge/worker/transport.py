@@ -54,9 +54,14 @@ Errors are :class:`~qinglong_edge.errors.TransportError` with the reference's co
 =========================  ================================================================
 
 No message, log line or ``repr`` contains the credential secret, key material or a
-response body. Exceptions that are not network errors (for example one raised by a
-signal handler while the call is blocked, how ``pull`` aborts on SIGTERM) propagate
-unchanged; the connection in use is closed first, so nothing half-used is pooled.
+response body. (Python audit hooks, ``sys.addaudithook``, see every ``http.client``
+send, the ``Authorization`` header included; the agent installs none.)
+
+Exceptions that are not network errors (for example one raised by a signal handler
+while the call is blocked, how ``pull`` aborts on SIGTERM) propagate unchanged; the
+connection in use is closed first, so nothing half-used is pooled. Only ``OSError``
+(which includes ``ssl.SSLError`` and ``TimeoutError``) and ``http.client`` errors are
+mapped to ``request_rejected``.
 """
 
 from __future__ import annotations
@@ -186,7 +191,7 @@ class _Wire:
             data = self.sock.recv(1)
         except ssl.SSLWantReadError:
             return "quiet"  # only TLS records without application data (session tickets)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: the socket is already closed
             return "eof"
         return "data" if data else "eof"
 
