@@ -19,9 +19,10 @@ headers) with any status, body and extra or replaced headers.
 
 Options: the certificate identity the server presents (``identity="server-expired"``
 loads ``server-expired.pem``/``.key``), the TLS versions (``"1.3"``, ``"1.2"``, ``"1.1"``,
-``"1.0"``; the old ones with ``@SECLEVEL=0``; :func:`legacy_tls_supported` says whether
-this OpenSSL can still speak them), and the CA a client certificate must come from
-(``client_ca="client-ca"``; None: no client certificate requested).
+``"1.0"``; the old ones with ``@SECLEVEL=0``; :func:`legacy_tls_server` raises
+RuntimeError, for the caller to skip with, when this OpenSSL cannot speak them, and
+:func:`probe_tls_version` checks any server), and the CA a client certificate must
+come from (``client_ca="client-ca"``; None: no client certificate requested).
 
 Other peers: :class:`PlainHTTPServer` (plaintext HTTP on the port a client expects TLS
 on: answers ``400`` like Node), :class:`SilentPeer` (accepts TCP, never speaks),
@@ -32,9 +33,19 @@ versions other than this Python's).
 
 Recorded: ``requests`` (every :class:`Request`), ``connections`` (accepted TCP
 connections), ``handshakes`` (completed TLS handshakes), ``handshake_errors`` (the
-server-side reasons), ``sni`` (server names received, None for no SNI), ``peer_names`` (the client
-certificate's CN per handshake) and
-``peer_closed`` (connections the client closed; :meth:`wait_for` waits on any of these).
+server-side reasons), ``sni`` (server names received, None for no SNI), ``peer_names``
+(the client certificate's CN per handshake) and ``peer_closed`` (connections the client
+closed); :meth:`wait_for` waits for a condition over any of these.
+
+Example (the cluster double builds on this)::
+
+    def handler(request: Request) -> bytes | Action:
+        if request.header("authorization") != expected:
+            return http_response(401, b'{"code":"worker_authentication_required"}')
+        return http_response(200, b'{"schema":...}')
+
+    with TLSServer(handler) as server:
+        transport = IngressTransport(server.origin(), ...)
 """
 
 from __future__ import annotations
