@@ -180,12 +180,13 @@ def test_rejects_old_tls_openssl_s_server(files: WorkerFiles, version: str, flag
 
 
 def test_openssl_s_server_tls_1_3_handshake_succeeds(files: WorkerFiles) -> None:
-    """Another TLS stack: the handshake and verification pass; s_server -www never
-    answers a POST, so the call ends at the timeout, after a completed handshake."""
+    """Another TLS stack: the handshake and both verifications pass. s_server -www does
+    not answer a POST (it waits for a GET), so the call fails while reading the head:
+    the stage in the message proves the handshake completed and the request was sent."""
     with OpenSSLServer(["-tls1_3", "-www", "-Verify", "1", "-verify_return_error",
                         "-CAfile", str(cert_path("client-ca.pem"))]) as server:
         error, _ = fail(files, server.origin())
-    assert "read response head: timed out" in str(error)
+    assert "read response head" in str(error)
 
 
 def test_rejects_client_certificate_refused_by_openssl_s_server(files: WorkerFiles) -> None:
