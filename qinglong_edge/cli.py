@@ -32,6 +32,10 @@ PROG = "qinglong-edge"
 COMMAND_MODULES: tuple[str, ...] = (
     "version",
     "doctor",
+    "offer",
+    "inbox",
+    "admin",
+    "config",
 )
 
 

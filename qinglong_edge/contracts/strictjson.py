@@ -1,14 +1,18 @@
 """Strict JSON: bytes in, plain Python values out, or one typed error.
 
-Built on the stdlib decoder (C speed) with hooks and two cheap passes around it:
+Built on the stdlib decoder (C speed) with hooks and cheap passes around it:
 
 1. size cap, strict UTF-8 (rejects invalid sequences and UTF-8-encoded surrogates);
-2. a bracket scan that rejects nesting deeper than ``max_depth`` *before* the
-   recursive stdlib scanner runs, so ``RecursionError`` cannot happen;
-3. ``json.loads`` with hooks that turn duplicate keys, ``NaN``/``Infinity``, non-finite
-   or underflowing floats and integers beyond 2^53-1 into markers;
-4. one iterative walk that finds the markers and lone surrogates and reports the
-   first with its JSON path.
+2. a bracket scan (strings stripped by one linear regex, running depth computed in C)
+   that rejects nesting deeper than ``max_depth`` *before* the recursive stdlib
+   scanner runs, so ``RecursionError`` cannot happen;
+3. fast path: ``json.loads`` with hooks that abort on a duplicate key, ``NaN``/
+   ``Infinity``, a non-finite or underflowing float or an integer beyond 2^53-1;
+   a valid document costs no Python pass over its values (the surrogate walk runs
+   only when the text holds a ``\\uD800``-``\\uDFFF`` escape);
+4. slow path, only for a document being rejected: decode again with hooks that leave
+   markers, and one iterative walk that reports the first problem in document order
+   with its JSON path.
 
 Decisions (spec README, "Strictness"): duplicate keys, ``NaN``/``Infinity``, integers
 beyond 2^53-1, invalid UTF-8, lone surrogates, depth > 32 and trailing data are all
@@ -26,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from itertools import accumulate
 from typing import Any
 
 from qinglong_edge.contracts.errors import ContractError
@@ -88,11 +93,14 @@ def _parse_int(text: str) -> int | _Bad:
     return value
 
 
+_NONZERO_MANTISSA = re.compile(r"-?0*\.?0*[1-9]")
+
+
 def _parse_float(text: str) -> float | _Bad:
     value = float(text)
     if not math.isfinite(value):
         return _Bad("non_finite_number", "number overflows to infinity")
-    if value == 0.0 and re.search(r"[1-9]", text.split("e", maxsplit=1)[0].split("E", maxsplit=1)[0]):
+    if value == 0.0 and _NONZERO_MANTISSA.match(text):
         return _Bad("non_finite_number", "number underflows to zero")
     return value
 
@@ -101,32 +109,58 @@ def _parse_constant(text: str) -> _Bad:
     return _Bad("non_finite_number", f"{text} is not JSON")
 
 
-_STRUCTURE = re.compile(r'[\[\]{}"\\]')
+class _Reject(Exception):  # internal control flow: never escapes loads()
+    """Raised by a fast-path hook: leave the fast path and locate the problem."""
+
+
+def _fast_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)  # C speed; a shorter dict means a duplicate key
+    if len(result) != len(pairs):
+        raise _Reject
+    return result
+
+
+def _fast_int(text: str) -> int:
+    value = _parse_int(text)
+    if isinstance(value, _Bad):
+        raise _Reject
+    return value
+
+
+def _fast_float(text: str) -> float:
+    value = _parse_float(text)
+    if isinstance(value, _Bad):
+        raise _Reject
+    return value
+
+
+def _fast_constant(text: str) -> float:
+    raise _Reject
+
+
+#: A JSON string, or an unterminated one running to the end of the text. It always
+#: matches at a quote, so stripping strings is linear even on hostile input.
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_DEPTH_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 _SURROGATE = re.compile("[\ud800-\udfff]")
+#: A ``\uD800``-``\uDFFF`` escape: the only way a decoded string can hold a surrogate
+#: (strict UTF-8 decoding already rejected encoded ones). Absent -> no surrogate walk.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _check_depth(text: str, max_depth: int) -> None:
-    depth = 0
-    in_string = False
-    skip_until = -1
-    for match in _STRUCTURE.finditer(text):
-        pos = match.start()
-        if pos < skip_until:
-            continue
-        char = match.group()
-        if in_string:
-            if char == "\\":
-                skip_until = pos + 2  # the escaped character is not structure
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            if depth > max_depth:
-                raise StrictJsonError("depth_exceeded", "$", f"nesting deeper than {max_depth}")
-        elif char in "]}":
-            depth -= 1
+    """Reject nesting deeper than ``max_depth`` before the recursive scanner runs.
+
+    Strings are removed first (their brackets are not structure); the running depth
+    over the remaining brackets is computed in C (``accumulate``), no per-character
+    Python loop.
+    """
+    if text.count("[") + text.count("{") <= max_depth:
+        return  # cannot nest deeper than the number of openers
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    if brackets and max(accumulate(map(_DEPTH_STEP.__getitem__, brackets))) > max_depth:
+        raise StrictJsonError("depth_exceeded", "$", f"nesting deeper than {max_depth}")
 
 
 def format_path(parts: tuple[str | int, ...]) -> str:
@@ -207,20 +241,30 @@ def loads(
         raise StrictJsonError("invalid_utf8", "$", f"invalid UTF-8 at byte {exc.start}") from None
     _check_depth(text, max_depth)
     try:
-        value = json.loads(
-            text,
-            object_pairs_hook=_pairs_hook,
-            parse_int=_parse_int,
-            parse_float=_parse_float,
-            parse_constant=_parse_constant,
-        )
+        value = _decode(text, fast=True)
+    except _Reject:
+        # Only for a document being rejected: decode again leaving markers, and walk
+        # to report the first problem in document order with its JSON path.
+        _walk(_decode(text, fast=False))
+        raise StrictJsonError("invalid_json", "$", "rejected value") from None  # unreachable in practice
+    if _SURROGATE_ESCAPE.search(text):
+        _walk(value)
+    return value
+
+
+def _decode(text: str, *, fast: bool) -> Any:
+    """``json.loads`` with the fast (raising) or locating (marker) hooks; errors mapped."""
+    try:
+        if fast:
+            return json.loads(text, object_pairs_hook=_fast_pairs, parse_int=_fast_int,
+                              parse_float=_fast_float, parse_constant=_fast_constant)
+        return json.loads(text, object_pairs_hook=_pairs_hook, parse_int=_parse_int,
+                          parse_float=_parse_float, parse_constant=_parse_constant)
     except json.JSONDecodeError as exc:
         code = "trailing_data" if exc.msg.startswith("Extra data") else "invalid_json"
         raise StrictJsonError(code, "$", f"{exc.msg} at offset {exc.pos}") from None
     except (ValueError, RecursionError, MemoryError) as exc:  # defensive: never escape
         raise StrictJsonError("invalid_json", "$", type(exc).__name__) from None
-    _walk(value)
-    return value
 
 
 def dumps(value: Any) -> str:

@@ -1,0 +1,545 @@
+"""The worker journal's record formats: pure bytes <-> values, no I/O.
+
+Sources: offer-delivery.md sections 3.3-3.6 and 4.2; reference
+``remoteOfferDelivery.ts`` (worker: ``normalizeWorkerRemoteOfferClaimRecord``) and
+``executionInbox.ts``; spec README ("abandoned" claims).
+
+Files (each ``JSON.stringify(record) + "\\n"``, 2-163 840 bytes):
+
+``pending-claim.json``
+    12 keys in order ``schemaVersion (1), revision, workerId, workerSessionId,
+    workerGeneration, offerId, leaseToken, attemptCount (0-16), createdAtMs,
+    updatedAtMs (>= createdAtMs), lastAttemptAtMs (null or createdAtMs..updatedAtMs),
+    nextAttemptAtMs (>= createdAtMs)``. Codes as the reference: ``claim_conflict``
+    (not an object, key set, ``schemaVersion``, ``attemptCount``, ordering, a bad
+    ``lastAttemptAtMs``), ``claim_revision_conflict`` (``revision``),
+    ``invalid_configuration`` (a negative or unsafe ``createdAtMs``/``updatedAtMs``/
+    ``nextAttemptAtMs``), the field codes of :class:`ClaimAuthority` for the authority.
+``offers/<offerId>.json`` (inbox record)
+    ``schemaVersion (1), revision, state, offer, acceptedAtMs, updatedAtMs`` then the
+    optional ``executorHandle, executorStartedAtMs, logArtifactId,
+    completionReceiptCallbackSequence, completionReceiptTokenDigest,
+    completionAcknowledgedAtMs, recoveryReason``. Which optional field each state
+    requires, allows or forbids follows ``normalizeWorkerRemoteExecutionInboxRecord``
+    (:data:`INBOX_FIELD_STATES`). Codes: ``key_set``, ``schema_version``,
+    ``inbox_state``, ``record_order`` (``updatedAtMs < acceptedAtMs``),
+    ``invalid_record`` (an optional field in a state that forbids it, a missing
+    required one, a broken pair), field codes, every code of
+    :func:`~qinglong_edge.contracts.offer.normalize_internal_offer` under ``$.offer``,
+    ``offer_conflict`` (the record names another offer than its file).
+``abandoned/<offerId>.json`` (our decision, spec README)
+    A claim given up, *without* its plaintext lease token: ``schemaVersion (1),
+    offerId, reason, abandonedAtMs, workerId, workerSessionId, workerGeneration,
+    leaseTokenDigest, revision, attemptCount, createdAtMs, updatedAtMs,
+    lastAttemptAtMs, nextAttemptAtMs``; ``reason`` is one of :data:`ABANDON_REASONS`
+    (code ``abandon_reason``).
+
+Update rules (section 3.6, :func:`check_inbox_update`): ``offer_conflict`` (authority
+changed), ``offer_revision_conflict`` (revision not +1, ``acceptedAtMs`` changed,
+``updatedAtMs`` or ``lease.version`` decreased, same lease version with a different
+lease), ``invalid_transition`` (state not allowed, a set optional field changed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from qinglong_edge.contracts._shape import child, exact_keys, int_value, is_int, object_value, utf8_length
+from qinglong_edge.contracts.errors import ContractError
+from qinglong_edge.contracts.fields import MAX_INT32, MAX_SAFE_INTEGER, has_control
+from qinglong_edge.contracts.ids import HEX64
+from qinglong_edge.contracts.offer import (
+    ClaimAuthority,
+    check_authority_fields,
+    normalize_internal_offer,
+    same_offer_authority,
+)
+from qinglong_edge.contracts.strictjson import dumps, loads
+
+__all__ = [
+    "ABANDON_REASONS",
+    "INBOX_FIELD_STATES",
+    "INBOX_OPTIONAL_KEYS",
+    "INBOX_STATES",
+    "INBOX_TRANSITIONS",
+    "MAX_ATTEMPTS",
+    "MAX_RECORD_BYTES",
+    "RECOVERY_REASONS",
+    "AbandonedClaim",
+    "PendingClaim",
+    "abandoned_record_bytes",
+    "check_inbox_update",
+    "inbox_record",
+    "inbox_record_bytes",
+    "normalize_inbox_record",
+    "parse_abandoned_record",
+    "parse_inbox_record",
+    "parse_pending_claim",
+]
+
+#: Per-file size cap (``MAX_WORKER_REMOTE_OFFER_RECORD_BYTES``, 160 KiB), section 3.1.
+MAX_RECORD_BYTES = 160 * 1024
+#: ``MAX_WORKER_REMOTE_OFFER_ATTEMPTS``: sends per claim before it is given up.
+MAX_ATTEMPTS = 16
+
+_CLAIM_KEYS = (
+    "schemaVersion", "revision", "workerId", "workerSessionId", "workerGeneration", "offerId", "leaseToken",
+    "attemptCount", "createdAtMs", "updatedAtMs", "lastAttemptAtMs", "nextAttemptAtMs",
+)
+
+INBOX_STATES: tuple[str, ...] = (
+    "accepted",
+    "starting_acknowledged",
+    "launching",
+    "started",
+    "running_acknowledged",
+    "start_failed",
+    "start_failure_acknowledged",
+    "completion_acknowledged",
+    "recovery_required",
+)
+
+
+def _to(state: str, *targets: str) -> frozenset[str]:
+    return frozenset((state, *targets))  # same-state is always allowed
+
+
+#: Allowed inbox transitions (section 3.4); every state may also stay where it is.
+INBOX_TRANSITIONS: dict[str, frozenset[str]] = {
+    "accepted": _to("accepted", "starting_acknowledged", "recovery_required"),
+    "starting_acknowledged": _to("starting_acknowledged", "launching", "start_failed", "recovery_required"),
+    "launching": _to("launching", "started", "start_failed", "completion_acknowledged", "recovery_required"),
+    "started": _to("started", "running_acknowledged", "completion_acknowledged", "recovery_required"),
+    "running_acknowledged": _to("running_acknowledged", "completion_acknowledged", "recovery_required"),
+    "start_failed": _to("start_failed", "start_failure_acknowledged", "recovery_required"),
+    "start_failure_acknowledged": _to("start_failure_acknowledged"),
+    "completion_acknowledged": _to("completion_acknowledged"),
+    "recovery_required": _to("recovery_required", "completion_acknowledged"),
+}
+
+RECOVERY_REASONS: tuple[str, ...] = (
+    "launch_outcome_unknown",
+    "control_plane_already_running",
+    "control_plane_terminal",
+    "lease_lost_local_execution_stopped",
+    "lease_lost_local_execution_unverified",
+)
+_BASE_KEYS = ("schemaVersion", "revision", "state", "offer", "acceptedAtMs", "updatedAtMs")
+INBOX_OPTIONAL_KEYS: tuple[str, ...] = (
+    "executorHandle",
+    "executorStartedAtMs",
+    "logArtifactId",
+    "completionReceiptCallbackSequence",
+    "completionReceiptTokenDigest",
+    "completionAcknowledgedAtMs",
+    "recoveryReason",
+)
+_LAUNCHED = frozenset({"launching", "started", "running_acknowledged", "completion_acknowledged"})
+_MAYBE_LAUNCHED = frozenset({"start_failed", "start_failure_acknowledged", "recovery_required"})
+#: Per optional field: (states that require it, states that allow it without requiring it).
+#: Derived from ``normalizeWorkerRemoteExecutionInboxRecord``; every other state forbids it.
+#: The receipt pair (callback sequence + token digest) shares one rule.
+INBOX_FIELD_STATES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "executorHandle": (
+        frozenset({"started", "running_acknowledged"}),
+        frozenset({"completion_acknowledged", "recovery_required"}),
+    ),
+    "executorStartedAtMs": (_LAUNCHED, _MAYBE_LAUNCHED),
+    "logArtifactId": (_LAUNCHED, _MAYBE_LAUNCHED),
+    "completionReceiptCallbackSequence": (_LAUNCHED, _MAYBE_LAUNCHED),
+    "completionAcknowledgedAtMs": (frozenset({"completion_acknowledged"}), frozenset()),
+    "recoveryReason": (frozenset({"recovery_required"}), frozenset()),
+}
+
+ABANDON_REASONS: tuple[str, ...] = ("stale_session", "attempt_budget_exhausted", "offer_fenced")
+_ABANDONED_KEYS = (
+    "schemaVersion", "offerId", "reason", "abandonedAtMs", "workerId", "workerSessionId", "workerGeneration",
+    "leaseTokenDigest", "revision", "attemptCount", "createdAtMs", "updatedAtMs", "lastAttemptAtMs",
+    "nextAttemptAtMs",
+)
+
+
+def _record_bytes(record: dict[str, Any]) -> bytes:
+    data = (dumps(record) + "\n").encode("utf-8")
+    if not 2 <= len(data) <= MAX_RECORD_BYTES:
+        raise ContractError("too_large", "$", f"record exceeds {MAX_RECORD_BYTES} bytes")
+    return data
+
+
+def _load(data: bytes) -> Any:
+    return loads(data, max_bytes=MAX_RECORD_BYTES, min_bytes=2)
+
+
+def _time(value: object, path: str, code: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_SAFE_INTEGER:
+        raise ContractError(code, path, "must be a safe integer >= 0")
+    return value
+
+
+def _check_claim(values: dict[str, Any]) -> None:
+    """The rules of section 3.3 in the reference's order (codes: module docstring)."""
+    if values["schemaVersion"] != 1 or not is_int(values["schemaVersion"]):
+        raise ContractError("claim_conflict", "$.schemaVersion", "must be 1")
+    check_authority_fields(values["workerId"], values["workerSessionId"], values["workerGeneration"],
+                     values["offerId"], values["leaseToken"])
+    _time(values["revision"], "$.revision", "claim_revision_conflict")
+    attempts = values["attemptCount"]
+    if not is_int(attempts) or not 0 <= attempts <= MAX_ATTEMPTS:
+        raise ContractError("claim_conflict", "$.attemptCount", f"must be 0..{MAX_ATTEMPTS}")
+    created = _time(values["createdAtMs"], "$.createdAtMs", "invalid_configuration")
+    updated = _time(values["updatedAtMs"], "$.updatedAtMs", "invalid_configuration")
+    next_at = _time(values["nextAttemptAtMs"], "$.nextAttemptAtMs", "invalid_configuration")
+    if updated < created:
+        raise ContractError("claim_conflict", "$.updatedAtMs", "must be >= createdAtMs")
+    if next_at < created:
+        raise ContractError("claim_conflict", "$.nextAttemptAtMs", "must be >= createdAtMs")
+    last = values["lastAttemptAtMs"]
+    if last is not None and (not is_int(last) or not created <= last <= updated):
+        raise ContractError("claim_conflict", "$.lastAttemptAtMs", "must be null or createdAtMs..updatedAtMs")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PendingClaim:
+    """``pending-claim.json`` (section 3.3): at most one outstanding claim.
+
+    Validated on construction (so :func:`dataclasses.replace` re-checks a new revision).
+    ``repr`` never shows the lease token.
+
+    Raises:
+        ContractError: codes in the module docstring.
+    """
+
+    schema_version: int = 1
+    revision: int
+    worker_id: str
+    worker_session_id: str
+    worker_generation: int
+    offer_id: str
+    lease_token: str = field(repr=False)
+    attempt_count: int
+    created_at_ms: int
+    updated_at_ms: int
+    last_attempt_at_ms: int | None
+    next_attempt_at_ms: int
+
+    def __post_init__(self) -> None:
+        _check_claim(self.to_dict())
+
+    @classmethod
+    def create(cls, authority: ClaimAuthority, now_ms: int) -> PendingClaim:
+        """A fresh claim: revision 0, no attempt yet, due at ``now_ms`` (section 3.7 step 2)."""
+        return cls(
+            revision=0,
+            worker_id=authority.worker_id,
+            worker_session_id=authority.worker_session_id,
+            worker_generation=authority.worker_generation,
+            offer_id=authority.offer_id,
+            lease_token=authority.lease_token,
+            attempt_count=0,
+            created_at_ms=now_ms,
+            updated_at_ms=now_ms,
+            last_attempt_at_ms=None,
+            next_attempt_at_ms=now_ms,
+        )
+
+    @property
+    def authority(self) -> ClaimAuthority:
+        return ClaimAuthority(self.worker_id, self.worker_session_id, self.worker_generation, self.offer_id,
+                              self.lease_token)
+
+    def replace(self, **changes: Any) -> PendingClaim:
+        """A validated copy with ``changes`` (snake_case field names)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The 12 keys in file order."""
+        return {
+            "schemaVersion": self.schema_version,
+            "revision": self.revision,
+            "workerId": self.worker_id,
+            "workerSessionId": self.worker_session_id,
+            "workerGeneration": self.worker_generation,
+            "offerId": self.offer_id,
+            "leaseToken": self.lease_token,
+            "attemptCount": self.attempt_count,
+            "createdAtMs": self.created_at_ms,
+            "updatedAtMs": self.updated_at_ms,
+            "lastAttemptAtMs": self.last_attempt_at_ms,
+            "nextAttemptAtMs": self.next_attempt_at_ms,
+        }
+
+    def to_bytes(self) -> bytes:
+        """``JSON.stringify(record) + "\\n"``, compact, in file key order."""
+        return _record_bytes(self.to_dict())
+
+
+def parse_pending_claim(data: bytes) -> PendingClaim:
+    """Parse ``pending-claim.json`` bytes (2-163 840, strict JSON).
+
+    Raises:
+        ContractError: strict-JSON codes, or the codes of the module docstring.
+    """
+    value = _load(data)
+    if not isinstance(value, dict):
+        raise ContractError("claim_conflict", "$", "must be an object")
+    exact_keys(value, _CLAIM_KEYS, "$", code="claim_conflict")
+    return PendingClaim(
+        schema_version=value["schemaVersion"],
+        revision=value["revision"],
+        worker_id=value["workerId"],
+        worker_session_id=value["workerSessionId"],
+        worker_generation=value["workerGeneration"],
+        offer_id=value["offerId"],
+        lease_token=value["leaseToken"],
+        attempt_count=value["attemptCount"],
+        created_at_ms=value["createdAtMs"],
+        updated_at_ms=value["updatedAtMs"],
+        last_attempt_at_ms=value["lastAttemptAtMs"],
+        next_attempt_at_ms=value["nextAttemptAtMs"],
+    )
+
+
+def _bounded_text(value: object, path: str, max_bytes: int) -> str:
+    if not isinstance(value, str):
+        raise ContractError("not_string", path, "must be a string")
+    if not value or utf8_length(value) > max_bytes:
+        raise ContractError("length", path, f"must be 1..{max_bytes} UTF-8 bytes")
+    if has_control(value):
+        raise ContractError("control_character", path, "control characters are not allowed")
+    return value
+
+
+def _optional_value(key: str, value: object, path: str) -> object:
+    if key == "executorHandle":
+        return _bounded_text(value, path, 512)
+    if key == "logArtifactId":
+        return _bounded_text(value, path, 36)
+    if key == "completionReceiptCallbackSequence":
+        return int_value(value, path, 1, MAX_INT32)
+    if key == "completionReceiptTokenDigest":
+        if not isinstance(value, str) or HEX64.fullmatch(value) is None:
+            raise ContractError("pattern", path, "must be 64 lowercase hex characters")
+        return value
+    if key == "recoveryReason":
+        if not isinstance(value, str) or value not in RECOVERY_REASONS:
+            raise ContractError("recovery_reason", path, "not a known recovery reason")
+        return value
+    return int_value(value, path)  # executorStartedAtMs, completionAcknowledgedAtMs
+
+
+def normalize_inbox_record(value: object, path: str = "$") -> dict[str, Any]:
+    """Validate an inbox record (``normalizeWorkerRemoteExecutionInboxRecord``).
+
+    Returns:
+        A new dict in file key order (base keys, then the present optional keys in
+        their order) with the offer re-normalized.
+
+    Raises:
+        ContractError: codes in the module docstring.
+    """
+    source = object_value(value, path)
+    exact_keys(source, _BASE_KEYS, path, INBOX_OPTIONAL_KEYS)
+    if source["schemaVersion"] != 1 or not is_int(source["schemaVersion"]):
+        raise ContractError("schema_version", child(path, "schemaVersion"), "must be 1")
+    state = source["state"]
+    if not isinstance(state, str) or state not in INBOX_TRANSITIONS:
+        raise ContractError("inbox_state", child(path, "state"), "not a known inbox state")
+    revision = int_value(source["revision"], child(path, "revision"))
+    accepted_at = int_value(source["acceptedAtMs"], child(path, "acceptedAtMs"))
+    updated_at = int_value(source["updatedAtMs"], child(path, "updatedAtMs"))
+    if updated_at < accepted_at:
+        raise ContractError("record_order", child(path, "updatedAtMs"), "must be >= acceptedAtMs")
+    offer = normalize_internal_offer(source["offer"], child(path, "offer"))
+    out: dict[str, Any] = {
+        "schemaVersion": 1,
+        "revision": revision,
+        "state": state,
+        "offer": offer,
+        "acceptedAtMs": accepted_at,
+        "updatedAtMs": updated_at,
+    }
+    for key in INBOX_OPTIONAL_KEYS:
+        if key in source:
+            out[key] = _optional_value(key, source[key], child(path, key))
+    if ("completionReceiptCallbackSequence" in out) != ("completionReceiptTokenDigest" in out):
+        raise ContractError("invalid_record", child(path, "completionReceiptTokenDigest"),
+                            "the completion receipt sequence and token digest come as a pair")
+    if "executorHandle" in out and "executorStartedAtMs" not in out:
+        raise ContractError("invalid_record", child(path, "executorStartedAtMs"),
+                            "an executor handle needs its start time")
+    for key, (required, allowed) in INBOX_FIELD_STATES.items():
+        present = key in out
+        if state in required and not present:
+            raise ContractError("invalid_record", child(path, key), f"required in state {state}")
+        if present and state not in required and state not in allowed:
+            raise ContractError("invalid_record", child(path, key), f"not allowed in state {state}")
+    return out
+
+
+def inbox_record(offer: dict[str, Any], now_ms: int) -> dict[str, Any]:
+    """A new inbox record for an accepted offer: state ``accepted``, revision 0.
+
+    Args:
+        offer: an internal offer (``OfferedResponse.offer``); it is re-normalized.
+        now_ms: wall-clock ms; becomes ``acceptedAtMs`` and ``updatedAtMs``.
+    """
+    int_value(now_ms, "$.acceptedAtMs")
+    return normalize_inbox_record({
+        "schemaVersion": 1,
+        "revision": 0,
+        "state": "accepted",
+        "offer": offer,
+        "acceptedAtMs": now_ms,
+        "updatedAtMs": now_ms,
+    })
+
+
+def inbox_record_bytes(record: dict[str, Any]) -> bytes:
+    """Validate ``record`` and serialize it: file key order, compact, ``"\\n"``, 2-163 840 bytes."""
+    return _record_bytes(normalize_inbox_record(record))
+
+
+def parse_inbox_record(data: bytes, expected_offer_id: str | None = None) -> dict[str, Any]:
+    """Parse ``offers/<offerId>.json`` bytes.
+
+    Args:
+        expected_offer_id: the offerId of the file name; the record must name the same
+            offer (code ``offer_conflict``).
+    """
+    record = normalize_inbox_record(_load(data))
+    if expected_offer_id is not None and record["offer"]["offerId"] != expected_offer_id:
+        raise ContractError("offer_conflict", "$.offer.offerId", "does not match the file name")
+    return record
+
+
+def check_inbox_update(old: dict[str, Any], new: dict[str, Any], *, compare_delivery_kind: bool = False) -> None:
+    """Check that ``new`` may replace ``old`` (section 3.6; ``assertWorkerRemoteExecutionInboxTransition``).
+
+    Both records are re-normalized first. ``deliveryKind`` is not part of the
+    authority unless ``compare_delivery_kind`` (spec README: a ``lease_recovery``
+    replay with a higher lease version over a stored ``new_claim`` updates the lease).
+
+    Raises:
+        ContractError: ``offer_conflict``, ``offer_revision_conflict``,
+            ``invalid_transition`` (or a validation code for an invalid record).
+    """
+    before = normalize_inbox_record(old)
+    after = normalize_inbox_record(new)
+    if not same_offer_authority(before["offer"], after["offer"], compare_delivery_kind=compare_delivery_kind):
+        raise ContractError("offer_conflict", "$.offer", "the offer authority changed")
+    lease_before, lease_after = before["offer"]["lease"], after["offer"]["lease"]
+    for ok, at, detail in (
+        (after["revision"] == before["revision"] + 1, "$.revision", "must be the stored revision + 1"),
+        (after["acceptedAtMs"] == before["acceptedAtMs"], "$.acceptedAtMs", "must not change"),
+        (after["updatedAtMs"] >= before["updatedAtMs"], "$.updatedAtMs", "must not decrease"),
+        (lease_after["version"] >= lease_before["version"], "$.offer.lease.version", "must not decrease"),
+        (lease_after["version"] != lease_before["version"] or dumps(lease_after) == dumps(lease_before),
+         "$.offer.lease", "same version, different lease"),
+    ):
+        if not ok:
+            raise ContractError("offer_revision_conflict", at, detail)
+    if after["state"] not in INBOX_TRANSITIONS[before["state"]]:
+        raise ContractError("invalid_transition", "$.state", f"{before['state']} cannot become {after['state']}")
+    for key in INBOX_OPTIONAL_KEYS:
+        if key == "recoveryReason" and after["state"] == "completion_acknowledged":
+            continue  # the one field that may go away (recovery_required -> completion_acknowledged)
+        if key in before and before[key] != after.get(key):
+            raise ContractError("invalid_transition", child("$", key), "a set optional field may not change")
+
+
+@dataclass(frozen=True, slots=True)
+class AbandonedClaim:
+    """A parsed ``abandoned/<offerId>.json``: the claim minus its token, plus why and when."""
+
+    reason: str
+    abandoned_at_ms: int
+    offer_id: str
+    worker_id: str
+    worker_session_id: str
+    worker_generation: int
+    lease_token_digest: str
+    revision: int
+    attempt_count: int
+    created_at_ms: int
+    updated_at_ms: int
+    last_attempt_at_ms: int | None
+    next_attempt_at_ms: int
+
+
+def _abandon_reason(reason: object) -> str:
+    if not isinstance(reason, str) or reason not in ABANDON_REASONS:
+        raise ContractError("abandon_reason", "$.reason", "not a known abandon reason")
+    return reason
+
+
+def abandoned_record_bytes(claim: PendingClaim, reason: str, abandoned_at_ms: int) -> bytes:
+    """Serialize a given-up claim for ``abandoned/<offerId>.json`` (spec README).
+
+    The plaintext lease token is replaced by its digest: the record is for the operator,
+    a new claim is made with a new token.
+
+    Args:
+        reason: ``stale_session``, ``attempt_budget_exhausted`` or ``offer_fenced``.
+        abandoned_at_ms: wall-clock ms, safe int >= 0.
+
+    Raises:
+        ContractError: ``abandon_reason``, ``not_integer``/``out_of_range``.
+    """
+    record = {
+        "schemaVersion": 1,
+        "offerId": claim.offer_id,
+        "reason": _abandon_reason(reason),
+        "abandonedAtMs": int_value(abandoned_at_ms, "$.abandonedAtMs"),
+        "workerId": claim.worker_id,
+        "workerSessionId": claim.worker_session_id,
+        "workerGeneration": claim.worker_generation,
+        "leaseTokenDigest": claim.authority.lease_token_digest,
+        "revision": claim.revision,
+        "attemptCount": claim.attempt_count,
+        "createdAtMs": claim.created_at_ms,
+        "updatedAtMs": claim.updated_at_ms,
+        "lastAttemptAtMs": claim.last_attempt_at_ms,
+        "nextAttemptAtMs": claim.next_attempt_at_ms,
+    }
+    return _record_bytes(record)
+
+
+_PLACEHOLDER_TOKEN = "0" * 43  # stands in for the dropped token when re-checking claim rules
+
+
+def parse_abandoned_record(data: bytes) -> AbandonedClaim:
+    """Parse ``abandoned/<offerId>.json`` bytes written by :func:`abandoned_record_bytes`.
+
+    Raises:
+        ContractError: strict-JSON codes, ``key_set``, ``schema_version``,
+            ``abandon_reason``, ``pattern`` (digest), and the claim codes.
+    """
+    value = object_value(_load(data), "$")
+    exact_keys(value, _ABANDONED_KEYS, "$")
+    if value["schemaVersion"] != 1 or not is_int(value["schemaVersion"]):
+        raise ContractError("schema_version", "$.schemaVersion", "must be 1")
+    reason = _abandon_reason(value["reason"])
+    abandoned_at = int_value(value["abandonedAtMs"], "$.abandonedAtMs")
+    digest = value["leaseTokenDigest"]
+    if not isinstance(digest, str) or HEX64.fullmatch(digest) is None:
+        raise ContractError("pattern", "$.leaseTokenDigest", "must be 64 lowercase hex characters")
+    claim_values = {key: value.get(key) for key in _CLAIM_KEYS}
+    claim_values["leaseToken"] = _PLACEHOLDER_TOKEN
+    _check_claim(claim_values)
+    return AbandonedClaim(
+        reason=reason,
+        abandoned_at_ms=abandoned_at,
+        offer_id=value["offerId"],
+        worker_id=value["workerId"],
+        worker_session_id=value["workerSessionId"],
+        worker_generation=value["workerGeneration"],
+        lease_token_digest=digest,
+        revision=value["revision"],
+        attempt_count=value["attemptCount"],
+        created_at_ms=value["createdAtMs"],
+        updated_at_ms=value["updatedAtMs"],
+        last_attempt_at_ms=value["lastAttemptAtMs"],
+        next_attempt_at_ms=value["nextAttemptAtMs"],
+    )
