@@ -247,7 +247,10 @@ def _check_int(value: object, low: int, high: int, name: str) -> int:
 
 def _open_tcp(origin: Origin, deadline: _Deadline) -> socket.socket:
     """Connect to the first address that answers, each attempt within the budget."""
-    infos = socket.getaddrinfo(origin.host, origin.port, type=socket.SOCK_STREAM)
+    # bytes, not str: CPython encodes a str host with the "idna" codec, which needs
+    # unicodedata, absent from OpenWrt's python3-light (packaging.md); our hosts are
+    # ASCII LDH names or IP literals (contracts.origin), so ASCII bytes are exact.
+    infos = socket.getaddrinfo(origin.host.encode("ascii"), origin.port, type=socket.SOCK_STREAM)
     last: OSError = OSError("no address to connect to")
     for family, kind, proto, _name, address in infos:
         sock = socket.socket(family, kind, proto)
@@ -501,7 +504,10 @@ class IngressTransport:
     def _handshake(self, raw: socket.socket, context: ssl.SSLContext, deadline: _Deadline) -> ssl.SSLSocket:
         """Wrap ``raw`` and complete the TLS handshake within the budget; closes on failure."""
         try:
-            tls = context.wrap_socket(raw, server_hostname=self._origin.host, do_handshake_on_connect=False)
+            # bytes for the same reason as in _open_tcp (SSLContext encodes a str with idna).
+            tls = context.wrap_socket(
+                raw, server_hostname=self._origin.host.encode("ascii"), do_handshake_on_connect=False
+            )
         except BaseException:
             raw.close()
             raise

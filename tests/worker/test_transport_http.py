@@ -403,3 +403,31 @@ def test_rotation_to_a_refused_certificate_fails_the_next_request(files: WorkerF
     files.install_client("client")
     post(transport)
     assert server.peer_names == ["edge-1", "edge-1"]
+
+
+# -- OpenWrt packaging (packaging.md: python3 split packages) -----------------------------
+
+
+def test_exchange_under_the_openwrt_split(files: WorkerFiles,
+                                          serve: Callable[..., tuple[TLSServer, IngressTransport]]) -> None:
+    """A child limited to the modules of our ``Depends:`` line completes a 503 (with an
+    HTTP-date Retry-After) and a 200: every import the transport needs is shipped."""
+    from tests.support.openwrt_split import run_code_under_split
+
+    when = email.utils.formatdate(time.time() + 60, usegmt=True)
+    server, _ = serve(http_response(503, b'{"code":"x"}', headers=(("Retry-After", when),)), http_response())
+    code = f"""
+from qinglong_edge.errors import TransportError
+from qinglong_edge.worker.transport import IngressTransport
+t = IngressTransport({server.origin()!r}, credential_file={str(files.credential)!r},
+    certificate_file={str(files.certificate)!r}, private_key_file={str(files.key)!r},
+    trust_anchor_files=[{str(files.anchor)!r}], request_timeout_ms=5000)
+try:
+    t.post_json({OFFER_PATH!r}, {OFFER_BODY!r}, max_response_bytes=4096)
+except TransportError as exc:
+    print(exc.code, exc.http_status, exc.retry_after_ms is not None and exc.retry_after_ms > 50000)
+print(t.post_json({OFFER_PATH!r}, {OFFER_BODY!r}, max_response_bytes=4096).body.decode())
+"""
+    result = run_code_under_split(code)
+    assert (result.status, result.refused) == (0, []), result.stderr
+    assert result.stdout.splitlines() == ["response_rejected 503 True", '{"ok":true}']
