@@ -32,6 +32,7 @@ PROG = "qinglong-edge"
 COMMAND_MODULES: tuple[str, ...] = (
     "version",
     "doctor",
+    "inbox",
     "offer",
 )
 

@@ -1,0 +1,112 @@
+"""Test-only crash injection at the named step boundaries of the worker journal.
+
+Set ``QINGLONG_EDGE_CRASHPOINT=<name>[:exit|:pause]`` in the environment of a
+process that uses the journal:
+
+* ``exit`` (the default): ``os._exit(137)`` at that boundary: no ``finally`` block,
+  no ``atexit`` handler and no buffered write runs, the kernel closes the files and
+  drops the ``flock``, exactly as after ``SIGKILL``.
+* ``pause``: the process sends itself ``SIGSTOP`` there, so a test can watch it
+  stop (``/proc/<pid>/stat`` state ``T``) and then deliver a real ``SIGKILL`` (or
+  ``SIGCONT`` to let it go on).
+
+The variable is read once, at import. When it is unset :func:`crashpoint` costs one
+comparison against ``None``, so the hooks stay in production code.
+
+What a process crash does **not** model is power loss: the page cache survives a
+killed process. Durability against power loss comes from the fsync order, which
+``tests/worker/test_journal_syscalls.py`` checks under ``strace``.
+
+Point names are ``<operation>.<step>``. Operations (see :mod:`qinglong_edge.worker.journal`):
+
+==================  ==========================================================
+``claim_create``    first publication of ``pending-claim.json``
+``claim_replace``   a claim revision (the attempt, the backoff)
+``claim_clear``     removal of ``pending-claim.json``
+``claim_abandon``   first publication of ``abandoned/<offerId>.json``; then the
+                    claim's removal uses the ``claim_clear`` steps
+``offer_accept``    first publication of ``offers/<offerId>.json``
+``offer_update``    an inbox record revision (higher lease version, ``replace_offer``)
+``offer_discard``   removal of ``offers/<offerId>.json`` (``inbox discard``, retention)
+``abandoned_prune`` removal of the oldest ``abandoned/<offerId>.json`` beyond the bound
+==================  ==========================================================
+
+Steps of a first publication (:data:`FIRST_PUBLICATION_STEPS`), in order:
+``begin`` (before any file is touched), ``tmp_created`` (temp file open, empty),
+``tmp_partial`` (half the bytes written), ``tmp_written``, ``tmp_synced`` (file
+fsynced and closed), ``linked`` (``link()`` done, directory not yet fsynced),
+``dir_synced``, ``tmp_removed`` (temp name unlinked: the operation is complete).
+
+Steps of an update (:data:`UPDATE_STEPS`): ``begin``, ``tmp_created``,
+``tmp_partial``, ``tmp_written``, ``tmp_synced``, ``renamed``, ``dir_synced``.
+
+Steps of a removal (:data:`REMOVAL_STEPS`): ``begin``, ``unlinked``, ``dir_synced``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+__all__ = [
+    "ENV",
+    "FIRST_PUBLICATION_STEPS",
+    "OPERATIONS",
+    "POINTS",
+    "REMOVAL_STEPS",
+    "UPDATE_STEPS",
+    "armed",
+    "crashpoint",
+]
+
+ENV = "QINGLONG_EDGE_CRASHPOINT"
+
+FIRST_PUBLICATION_STEPS = (
+    "begin", "tmp_created", "tmp_partial", "tmp_written", "tmp_synced", "linked", "dir_synced", "tmp_removed",
+)
+UPDATE_STEPS = ("begin", "tmp_created", "tmp_partial", "tmp_written", "tmp_synced", "renamed", "dir_synced")
+REMOVAL_STEPS = ("begin", "unlinked", "dir_synced")
+
+#: operation -> its steps, in order.
+OPERATIONS: dict[str, tuple[str, ...]] = {
+    "claim_create": FIRST_PUBLICATION_STEPS,
+    "claim_replace": UPDATE_STEPS,
+    "claim_clear": REMOVAL_STEPS,
+    "claim_abandon": FIRST_PUBLICATION_STEPS,
+    "offer_accept": FIRST_PUBLICATION_STEPS,
+    "offer_update": UPDATE_STEPS,
+    "offer_discard": REMOVAL_STEPS,
+    "abandoned_prune": REMOVAL_STEPS,
+}
+
+#: Every documented point name, in execution order within each operation.
+POINTS: tuple[str, ...] = tuple(f"{op}.{step}" for op, steps in OPERATIONS.items() for step in steps)
+
+
+def _parse(value: str | None) -> tuple[str, str] | None:
+    if not value:
+        return None
+    name, _, mode = value.partition(":")
+    return name, (mode or "exit")
+
+
+_TARGET = _parse(os.environ.get(ENV))
+
+
+def armed(name: str) -> bool:
+    """Whether ``name`` is the configured point (lets callers skip work only a test needs)."""
+    return _TARGET is not None and _TARGET[0] == name
+
+
+def crashpoint(name: str) -> None:
+    """Die (or stop) here if ``$QINGLONG_EDGE_CRASHPOINT`` names this point.
+
+    Args:
+        name: ``<operation>.<step>``, one of :data:`POINTS`.
+    """
+    if _TARGET is None or _TARGET[0] != name:
+        return
+    if _TARGET[1] == "pause":
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
+    os._exit(137)

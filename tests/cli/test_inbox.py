@@ -1,0 +1,163 @@
+"""``qinglong-edge inbox list|show|discard`` through the real CLI in a child process."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from qinglong_edge.worker.journal import Journal
+from tests.support.cli import run_cli
+from tests.worker import offer_vectors as vectors
+
+
+@pytest.fixture
+def config(tmp_path: pathlib.Path) -> pathlib.Path:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({
+        "schema": "qinglong/edge-agent@v1",
+        "stateDirectory": str(tmp_path / "state"),
+        "worker": {
+            "origin": "https://cluster.example:7443",
+            "workerId": "edge-1",
+            "credentialFile": "/etc/qe/worker.credential",
+            "certificateFile": "/etc/qe/worker.crt",
+            "privateKeyFile": "/etc/qe/worker.key",
+            "trustAnchorFiles": ["/etc/qe/ca.crt"],
+        },
+    }))
+    return path
+
+
+@pytest.fixture
+def journal_root(tmp_path: pathlib.Path) -> pathlib.Path:
+    return tmp_path / "state" / "worker"
+
+
+def _accept(root: pathlib.Path, *offer_ids: str) -> None:
+    with Journal.open(str(root)) as journal:
+        for offer_id in offer_ids:
+            journal.accept_offer({**vectors.offer(), "offerId": offer_id}, 1001)
+
+
+def test_list_of_a_missing_journal_is_empty(config: pathlib.Path, journal_root: pathlib.Path) -> None:
+    result = run_cli("--config", str(config), "inbox", "list", "--json")
+    assert result.status == 0, result.stderr
+    assert result.json() == {"ok": True, "offers": []}
+    assert not journal_root.exists()  # reading creates nothing
+
+
+def test_list_shows_id_state_run_and_acceptance(config: pathlib.Path, journal_root: pathlib.Path) -> None:
+    _accept(journal_root, "offer-b", "offer-a")
+    result = run_cli("--config", str(config), "inbox", "list", "--json")
+    assert result.status == 0, result.stderr
+    assert result.json()["offers"] == [
+        {"offerId": "offer-a", "state": "accepted", "runId": "run-1", "acceptedAtMs": 1001},
+        {"offerId": "offer-b", "state": "accepted", "runId": "run-1", "acceptedAtMs": 1001},
+    ]
+    human = run_cli("--config", str(config), "inbox", "list")
+    assert human.status == 0
+    lines = human.stdout.splitlines()
+    assert lines[0].split() == ["OFFER_ID", "STATE", "RUN_ID", "ACCEPTED_AT_MS"]
+    assert lines[1].split() == ["offer-a", "accepted", "run-1", "1001"]
+
+
+def test_list_works_while_a_pull_owns_the_journal(config: pathlib.Path, journal_root: pathlib.Path) -> None:
+    _accept(journal_root, "offer-1")
+    with Journal.open(str(journal_root)):
+        result = run_cli("--config", str(config), "inbox", "list", "--json")
+    assert result.status == 0, result.stderr
+    assert [row["offerId"] for row in result.json()["offers"]] == ["offer-1"]
+
+
+@pytest.mark.parametrize("json_mode", [True, False], ids=["json", "human"])
+def test_show_redacts_the_lease_token(config: pathlib.Path, journal_root: pathlib.Path, json_mode: bool) -> None:
+    _accept(journal_root, "offer-1")
+    result = run_cli("--config", str(config), "inbox", "show", "offer-1", *(["--json"] if json_mode else []))
+    assert result.status == 0, result.stderr
+    assert vectors.LEASE_TOKEN not in result.stdout + result.stderr
+    record = result.json()["record"] if json_mode else json.loads(result.stdout)
+    assert record["offer"]["leaseToken"] == "[redacted]"
+    expected = json.loads(vectors.OFFER_RECORD_T1001)
+    expected["offer"]["leaseToken"] = "[redacted]"
+    assert record == expected
+
+
+def test_show_of_an_unknown_offer_is_not_found(config: pathlib.Path, journal_root: pathlib.Path) -> None:
+    _accept(journal_root, "offer-1")
+    result = run_cli("--config", str(config), "inbox", "show", "offer-2", "--json")
+    assert result.status == 65
+    assert result.json()["code"] == "not_found"
+
+
+def test_rejects_discard_without_yes(config: pathlib.Path, journal_root: pathlib.Path) -> None:
+    _accept(journal_root, "offer-1")
+    result = run_cli("--config", str(config), "inbox", "discard", "offer-1")
+    assert result.status == 64
+    assert "--yes" in result.stderr
+    assert (journal_root / "offers" / "offer-1.json").exists()
+
+
+def test_discard_with_yes_removes_the_record(config: pathlib.Path, journal_root: pathlib.Path) -> None:
+    _accept(journal_root, "offer-1", "offer-2")
+    result = run_cli("--config", str(config), "inbox", "discard", "offer-1", "--yes", "--json")
+    assert result.status == 0, result.stderr
+    assert result.json() == {"ok": True, "discarded": "offer-1"}
+    assert sorted(p.name for p in (journal_root / "offers").iterdir()) == ["offer-2.json"]
+    again = run_cli("--config", str(config), "inbox", "discard", "offer-1", "--yes", "--json")
+    assert again.status == 65 and again.json()["code"] == "not_found"
+
+
+def test_rejects_discard_while_a_pull_owns_the_journal(config: pathlib.Path, journal_root: pathlib.Path) -> None:
+    _accept(journal_root, "offer-1")
+    with Journal.open(str(journal_root)):
+        result = run_cli("--config", str(config), "inbox", "discard", "offer-1", "--yes", "--json")
+    assert result.status == 75
+    assert result.json()["code"] == "already_owned"
+    assert (journal_root / "offers" / "offer-1.json").exists()
+
+
+@pytest.mark.parametrize("offer_id", ["a/b", "x" * 129, "a b"], ids=["slash", "too_long", "space"])
+def test_rejects_malformed_offer_id(config: pathlib.Path, offer_id: str) -> None:
+    for action in (["show", offer_id], ["discard", offer_id, "--yes"]):
+        result = run_cli("--config", str(config), "inbox", *action)
+        assert result.status == 64, result.stderr
+
+
+def test_rejects_unsafe_journal_as_storage_error(config: pathlib.Path, journal_root: pathlib.Path) -> None:
+    _accept(journal_root, "offer-1")
+    journal_root.chmod(0o755)
+    result = run_cli("--config", str(config), "inbox", "list", "--json")
+    assert result.status == 73
+    assert result.json()["code"] == "unsafe_storage"
+    assert "Traceback" not in result.stderr
+
+
+def test_rejects_a_configuration_without_worker(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"schema": "qinglong/edge-agent@v1", "stateDirectory": str(tmp_path)}))
+    result = run_cli("--config", str(path), "inbox", "list", "--json")
+    assert result.status == 78
+    assert result.json()["code"] == "invalid_configuration"
+
+
+def test_inbox_without_action_is_usage(config: pathlib.Path) -> None:
+    assert run_cli("--config", str(config), "inbox").status == 64
+
+
+def test_inbox_help_imports_no_heavy_module() -> None:
+    import subprocess
+    import sys
+
+    from tests.support.cli import REPO
+
+    probe = (
+        "import sys\nfrom qinglong_edge.cli import main\n"
+        "try:\n    main(['inbox', '--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "{'ssl', 'sqlite3', 'http', 'socket', 'subprocess', '_ssl', '_sqlite3'})\n"
+        "sys.stderr.write('HEAVY=' + repr(heavy))\n"
+    )
+    proc = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, cwd=REPO, text=True, check=False)
+    assert "HEAVY=[]" in proc.stderr, proc.stderr
