@@ -32,8 +32,9 @@ PROG = "qinglong-edge"
 COMMAND_MODULES: tuple[str, ...] = (
     "version",
     "doctor",
-    "inbox",
     "offer",
+    "inbox",
+    "admin",
 )
 
 

@@ -204,7 +204,12 @@ class StoreError(EdgeError):
     Codes: ``storage_unavailable`` (busy past the timeout, I/O error, read-only, full
     disk), ``store_busy`` (operation queue full), ``store_closed``,
     ``database_newer`` (schema newer than this code), ``database_corrupt``,
-    ``not_found``, ``conflict``, ``invalid_input``.
+    ``schema_mismatch`` (an applied migration differs from this code's),
+    ``database_foreign`` (another application's SQLite file), ``unsafe_storage``,
+    ``not_found``, ``conflict``, ``invalid_input``; the Local repositories add
+    ``run_not_found``, ``task_not_found``, ``fence_rejected``, ``task_start_rejected``,
+    ``authentication_unavailable``, ``pepper_unavailable``, ``unsafe_pepper``,
+    ``audit_unavailable`` (see :mod:`qinglong_edge.local`).
     """
 
     code = "storage_unavailable"
@@ -232,6 +237,13 @@ EXIT_STATUS_BY_CODE: dict[str, int] = {
     "not_owned": EX_SOFTWARE,
     "database_newer": EX_CONFIG,
     "database_corrupt": EX_IOERR,
+    "schema_mismatch": EX_CONFIG,
+    "database_foreign": EX_CONFIG,
+    "store_closed": EX_TEMPFAIL,
+    "invalid_input": EX_DATAERR,
+    "conflict": EX_DATAERR,
+    "pepper_unavailable": EX_CONFIG,
+    "unsafe_pepper": EX_CANTCREAT,
     "store_busy": EX_TEMPFAIL,
     "not_found": EX_DATAERR,
     "input_unreadable": 66,  # EX_NOINPUT: an input file named on the command line cannot be read

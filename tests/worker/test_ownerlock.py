@@ -355,3 +355,22 @@ def test_failed_record_rewrite_does_not_compromise(private_dir: pathlib.Path, mo
         assert lock.record_write_failures >= 2
     finally:
         lock.release()
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_owner_process_fails_closed_after_its_lock_file_is_changed(private_dir: pathlib.Path, how: str) -> None:
+    owner = Child("hold", str(private_dir), "30000")
+    try:
+        owner.read_event()
+        owner.send("check")
+        assert owner.read_event() == {"event": "check", "code": None}
+        os.unlink(private_dir / LOCK_NAME)
+        if how == "replaced":
+            (private_dir / LOCK_NAME).write_bytes(b"")
+        owner.send("check")  # long before its next refresh (stale is 30 s)
+        assert owner.read_event() == {"event": "check", "code": "ownership_compromised"}
+        # A newcomer can own the new file: exactly why the old owner must stop.
+        newcomer = last_event(run_child("try", str(private_dir)).stdout)
+        assert newcomer["code"] is None
+    finally:
+        owner.close()

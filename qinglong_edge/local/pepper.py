@@ -1,0 +1,296 @@
+"""The owner pepper keyring directory (local-api.md section 3.3).
+
+Pepper material lives in files, never in the database; the database keeps only each
+key's ``material_digest`` (:mod:`qinglong_edge.local.identity`). Rules, all enforced on
+every read (a failure is the 503 ``authentication_unavailable`` class, never a 401):
+
+* the directory is a real directory (not a symlink), mode exactly ``0700``, owned by the
+  effective uid, and the process's real uid equals its effective uid;
+* one file per key, named ``base64url(UTF-8 key id)`` without padding + ``.pepper``
+  (``local-api-pepper-v1`` -> ``bG9jYWwtYXBpLXBlcHBlci12MQ.pepper``), opened
+  ``O_NOFOLLOW`` relative to the directory descriptor;
+* the file is regular, mode exactly ``0600``, owned by the effective uid, 32-256 bytes;
+* its content is exactly the 43-character canonical unpadded base64url text of 32 bytes
+  (``^[A-Za-z0-9_-]+$``, so a trailing newline is refused);
+* ``material_digest`` = SHA-256(``qinglong.local-owner-pepper.summary.v1`` NUL file bytes)
+  (:func:`qinglong_edge.contracts.credentials.pepper_material_digest`).
+
+New key files are written atomically: a ``0600`` temporary file in the same directory,
+written and fsynced, then published under its final name without ever replacing an
+existing key (hard link, or rename where the file system has no hard links), then the
+directory is fsynced.
+
+Errors: :class:`PepperError` (a :class:`~qinglong_edge.errors.StoreError`) with code
+``pepper_unavailable`` (missing or unreadable file or directory), ``unsafe_pepper``
+(wrong type, mode, owner, size or content) or ``conflict`` (creating a key that exists).
+Messages name paths and key ids, never material.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import errno
+import os
+import re
+import secrets
+import stat
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from qinglong_edge.contracts.credentials import decode_secret, encode_secret, pepper_material_digest
+from qinglong_edge.contracts.errors import ContractError
+from qinglong_edge.contracts.ids import CREDENTIAL_ID
+from qinglong_edge.errors import StoreError
+
+__all__ = [
+    "PEPPER_SUFFIX",
+    "PepperError",
+    "PepperMaterial",
+    "check_keyring_directory",
+    "create_pepper",
+    "ensure_keyring_directory",
+    "key_file_name",
+    "read_pepper",
+]
+
+PEPPER_SUFFIX = ".pepper"
+MIN_FILE_BYTES = 32
+MAX_FILE_BYTES = 256
+_CONTENT = re.compile(rb"[A-Za-z0-9_-]+")
+
+
+class PepperError(StoreError):
+    """The pepper keyring cannot be used (see the module docstring for codes)."""
+
+    code = "pepper_unavailable"
+    http_status = 503
+
+
+@dataclass(frozen=True, slots=True)
+class PepperMaterial:
+    """One verified pepper key.
+
+    Attributes:
+        key_id: the pepper key id (``[A-Za-z0-9][A-Za-z0-9._:-]{0,63}``).
+        pepper: the 32 decoded bytes (the HMAC key); hidden from ``repr``.
+        material_digest: 64 lowercase hex characters (section 3.3).
+    """
+
+    key_id: str
+    pepper: bytes = field(repr=False)
+    material_digest: str
+
+
+def _check_key_id(key_id: str) -> None:
+    if not isinstance(key_id, str) or CREDENTIAL_ID.fullmatch(key_id) is None:
+        raise PepperError("pepper key id must match [A-Za-z0-9][A-Za-z0-9._:-]{0,63}", code="invalid_input")
+
+
+def key_file_name(key_id: str) -> str:
+    """``base64url(UTF-8 key id)`` without padding, plus ``.pepper``."""
+    _check_key_id(key_id)
+    return base64.urlsafe_b64encode(key_id.encode("utf-8")).rstrip(b"=").decode("ascii") + PEPPER_SUFFIX
+
+
+def _check_process_uid() -> int:
+    euid = os.geteuid()
+    if os.getuid() != euid:
+        raise PepperError("the pepper keyring needs real uid == effective uid", code="unsafe_pepper")
+    return euid
+
+
+def _check_directory_stat(directory: str, info: os.stat_result, euid: int) -> None:
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise PepperError(f"{directory}: the pepper keyring is not a real directory", code="unsafe_pepper")
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        raise PepperError(
+            f"{directory}: the pepper keyring must have mode 0700 (has {stat.S_IMODE(info.st_mode):04o})",
+            code="unsafe_pepper",
+        )
+    if info.st_uid != euid:
+        raise PepperError(f"{directory}: the pepper keyring is owned by another user", code="unsafe_pepper")
+
+
+@contextlib.contextmanager
+def _open_directory(directory: str) -> Iterator[int]:
+    """Open and check the keyring directory; yields its descriptor."""
+    euid = _check_process_uid()
+    try:
+        info = os.lstat(directory)
+    except FileNotFoundError:
+        raise PepperError(f"{directory}: the pepper keyring directory is missing") from None
+    except OSError as exc:
+        raise PepperError(f"{directory}: cannot inspect the pepper keyring ({exc.strerror})") from None
+    _check_directory_stat(directory, info, euid)
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise PepperError(f"{directory}: cannot open the pepper keyring ({exc.strerror})") from None
+    try:
+        _check_directory_stat(directory, os.fstat(fd), euid)  # the one we opened, not a swapped one
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def check_keyring_directory(directory: str) -> None:
+    """Verify the directory rules only.
+
+    Raises:
+        PepperError: ``pepper_unavailable`` (missing) or ``unsafe_pepper``.
+    """
+    with _open_directory(directory):
+        pass
+
+
+def ensure_keyring_directory(directory: str) -> bool:
+    """Create the directory ``0700`` when missing (parents too), then verify it.
+
+    Returns:
+        ``True`` when it was created.
+
+    Raises:
+        PepperError: as :func:`check_keyring_directory`; an existing directory with a
+            wrong mode is refused, not repaired.
+    """
+    created = False
+    if not os.path.lexists(directory):
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            os.chmod(directory, 0o700)
+        except OSError as exc:
+            raise PepperError(f"{directory}: cannot create the pepper keyring ({exc.strerror})") from None
+        created = True
+    check_keyring_directory(directory)
+    return created
+
+
+def _parse_material(data: bytes, where: str) -> bytes:
+    if _CONTENT.fullmatch(data) is None:
+        raise PepperError(
+            f"{where}: pepper file content must be base64url text only (no newline)", code="unsafe_pepper"
+        )
+    try:
+        return decode_secret(data.decode("ascii"))
+    except ContractError:
+        raise PepperError(
+            f"{where}: pepper file must hold the 43-character canonical base64url of 32 bytes",
+            code="unsafe_pepper",
+        ) from None
+
+
+def read_pepper(directory: str, key_id: str) -> PepperMaterial:
+    """Read and verify one key file; returns its material and digest.
+
+    Raises:
+        PepperError: ``pepper_unavailable`` (missing/unreadable), ``unsafe_pepper``.
+    """
+    name = key_file_name(key_id)
+    where = os.path.join(directory, name)
+    euid = _check_process_uid()
+    with _open_directory(directory) as dir_fd:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+        except FileNotFoundError:
+            raise PepperError(f"{where}: pepper key file is missing") from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise PepperError(f"{where}: pepper key file is a symlink", code="unsafe_pepper") from None
+            raise PepperError(f"{where}: cannot open the pepper key file ({exc.strerror})") from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise PepperError(f"{where}: pepper key file is not a regular file", code="unsafe_pepper")
+            if stat.S_IMODE(info.st_mode) != 0o600:
+                raise PepperError(
+                    f"{where}: pepper key file must have mode 0600 (has {stat.S_IMODE(info.st_mode):04o})",
+                    code="unsafe_pepper",
+                )
+            if info.st_uid != euid:
+                raise PepperError(f"{where}: pepper key file is owned by another user", code="unsafe_pepper")
+            if not MIN_FILE_BYTES <= info.st_size <= MAX_FILE_BYTES:
+                raise PepperError(
+                    f"{where}: pepper key file must be {MIN_FILE_BYTES}-{MAX_FILE_BYTES} bytes", code="unsafe_pepper"
+                )
+            data = os.read(fd, MAX_FILE_BYTES + 1)
+        except OSError as exc:
+            raise PepperError(f"{where}: cannot read the pepper key file ({exc.strerror})") from None
+        finally:
+            os.close(fd)
+    if not MIN_FILE_BYTES <= len(data) <= MAX_FILE_BYTES:
+        raise PepperError(f"{where}: pepper key file changed size while read", code="unsafe_pepper")
+    pepper = _parse_material(data, where)
+    return PepperMaterial(key_id=key_id, pepper=pepper, material_digest=pepper_material_digest(data))
+
+
+def create_pepper(
+    directory: str,
+    key_id: str,
+    *,
+    random_bytes: Callable[[int], bytes] = secrets.token_bytes,
+) -> PepperMaterial:
+    """Generate a new 32-byte pepper and publish its key file atomically.
+
+    Args:
+        directory: the keyring directory (must already pass the directory rules).
+        key_id: the new key's id.
+        random_bytes: CSPRNG (tests may pin it).
+
+    Raises:
+        PepperError: ``conflict`` when the key file exists (it is never replaced),
+            ``pepper_unavailable`` on I/O errors, ``unsafe_pepper`` for a bad directory.
+    """
+    name = key_file_name(key_id)
+    text = encode_secret(random_bytes(32)).encode("ascii")
+    where = os.path.join(directory, name)
+    with _open_directory(directory) as dir_fd:
+        if _exists(name, dir_fd):
+            raise PepperError(f"{where}: pepper key file already exists", code="conflict")
+        temp = f".{name}.{secrets.token_hex(8)}.tmp"
+        try:
+            fd = os.open(
+                temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd
+            )
+        except OSError as exc:
+            raise PepperError(f"{directory}: cannot create a pepper key file ({exc.strerror})") from None
+        try:
+            try:
+                os.fchmod(fd, 0o600)
+                view = memoryview(text)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            _publish(temp, name, dir_fd, where)
+            os.fsync(dir_fd)
+        except OSError as exc:
+            raise PepperError(f"{where}: cannot write the pepper key file ({exc.strerror})") from None
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=dir_fd)
+    return read_pepper(directory, key_id)
+
+
+def _exists(name: str, dir_fd: int) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _publish(temp: str, name: str, dir_fd: int, where: str) -> None:
+    """Give ``temp`` its final name without replacing an existing file."""
+    try:
+        os.link(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    except FileExistsError:
+        raise PepperError(f"{where}: pepper key file already exists", code="conflict") from None
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
+            raise
+        # No hard links here (FAT-like file systems): rename after a fresh existence check.
+        if _exists(name, dir_fd):
+            raise PepperError(f"{where}: pepper key file already exists", code="conflict") from None
+        os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
