@@ -1,0 +1,165 @@
+"""``qinglong-edge pull [--duration S] [--json]``: the Remote Worker's cron job.
+
+One cycle (or cycles at the profile cadence for ``--duration`` seconds): keep the
+Worker Session alive, then one offer pull step (ADR-0110). Exit statuses (spec README):
+
+=====  =====================================================================
+0      accepted, replayed, idle, backoff not yet due, or another pull holds
+       the journal (cron overlap)
+69     this machine maps to no cluster architecture
+73/74  the journal's storage is unsafe / unavailable (the claim is intact)
+75     temporary: cluster unavailable or invalid response (claim kept, retried
+       with backoff), claim abandoned, inbox full, clock not set, or aborted by
+       SIGTERM/SIGINT (claim kept, replayed by the next cycle)
+77     the cluster rejected the worker credential (401/403; claim kept)
+78     configuration
+=====  =====================================================================
+
+``--json`` prints one JSON object per cycle (one line each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import signal
+import sys
+from types import FrameType
+
+from qinglong_edge.commands._output import print_json
+
+_EXIT_BY_STATUS = {
+    "accepted": 0,
+    "replayed": 0,
+    "idle": 0,
+    "backoff": 0,
+    "inbox_full": 75,
+    "abandoned": 75,
+    "unavailable": 75,
+    "invalid_response": 75,
+    "credential_rejected": 77,
+}
+_EXIT_BY_ERROR = {
+    "credential_rejected": 77,
+    "unsupported_platform": 69,
+}
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+             common: argparse.ArgumentParser) -> None:
+    parser = subparsers.add_parser(
+        "pull",
+        parents=[common],
+        help="keep the Worker Session alive and pull one offer (cron job)",
+        description="Keep the Worker Session alive (register/heartbeat), then pull work from the "
+        "cluster without ever losing or duplicating an offer (ADR-0110).",
+    )
+    parser.add_argument(
+        "--duration",
+        metavar="S",
+        type=float,
+        default=None,
+        help="repeat cycles in the foreground at the profile cadence for S seconds (0 < S <= 86400)",
+    )
+    parser.add_argument("--no-splay", action="store_true", help="skip the configured random initial delay")
+    parser.set_defaults(handler=_run)
+
+
+def _iso(ms: int | None) -> str:
+    if ms is None:
+        return "?"
+    return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
+
+
+def _describe(report: object) -> str:
+    from qinglong_edge.worker.cycle import CycleReport
+
+    assert isinstance(report, CycleReport)
+    if report.error is not None:
+        return f"pull: {report.error}: {report.detail}"
+    result = report.result
+    session = report.session
+    prefix = ""
+    if session is not None and session.action == "registered":
+        prefix = f"session {session.session.session_id} registered (generation {session.session.generation}); "
+    if result is None:
+        return "pull: " + prefix.rstrip("; ")
+    status = result.status
+    if status in ("accepted", "replayed"):
+        text = f"{status} offer {result.offer_id} run {result.run_id} ({result.reason})"
+    elif status == "idle":
+        text = f"idle ({result.reason}); claim {result.offer_id} cleared"
+    elif status == "backoff":
+        text = f"backoff: claim {result.offer_id} is due at {_iso(result.next_attempt_at_ms)}"
+    elif status == "inbox_full":
+        text = "inbox full: no new claim made (see `qinglong-edge inbox list`)"
+    elif status == "abandoned":
+        text = f"claim {result.offer_id} abandoned ({result.reason}); the next cycle makes a new claim"
+    else:
+        http = f" HTTP {result.http_status}" if result.http_status else ""
+        text = (
+            f"{status} ({result.reason}{http}); claim {result.offer_id} kept, "
+            f"attempt {result.attempt_count}, retry at {_iso(result.next_attempt_at_ms)}"
+        )
+    return "pull: " + prefix + text
+
+
+def _exit_status(report: object) -> int:
+    from qinglong_edge.worker.cycle import CycleReport
+
+    assert isinstance(report, CycleReport)
+    if report.error is not None:
+        return _EXIT_BY_ERROR.get(report.error, 75)
+    if report.result is None:
+        return 75
+    return _EXIT_BY_STATUS.get(report.result.status, 75)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from qinglong_edge.config import load_config
+    from qinglong_edge.errors import ConfigError, JournalError, UsageError
+    from qinglong_edge.worker.cycle import run_pull
+    from qinglong_edge.worker.pull import PullAborted
+
+    if args.duration is not None and not 0 < args.duration <= 86_400:
+        raise UsageError("--duration must be more than 0 and at most 86400 seconds")
+    config = load_config(args.config)
+    if config.worker is None:
+        raise ConfigError("$.worker: the Remote Worker role is not configured", path="$.worker")
+
+    aborting: list[str] = []
+
+    def _abort(signum: int, _frame: FrameType | None) -> None:
+        if aborting:
+            return  # already unwinding: let it finish closing
+        aborting.append(signal.Signals(signum).name)
+        raise PullAborted(aborting[0])
+
+    previous = {sig: signal.signal(sig, _abort) for sig in (signal.SIGTERM, signal.SIGINT)}
+    status = 0
+    try:
+        for report in run_pull(config.worker, duration_s=args.duration, splay=not args.no_splay):
+            status = _exit_status(report)
+            if args.json:
+                print_json(report.to_json())
+            else:
+                print(_describe(report), flush=True)
+    except PullAborted as exc:
+        message = f"aborted by {exc.signal_name}; any pending claim is kept and replayed by the next cycle"
+        if args.json:
+            print_json({"status": "aborted", "signal": exc.signal_name})
+        else:
+            print(f"pull: {message}", file=sys.stderr, flush=True)
+        return 75
+    except JournalError as exc:
+        if exc.code != "already_owned":
+            raise
+        if args.json:
+            print_json({"status": "busy", "code": exc.code})
+        else:
+            print(f"pull: another pull holds the journal ({exc.message}); nothing to do", flush=True)
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return status
