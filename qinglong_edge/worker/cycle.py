@@ -121,7 +121,7 @@ def run_pull(
             failures; TransportError ``invalid_configuration``; whatever a signal
             handler raises (e.g. PullAborted), unchanged.
     """
-    rng = rng or random.Random()  # noqa: S311 - jitter and splay, not secrets
+    rng = rng or random.Random()
     journal = Journal.open(worker.journal_directory, JournalOptions.from_config(worker))
     try:
         own_transport = transport is None

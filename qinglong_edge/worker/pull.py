@@ -65,7 +65,7 @@ BACKOFF_CAP_MS = 60_000
 MAX_RETRY_AFTER_MS = 3_600_000
 
 
-class PullAborted(BaseException):  # noqa: N818 - a control-flow signal, like KeyboardInterrupt
+class PullAborted(BaseException):
     """Raised by the ``pull`` command's signal handler to abort a blocked request.
 
     A ``BaseException`` so that no ``except Exception`` on the way swallows it.
