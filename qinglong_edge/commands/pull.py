@@ -1,27 +1,46 @@
-"""``qinglong-edge pull [--duration S] [--json]``: the Remote Worker's cron job.
+"""``qinglong-edge pull [--duration S] [--json] [--no-splay]``: the Remote Worker's cron job.
 
 One cycle (or cycles at the profile cadence for ``--duration`` seconds): keep the
-Worker Session alive, then one offer pull step (ADR-0110). Exit statuses (spec README):
+Worker Session alive, then one offer pull step (ADR-0110; see
+:mod:`qinglong_edge.worker.cycle`). Exit statuses (spec README, sysexits):
 
 =====  =====================================================================
 0      accepted, replayed, idle, backoff not yet due, or another pull holds
-       the journal (cron overlap)
+       the journal (cron overlap: "busy")
 69     this machine maps to no cluster architecture
 73/74  the journal's storage is unsafe / unavailable (the claim is intact)
 75     temporary: cluster unavailable or invalid response (claim kept, retried
-       with backoff), claim abandoned, inbox full, clock not set, or aborted by
-       SIGTERM/SIGINT (claim kept, replayed by the next cycle)
-77     the cluster rejected the worker credential (401/403; claim kept)
-78     configuration
+       with backoff), claim abandoned (reported, a new claim next cycle), inbox
+       full (no claim made), clock not set, or aborted by SIGTERM/SIGINT
+77     the cluster rejected the worker credential (401/403 on a session call or
+       on the offer pull; the claim is kept and backs off)
+78     configuration, including unreadable credential/certificate/key files
 =====  =====================================================================
 
-``--json`` prints one JSON object per cycle (one line each).
+With ``--duration`` the status is the last cycle's (a ``credential_rejected`` cycle
+ends the loop at once).
+
+SIGTERM/SIGINT: a request in flight is aborted at once; a journal write in progress
+finishes first; no new request starts. The pending claim stays at its persisted
+attempt (same offerId and token), so the next cycle replays it and the cluster
+answers ``lease_recovery`` if it had committed (field lessons 1). Exit 75.
+
+``--json`` prints one compact JSON object per cycle, one line each::
+
+    {"session":{"action":"registered|heartbeat|current|stale","sessionId":..,
+                "generation":..,"version":..},
+     "status":"accepted|replayed|idle|backoff|inbox_full|abandoned|unavailable|
+               invalid_response|credential_rejected",
+     "offerId":..,"runId":..,"reason":..,"nextAttemptAtMs":..,"httpStatus":..,
+     "retryAfterMs":..,"attemptCount":..,"stats":{..}}          (absent keys: not applicable)
+    {"status":"failed","code":"credential_rejected|session_unavailable|..","detail":..}
+    {"status":"busy","code":"already_owned"}
+    {"status":"aborted","signal":"SIGTERM"}
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import signal
 import sys
 from types import FrameType
@@ -42,6 +61,8 @@ _EXIT_BY_STATUS = {
 _EXIT_BY_ERROR = {
     "credential_rejected": 77,
     "unsupported_platform": 69,
+    "credentials_unavailable": 78,
+    "invalid_configuration": 78,
 }
 
 
@@ -66,6 +87,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
 
 
 def _iso(ms: int | None) -> str:
+    import datetime
+
     if ms is None:
         return "?"
     return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
@@ -112,6 +135,8 @@ def _exit_status(report: object) -> int:
         return _EXIT_BY_ERROR.get(report.error, 75)
     if report.result is None:
         return 75
+    if report.result.reason in _EXIT_BY_ERROR:  # e.g. the credential file became unreadable
+        return _EXIT_BY_ERROR[report.result.reason]
     return _EXIT_BY_STATUS.get(report.result.status, 75)
 
 
@@ -119,7 +144,7 @@ def _run(args: argparse.Namespace) -> int:
     from qinglong_edge.config import load_config
     from qinglong_edge.errors import ConfigError, JournalError, UsageError
     from qinglong_edge.worker.cycle import run_pull
-    from qinglong_edge.worker.pull import PullAborted
+    from qinglong_edge.worker.pull import AbortSignal, PullAborted
 
     if args.duration is not None and not 0 < args.duration <= 86_400:
         raise UsageError("--duration must be more than 0 and at most 86400 seconds")
@@ -127,29 +152,28 @@ def _run(args: argparse.Namespace) -> int:
     if config.worker is None:
         raise ConfigError("$.worker: the Remote Worker role is not configured", path="$.worker")
 
-    aborting: list[str] = []
+    abort = AbortSignal()
 
     def _abort(signum: int, _frame: FrameType | None) -> None:
-        if aborting:
-            return  # already unwinding: let it finish closing
-        aborting.append(signal.Signals(signum).name)
-        raise PullAborted(aborting[0])
+        # Raises PullAborted only inside a network call or a sleep (AbortSignal).
+        abort.trip(signal.Signals(signum).name)
 
     previous = {sig: signal.signal(sig, _abort) for sig in (signal.SIGTERM, signal.SIGINT)}
     status = 0
     try:
-        for report in run_pull(config.worker, duration_s=args.duration, splay=not args.no_splay):
+        for report in run_pull(config.worker, duration_s=args.duration, splay=not args.no_splay, abort=abort):
             status = _exit_status(report)
             if args.json:
                 print_json(report.to_json())
             else:
                 print(_describe(report), flush=True)
     except PullAborted as exc:
-        message = f"aborted by {exc.signal_name}; any pending claim is kept and replayed by the next cycle"
+        name = str(exc.signal_name)
         if args.json:
-            print_json({"status": "aborted", "signal": exc.signal_name})
+            print_json({"status": "aborted", "signal": name})
         else:
-            print(f"pull: {message}", file=sys.stderr, flush=True)
+            print(f"pull: aborted by {name}; any pending claim is kept and replayed by the next cycle",
+                  file=sys.stderr, flush=True)
         return 75
     except JournalError as exc:
         if exc.code != "already_owned":
@@ -157,7 +181,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.json:
             print_json({"status": "busy", "code": exc.code})
         else:
-            print(f"pull: another pull holds the journal ({exc.message}); nothing to do", flush=True)
+            print("pull: another pull holds the journal; nothing to do", flush=True)
         return 0
     finally:
         for sig, handler in previous.items():

@@ -3,6 +3,8 @@
 :func:`run_pull` is what ``qinglong-edge pull`` runs (the command adds signal handling
 and printing)::
 
+    capabilities of this platform (unsupported_platform before any I/O)
+    splay: sleep uniform 0..splayMaxMs (no lock held; a fleet on one crontab spreads out)
     open the journal (owner lock; another pull -> already_owned, reported as "busy")
     [--duration S] repeat at the profile cadence (edge 2 s) until S seconds passed:
         clock sanity (year >= 2020; a router that booted at 1970 waits for NTP)
@@ -29,9 +31,9 @@ from dataclasses import dataclass
 from qinglong_edge.config import WorkerConfig
 from qinglong_edge.errors import SessionError
 from qinglong_edge.worker.journal import Journal, JournalOptions
-from qinglong_edge.worker.pull import PullCoordinator, PullResult, SessionAuthority
-from qinglong_edge.worker.session import SessionKeeper, SessionOutcome
-from qinglong_edge.worker.transport import IngressTransport
+from qinglong_edge.worker.pull import AbortSignal, PullCoordinator, PullResult, SessionAuthority
+from qinglong_edge.worker.session import SessionKeeper, SessionOutcome, local_capabilities
+from qinglong_edge.worker.transport import IngressTransport, TransportResponse
 
 __all__ = ["CLOCK_FLOOR_MS", "CycleReport", "run_pull", "wall_ms"]
 
@@ -101,11 +103,24 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
     return CycleReport(session, result)
 
 
+class _InterruptibleTransport:
+    """The transport with every call inside :meth:`AbortSignal.interruptible`."""
+
+    def __init__(self, transport: IngressTransport, abort: AbortSignal) -> None:
+        self._transport = transport
+        self._abort = abort
+
+    def post_json(self, path: str, body: bytes, *, max_response_bytes: int) -> TransportResponse:
+        with self._abort.interruptible():
+            return self._transport.post_json(path, body, max_response_bytes=max_response_bytes)
+
+
 def run_pull(
     worker: WorkerConfig,
     *,
     duration_s: float | None = None,
     splay: bool = True,
+    abort: AbortSignal | None = None,
     clock_ms: Callable[[], int] = wall_ms,
     sleep: Callable[[float], None] = time.sleep,
     rng: random.Random | None = None,
@@ -114,36 +129,57 @@ def run_pull(
     """Run one cycle, or cycles at ``worker.pull_interval_ms`` for ``duration_s`` seconds.
 
     Yields each :class:`CycleReport` as it completes. Stops early after a
-    ``credential_rejected`` cycle (every later one would fail the same way).
+    ``credential_rejected`` cycle (every later one would fail the same way). The splay
+    (uniform 0..``splayMaxMs``) is slept before the journal is opened, so a sleeping
+    process holds no lock.
+
+    Args:
+        abort: tripped by the caller's signal handler (see :class:`AbortSignal`);
+            network calls and sleeps are interrupted, journal writes finish first,
+            and no cycle starts after it tripped.
 
     Raises:
         JournalError: ``already_owned`` (another pull holds the journal) and storage
-            failures; TransportError ``invalid_configuration``; whatever a signal
-            handler raises (e.g. PullAborted), unchanged.
+            failures; TransportError ``invalid_configuration`` /
+            ``credentials_unavailable`` from the transport's construction;
+            SessionError ``unsupported_platform``; PullAborted once ``abort`` tripped.
     """
     rng = rng or random.Random()
+    abort = abort or AbortSignal()
+
+    def pause(seconds: float) -> None:
+        with abort.interruptible():
+            sleep(seconds)
+
+    capabilities = local_capabilities()  # unsupported_platform before any I/O
+    if splay and worker.splay_max_ms > 0:
+        pause(rng.uniform(0, worker.splay_max_ms) / 1000)
+    abort.check()
     journal = Journal.open(worker.journal_directory, JournalOptions.from_config(worker))
     try:
         own_transport = transport is None
         transport = transport or IngressTransport.from_config(worker)
         try:
+            wire = _InterruptibleTransport(transport, abort)
             keeper = SessionKeeper(
                 journal,
-                transport,
+                wire,
                 worker_id=worker.worker_id,
                 max_concurrent_runs=worker.max_concurrent_runs,
                 lease_duration_ms=worker.session_lease_duration_ms,
+                heartbeat_interval_ms=worker.heartbeat_interval_ms,
                 clock_ms=clock_ms,
+                capabilities=capabilities,
             )
             coordinator = PullCoordinator(
-                journal, transport, backoff_base_ms=worker.backoff_base_ms, clock_ms=clock_ms, random=rng.random
+                journal, wire, backoff_base_ms=worker.backoff_base_ms, clock_ms=clock_ms, random=rng.random
             )
-            if splay and worker.splay_max_ms > 0:
-                sleep(rng.uniform(0, worker.splay_max_ms) / 1000)
             started = time.monotonic()
             while True:
+                abort.check()
                 report = _cycle(journal, keeper, coordinator, worker, clock_ms)
                 yield report
+                abort.check()
                 if report.error == "credential_rejected" or (
                     report.result is not None and report.result.status == "credential_rejected"
                 ):
@@ -153,7 +189,7 @@ def run_pull(
                 remaining = duration_s - (time.monotonic() - started)
                 if remaining <= 0:
                     return
-                sleep(min(remaining, worker.pull_interval_ms / 1000))
+                pause(min(remaining, worker.pull_interval_ms / 1000))
                 if time.monotonic() - started >= duration_s:
                     return
         finally:

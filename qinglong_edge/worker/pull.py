@@ -23,17 +23,33 @@ An exception that is not a pull failure (the ``pull`` command raises
 the claim at its persisted-attempt revision: the same offerId and token are replayed
 by the next cycle (field lessons 1: never abandon a claim because of our own abort).
 
+Aborting (:class:`AbortSignal`): the ``pull`` command's SIGTERM/SIGINT handler calls
+:meth:`AbortSignal.trip`. While a network call (or a sleep) is in progress it raises
+:class:`PullAborted` at once; anywhere else -- in the middle of a journal write -- it
+only records the request, and the next network call (or the cycle loop) raises it, so
+a signal never interrupts a journal operation halfway (they are crash-safe anyway, see
+:mod:`~qinglong_edge.worker.journal`, but finishing them is simpler to reason about).
+
+Crash points (test-only, :mod:`~qinglong_edge.worker.crashpoints`) mark the step
+boundaries of one pull: ``pull.attempt_persisted`` (the attempt revision is durable,
+nothing sent), ``pull.response_received`` (a 200 body arrived, nothing parsed or
+written), ``pull.inbox_published`` (the inbox record is durable, the claim not yet
+cleared) and ``pull.claim_cleared`` (the claim is gone, the result not yet reported).
+
 Time: the claim's fields are wall-clock ms (the contract stores them). A clock that
 steps backwards must not wedge the device, so the coordinator never lets a claim's
 times run backwards (``now`` is at least the claim's ``updatedAtMs``) and treats a
-``nextAttemptAtMs`` further away than any backoff could put it as due.
+``nextAttemptAtMs`` further away (by the raw clock) than any backoff could put it
+(1 hour, the longest ``Retry-After`` honoured) as due. A smaller step back only
+lengthens the wait by the size of the step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -49,9 +65,11 @@ from qinglong_edge.contracts.offer import (
     parse_offer_response,
 )
 from qinglong_edge.errors import DeliveryError, JournalError, TransportError
+from qinglong_edge.worker.crashpoints import crashpoint
 
 __all__ = [
     "BACKOFF_CAP_MS",
+    "AbortSignal",
     "PullAborted",
     "PullCoordinator",
     "PullResult",
@@ -74,6 +92,43 @@ class PullAborted(BaseException):
     def __init__(self, signal_name: str = "SIGTERM") -> None:
         super().__init__(signal_name)
         self.signal_name = signal_name
+
+
+class AbortSignal:
+    """How a signal handler stops a pull without tearing a journal write.
+
+    ``trip(reason)`` (from the handler) records the first reason and raises
+    :class:`PullAborted` only while the main thread is inside :meth:`interruptible`
+    (a network call or a sleep); :meth:`interruptible` raises at entry once tripped, so
+    no new request starts after a signal; :meth:`check` raises at a step boundary.
+    """
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self._depth = 0
+
+    @property
+    def tripped(self) -> bool:
+        return self.reason is not None
+
+    def trip(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+        if self._depth:
+            raise PullAborted(self.reason)
+
+    def check(self) -> None:
+        if self.reason is not None:
+            raise PullAborted(self.reason)
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        self.check()
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
 
 
 class _Transport(Protocol):
@@ -144,6 +199,8 @@ class PullResult:
         ):
             if value is not None:
                 out[key] = value
+        if self.stats is not None:
+            out["stats"] = dict(self.stats)
         return out
 
 
@@ -220,9 +277,11 @@ class PullCoordinator:
                 new_lease_token(self._random_bytes),
             )
             claim = self._journal.create_claim(PendingClaim.create(authority, now))
-        now = max(now, claim.updated_at_ms)
+        raw_now, now = now, max(now, claim.updated_at_ms)
         due = claim.next_attempt_at_ms
-        if due > now and due - now <= MAX_RETRY_AFTER_MS:
+        # Measured from the raw clock: after a big step back the stored due date is
+        # further away than any backoff or Retry-After could have put it -> due now.
+        if due > now and due - raw_now <= MAX_RETRY_AFTER_MS:
             return PullResult(
                 "backoff", offer_id=claim.offer_id, next_attempt_at_ms=due, attempt_count=claim.attempt_count
             )
@@ -234,6 +293,7 @@ class PullCoordinator:
             next_attempt_at_ms=now,
         )
         attempt = self._journal.replace_claim(attempt, claim.revision)
+        crashpoint("pull.attempt_persisted")
         return self._exchange(attempt)
 
     # -- one request --------------------------------------------------------------------
@@ -245,6 +305,7 @@ class PullCoordinator:
             response = self._transport.post_json(
                 path, claim_request_body(authority), max_response_bytes=OFFER_RESPONSE_MAX_BYTES
             )
+            crashpoint("pull.response_received")
             parsed = parse_offer_response(response.body, authority)
         except TransportError as exc:
             if exc.http_status == 409:
@@ -258,6 +319,7 @@ class PullCoordinator:
         now = max(self._clock_ms(), claim.updated_at_ms)
         if isinstance(parsed, IdleResponse):
             self._journal.clear_claim(claim.offer_id, claim.revision)
+            crashpoint("pull.claim_cleared")
             return PullResult(
                 "idle", offer_id=claim.offer_id, reason=parsed.reason, attempt_count=claim.attempt_count,
                 stats=parsed.stats,
@@ -268,7 +330,9 @@ class PullCoordinator:
             if exc.code not in ("offer_conflict", "capacity_exhausted"):
                 raise  # storage trouble: the claim stays at its attempt revision, retried next cycle
             return self._back_off(claim, "unavailable", exc.code, None, None)
+        crashpoint("pull.inbox_published")
         self._journal.clear_claim(claim.offer_id, claim.revision)
+        crashpoint("pull.claim_cleared")
         return PullResult(
             outcome,
             offer_id=claim.offer_id,

@@ -24,10 +24,20 @@ Failure handling (5.1 "Worker status handling", and our reporting):
 * 409 -> ``session_fenced``: the record is removed (the session failed closed) and a
   new session is registered in the same cycle; a pending claim bound to the old
   session is then abandoned by the pull coordinator (``stale_session``);
+* the credential, certificate or key files break their rules -> ``credentials_unavailable``
+  (the CLI exits 78: a configuration problem on the device);
 * a response that breaks the contract -> ``invalid_response``; any other transport
   failure -> ``session_unavailable``. A heartbeat that fails this way while the stored
   lease is still running leaves the session usable for this cycle (the offer pull
   then meets the same network on its own terms).
+
+A heartbeat whose response is lost after the cluster committed it leaves our stored
+``version`` one behind; the next heartbeat is then fenced (409) and a new session is
+registered, as the reference worker does (it fails the session closed on 409). A
+pending claim of the old session is abandoned by the pull coordinator.
+
+Cadence: ``pull`` runs from cron once a minute, so with the default 10 s interval every
+cron cycle heartbeats; ``pull --duration`` cycles faster than the interval do not.
 """
 
 from __future__ import annotations
@@ -254,8 +264,9 @@ class SessionKeeper:
             available_slots: 0..max_concurrent_runs; what the cluster may place here.
 
         Raises:
-            SessionError: ``credential_rejected``, ``invalid_response`` or
-                ``session_unavailable`` when no usable session exists afterwards.
+            SessionError: ``credential_rejected``, ``credentials_unavailable``,
+                ``invalid_response`` or ``session_unavailable`` when no usable session
+                exists afterwards.
         """
         slots = max(0, min(available_slots, self._max_runs))
         record = self.current()
@@ -269,7 +280,7 @@ class SessionKeeper:
                 if exc.code == "session_fenced":
                     self._store.clear_session_record()
                     return SessionOutcome(self._register(slots), "registered", replaced=True, detail=exc.code)
-                if exc.code in ("credential_rejected",):
+                if exc.code in ("credential_rejected", "credentials_unavailable", "invalid_configuration"):
                     raise
                 return SessionOutcome(record, "stale", detail=exc.code)
         replaced = record is not None or self._store.read_session_record() is not None
@@ -282,6 +293,8 @@ class SessionKeeper:
         try:
             response = self._transport.post_json(path, body, max_response_bytes=MAX_SESSION_RESPONSE_BYTES)
         except TransportError as exc:
+            if exc.code in ("credentials_unavailable", "invalid_configuration"):
+                raise SessionError(f"{operation}: {exc.message}", code=exc.code) from None
             if exc.http_status in (401, 403):
                 raise SessionError(
                     f"{operation}: the cluster rejected the worker credential (HTTP {exc.http_status})",
