@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from qinglong_edge.config import WorkerConfig
 from qinglong_edge.errors import SessionError
+from qinglong_edge.worker.ingress_http import DEFAULT_MAX_REQUEST_BYTES
 from qinglong_edge.worker.journal import Journal, JournalOptions
 from qinglong_edge.worker.pull import AbortSignal, PullCoordinator, PullResult, SessionAuthority
 from qinglong_edge.worker.session import SessionKeeper, SessionOutcome, local_capabilities
@@ -110,9 +111,13 @@ class _InterruptibleTransport:
         self._transport = transport
         self._abort = abort
 
-    def post_json(self, path: str, body: bytes, *, max_response_bytes: int) -> TransportResponse:
+    def post_json(
+        self, path: str, body: bytes, *, max_response_bytes: int, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    ) -> TransportResponse:
         with self._abort.interruptible():
-            return self._transport.post_json(path, body, max_response_bytes=max_response_bytes)
+            return self._transport.post_json(
+                path, body, max_response_bytes=max_response_bytes, max_request_bytes=max_request_bytes
+            )
 
 
 def run_pull(

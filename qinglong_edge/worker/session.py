@@ -52,6 +52,8 @@ from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.fields import exact_keys, safe_int, string
 from qinglong_edge.contracts.ids import HEX64, SESSION_ID, WORKER_ID, new_uuid7
 from qinglong_edge.contracts.session import (
+    MAX_REGISTER_REQUEST_BYTES,
+    MAX_SESSION_REQUEST_BYTES,
     MAX_SESSION_RESPONSE_BYTES,
     PROTOCOL_VERSION,
     SessionProjection,
@@ -95,7 +97,9 @@ LEASE_MARGIN_MS = 2000
 
 
 class _Transport(Protocol):
-    def post_json(self, path: str, body: bytes, *, max_response_bytes: int) -> Any: ...
+    def post_json(
+        self, path: str, body: bytes, *, max_response_bytes: int, max_request_bytes: int = ...
+    ) -> Any: ...
 
 
 class _SessionStore(Protocol):
@@ -290,8 +294,11 @@ class SessionKeeper:
 
     def _post(self, session_id: str, operation: str, body: bytes) -> bytes:
         path = session_path(self._worker_id, session_id, operation)
+        limit = MAX_REGISTER_REQUEST_BYTES if operation == "register" else MAX_SESSION_REQUEST_BYTES
         try:
-            response = self._transport.post_json(path, body, max_response_bytes=MAX_SESSION_RESPONSE_BYTES)
+            response = self._transport.post_json(
+                path, body, max_response_bytes=MAX_SESSION_RESPONSE_BYTES, max_request_bytes=limit
+            )
         except TransportError as exc:
             if exc.code in ("credentials_unavailable", "invalid_configuration"):
                 raise SessionError(f"{operation}: {exc.message}", code=exc.code) from None

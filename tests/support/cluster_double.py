@@ -347,10 +347,10 @@ def _garbage() -> bytes:
 
 def _rebind(server: TLSServer, port: int) -> None:
     """Listen on a fixed port instead of the kernel's choice (process mode, ``--port``)."""
-    server._listener.close()  # noqa: SLF001 - TLSServer binds port 0; the demo wants a fixed one
+    server._listener.close()  # TLSServer binds port 0; the demo wants a fixed one
     listener = socket.create_server(("127.0.0.1", port))
     listener.settimeout(0.2)
-    server._listener = listener  # noqa: SLF001
+    server._listener = listener
     server.port = port
 
 
@@ -392,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = ClusterDouble(worker_id=args.worker_id, credential_id=args.credential_id, tasks=kinds,
                             port=args.port, on_exchange=dump)
     files = cluster.provision(state_dir)
+    (state_dir / "agent").mkdir(mode=0o700, exist_ok=True)
     config = cluster.agent_config(state_dir / "agent", files)
     _write_atomically(state_dir / "agent-config.json", compact(config) + b"\n", 0o600)
     stop = threading.Event()
