@@ -27,10 +27,16 @@ from tests.support.cluster_double import ClusterDouble, Fault
 from tests.support.pull_env import PullEnv, kill, wait_stopped
 
 
-@pytest.fixture
-def cluster() -> Iterator[ClusterDouble]:
-    with ClusterDouble(tasks=("shell",)) as double:
+@pytest.fixture(scope="module")
+def shared_cluster() -> Iterator[ClusterDouble]:
+    with ClusterDouble() as double:
         yield double
+
+
+@pytest.fixture
+def cluster(shared_cluster: ClusterDouble) -> ClusterDouble:
+    shared_cluster.reset(tasks=("shell",))
+    return shared_cluster
 
 
 @pytest.fixture

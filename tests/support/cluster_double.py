@@ -170,15 +170,13 @@ class ClusterDouble:
     ) -> None:
         self.worker_id = worker_id
         self.credential_id = credential_id
-        self.state = ClusterState(os.urandom(32), clock_ms=clock_ms, lease_duration_ms=lease_duration_ms)
-        self.secret = encode_secret(os.urandom(32))
-        self.state.add_credential(credential_id, worker_id, self.secret)
-        for kind in tasks:
-            self.add_task(kind)
+        self._clock_ms = clock_ms
+        self._lease_duration_ms = lease_duration_ms
         self._faults: deque[Fault] = deque()
         self._exchanges: list[Exchange] = []
         self._cond = threading.Condition()
         self._on_exchange = on_exchange
+        self.reset(tasks)
         self.server = TLSServer(self._handle, identity="server", client_ca="client-ca")
         if port:
             _rebind(self.server, port)
@@ -212,6 +210,19 @@ class ClusterDouble:
         return f"ql3w_{self.credential_id}_{self.secret}"
 
     # -- scripting ---------------------------------------------------------------------------
+
+    def reset(self, tasks: Iterable[str] = ()) -> None:
+        """A fresh cluster behind the same server: new pepper, credential secret and state;
+        faults and the request log cleared (lets a test module share one TLS server)."""
+        with self._cond:
+            self.state = ClusterState(os.urandom(32), clock_ms=self._clock_ms,
+                                      lease_duration_ms=self._lease_duration_ms)
+            self.secret = encode_secret(os.urandom(32))
+            self.state.add_credential(self.credential_id, self.worker_id, self.secret)
+            self._faults.clear()
+            self._exchanges.clear()
+        for kind in tasks:
+            self.add_task(kind)
 
     def add_task(self, kind: str, **options: Any) -> Candidate:
         candidate = build_task(kind, now_ms=self.state.clock_ms(), **options)

@@ -13,12 +13,10 @@ import os
 import pathlib
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from qinglong_edge.contracts.credentials import encode_secret
 from qinglong_edge.contracts.journal_records import PendingClaim, parse_abandoned_record
 from qinglong_edge.contracts.offer import ClaimAuthority
 from qinglong_edge.errors import DeliveryError, TransportError
@@ -33,50 +31,10 @@ from qinglong_edge.worker.pull import (
 )
 from tests.support.cluster_state import ClusterState
 from tests.support.cluster_tasks import build_task
+from tests.support.direct_ingress import DirectIngress, Response
 
 WORKER = "edge-1"
-CREDENTIAL = "edge-1.primary"
 T0 = 1_700_000_000_000
-
-
-@dataclass
-class _Response:
-    body: bytes
-
-
-class DirectIngress:
-    """The cluster state called in-process, with TransportError for every non-200
-    (as the real transport reports it: status and Retry-After, never the body).
-
-    ``script`` holds per-call overrides: an exception to raise instead of calling the
-    cluster, or ``"commit_then_lose"`` to let the cluster commit and raise afterwards.
-    """
-
-    def __init__(self, state: ClusterState, secret: str) -> None:
-        self.state = state
-        self.authorization = f"Worker ql3w_{CREDENTIAL}_{secret}"
-        self.calls: list[tuple[str, bytes]] = []
-        self.script: list[BaseException | str] = []
-
-    def post_json(self, path: str, body: bytes, *, max_response_bytes: int) -> _Response:
-        self.calls.append((path, body))
-        step = self.script.pop(0) if self.script else None
-        if isinstance(step, BaseException):
-            raise step
-        headers = (("authorization", self.authorization), ("content-type", "application/json"),
-                   ("content-length", str(len(body))))
-        reply = self.state.handle("POST", path, headers, body)
-        if step == "commit_then_lose":
-            raise TransportError("response lost", code="request_rejected")
-        if reply.status != 200:
-            retry = dict(reply.headers).get("retry-after")
-            raise TransportError(f"HTTP {reply.status}", code="response_rejected", http_status=reply.status,
-                                 retry_after_ms=int(retry) * 1000 if retry else None)
-        assert len(reply.body) <= max_response_bytes
-        return _Response(reply.body)
-
-    def offer_calls(self) -> list[bytes]:
-        return [body for path, body in self.calls if path.endswith("/offers")]
 
 
 class Clock:
@@ -99,9 +57,7 @@ def state(clock: Clock) -> ClusterState:
 
 @pytest.fixture
 def ingress(state: ClusterState) -> DirectIngress:
-    secret = encode_secret(os.urandom(32))
-    state.add_credential(CREDENTIAL, WORKER, secret)
-    return DirectIngress(state, secret)
+    return DirectIngress(state, WORKER)
 
 
 @pytest.fixture
@@ -309,8 +265,8 @@ def test_contract_violation_is_invalid_response_with_the_claim_kept(
     coordinator, _ = _coordinator(journal, ingress, clock)
 
     class Garbage:
-        def post_json(self, path: str, body: bytes, *, max_response_bytes: int) -> _Response:
-            return _Response(b'{"schema":"qinglong/remote-execution-offer@v1","status":"busy"}')
+        def post_json(self, path: str, body: bytes, *, max_response_bytes: int) -> Response:
+            return Response(b'{"schema":"qinglong/remote-execution-offer@v1","status":"busy"}')
 
     coordinator._transport = Garbage()  # type: ignore[assignment]
     result = coordinator.pull(session)
