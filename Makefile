@@ -28,8 +28,11 @@ unit: $(STAMP)
 bench: $(STAMP)
 	@echo "make bench: no benchmarks are wired yet (issue 10)" >&2; exit 1
 
+# Every artefact into dist/, byte-reproducible from SOURCE_DATE_EPOCH (default: the
+# commit time of HEAD): the OpenWrt ipk, the tarball, the zipapp, the systemd units.
 dist: $(STAMP)
-	@echo "make dist: packaging is not built yet (issue 11)" >&2; exit 1
+	$(BIN)/python packaging/build.py --output dist
+	$(BIN)/python packaging/ipkcheck.py dist/qinglong-edge_*_all.ipk
 
 demo: $(STAMP)
 	@echo "make demo: the end-to-end demo is not built yet (issue 12)" >&2; exit 1

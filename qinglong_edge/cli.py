@@ -35,6 +35,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "offer",
     "inbox",
     "admin",
+    "config",
+    "serve",
     "pull",
 )
 

@@ -580,8 +580,11 @@ def _check_identity(conn: sqlite3.Connection, path: str) -> None:
         if application_id not in (0, APPLICATION_ID):
             raise StoreError(f"{path}: another application's SQLite database", code="database_foreign")
         if not _has_table(conn, "schema_migrations"):
+            # ``store_probe`` is ours: a concurrent first open may have probed (which
+            # creates it) before migrating, so it does not make the file foreign.
             user_tables = conn.execute(
-                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite%'"
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite%' "
+                "AND name <> 'store_probe'"
             ).fetchone()[0]
             if user_tables:
                 raise StoreError(

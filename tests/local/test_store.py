@@ -476,3 +476,24 @@ def test_concurrent_opens_migrate_exactly_once(tmp_path: pathlib.Path) -> None:
     finally:
         for opened in stores:
             opened.close()
+
+
+def test_file_probed_but_not_yet_migrated_is_ours(tmp_path: pathlib.Path) -> None:
+    """Regression: a second opener that looks between a first opener's write probe and its
+    first migration saw only ``store_probe`` and refused the file as ``database_foreign``."""
+    import sqlite3
+
+    from qinglong_edge.local.store import STORE_PROBE_DDL
+
+    path = tmp_path / "local.db"
+    conn = sqlite3.connect(path)
+    conn.execute(STORE_PROBE_DDL)
+    conn.commit()
+    conn.close()
+    path.chmod(0o600)
+    store = Store.open(str(path))
+    try:
+        versions = store.run(lambda c: [r[0] for r in c.execute("SELECT version FROM schema_migrations")])
+        assert versions == [m.version for m in schema.MIGRATIONS]
+    finally:
+        store.close()

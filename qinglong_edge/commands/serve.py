@@ -1,0 +1,151 @@
+"""``qinglong-edge serve``: the Local API (ADR-0372) in the foreground, for procd/systemd.
+
+Steps: load the configuration (its ``localApi`` section is required: exit 78 without
+it), check the pepper keyring directory, open the store (migrations run), bind the
+loopback listener (a port in use is exit 69), start the execution controller when the
+``execution`` section is present (see :func:`start_execution_controller`), serve.
+
+SIGTERM or SIGINT starts the drain (local-api.md 2.1): the listener closes, new
+requests get 503 ``server_draining``, requests in flight finish within the profile's
+drain timeout (edge 5 s, standalone 10 s). Then the controller stops and the store
+closes. Exit 0 after a clean drain, 75 when requests were still running at the
+timeout, 70 if the server's poll thread died.
+
+Progress goes to stderr (``qinglong-edge: ...`` lines, never a token or a body); with
+``--json`` one summary line is printed on stdout at exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from qinglong_edge.commands._output import print_json
+
+EX_OK = 0
+EX_SOFTWARE = 70
+EX_TEMPFAIL = 75
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+             common: argparse.ArgumentParser) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        parents=[common],
+        help="run the Local API (and the execution controller) until SIGTERM",
+        description="Serve the QingLong Local /api/v3 run API on the configured loopback listener; "
+        "SIGTERM/SIGINT drain in-flight requests and exit 0.",
+    )
+    parser.set_defaults(handler=_run)
+
+
+class IntentRelay:
+    """Forwards the API's intent notifications (``(operation_id, run_id)``) to the
+    execution controller once one is attached; until then they are dropped (the
+    controller also scans the database on its own interval)."""
+
+    def __init__(self) -> None:
+        self.target: Callable[[str, str], None] | None = None
+
+    def __call__(self, operation_id: str, run_id: str) -> None:
+        target = self.target
+        if target is not None:
+            target(operation_id, run_id)
+
+
+def start_execution_controller(config: Any, store: Any, relay: IntentRelay) -> Callable[[], None] | None:
+    """INTEGRATION POINT for the execution controller (issue 9, ``qinglong_edge.execution``).
+
+    Called once the store is open and before the listener accepts requests, only when
+    the configuration has an ``execution`` section. The integrator starts the controller
+    thread here (``config.execution``, ``store``), sets ``relay.target`` to the
+    controller's non-blocking wake-up so a new cancel intent or a new queued Run is
+    acted on at once, and returns a callable that stops the controller (called after
+    the HTTP drain, before the store closes). With branch issue-9-execution's API::
+
+        from qinglong_edge.execution.controller import ExecutionController
+        controller = ExecutionController(store, config.execution)
+        controller.start()
+        relay.target = controller.on_intent
+        return controller.stop
+
+    Returns:
+        The stop callable, or None when no controller runs.
+    """
+    if config.execution is None:
+        return None
+    _say("the execution section is configured but this build has no execution controller wired in; "
+         "Runs are accepted but not launched or stopped")
+    return None
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(f"qinglong-edge: {text}\n")
+    sys.stderr.flush()
+
+
+def _run(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+    import threading
+
+    from qinglong_edge.config import load_config
+    from qinglong_edge.errors import ConfigError, EdgeError
+    from qinglong_edge.local.api import LocalApi
+    from qinglong_edge.local.pepper import check_keyring_directory
+    from qinglong_edge.local.server import Server, ServerLimits
+    from qinglong_edge.local.store import Store
+
+    config = load_config(args.config)
+    local = config.local_api
+    if local is None:
+        raise ConfigError("the configuration has no localApi section", path="$.localApi")
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format="qinglong-edge: %(name)s: %(message)s")
+    check_keyring_directory(local.pepper_keyring_directory)
+    stop = threading.Event()
+    previous = {
+        signum: signal.signal(signum, lambda _signum, _frame: stop.set())
+        for signum in (signal.SIGTERM, signal.SIGINT)
+    }
+    store = Store.open(local.database_file, profile=config.profile, busy_timeout_ms=local.busy_timeout_ms)
+    stop_controller: Callable[[], None] | None = None
+    server: Server | None = None
+    clean = False
+    try:
+        relay = IntentRelay()
+        stop_controller = start_execution_controller(config, store, relay)
+        api = LocalApi(store, local.pepper_keyring_directory, on_intent=relay)
+        limits = ServerLimits.for_profile(config.profile)
+        try:
+            server = Server(api, host=local.listener.host, port=local.listener.port, limits=limits)
+        except OSError as exc:
+            raise EdgeError(
+                f"cannot listen on {local.listener.host}:{local.listener.port} ({exc.strerror})",
+                code="listener_unavailable",
+            ) from None
+        server.start()
+        _say(f"serving the Local API on {local.listener.host}:{server.address[1]} (profile {config.profile})")
+        while not stop.wait(1.0):
+            if not server.healthy:
+                _say("the server's poll thread stopped; exiting")
+                break
+        healthy = server.healthy
+        _say("draining")
+        clean = server.shutdown() and healthy
+        server = None
+    finally:
+        if server is not None:
+            server.shutdown(timeout=0)
+        if stop_controller is not None:
+            stop_controller()
+        store.close()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    status = EX_OK if clean else (EX_TEMPFAIL if stop.is_set() else EX_SOFTWARE)
+    _say("stopped" if clean else "stopped before every request finished")
+    if args.json:
+        print_json({"ok": clean, "drained": clean, "exitStatus": status})
+    return status

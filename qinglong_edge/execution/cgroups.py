@@ -1,0 +1,453 @@
+"""A cgroup per Run, so that processes which leave the process group still die with it.
+
+``setsid`` and double-fork escape ``kill(-pgid)`` (field-lessons.md 3); a cgroup does
+not: every descendant of a process inside it stays inside. Where the agent can create
+cgroups, each attempt gets ``<base>/qinglong-edge/<attemptId>`` in every usable hierarchy,
+where ``<base>`` is the agent's own cgroup when it may create children there (systemd
+``Delegate=yes``: the Runs then stay inside the service's ``TasksMax``/``MemoryMax``
+budget and its subtree), else the hierarchy's root (root on a router without systemd):
+
+* cgroup v2 (the unified hierarchy, ``/sys/fs/cgroup`` or ``/sys/fs/cgroup/unified`` in
+  hybrid mode): membership, ``cgroup.kill`` (Linux >= 5.14, atomic, catches a process that
+  is forking) or, before 5.14, ``cgroup.freeze``. No controller is needed or enabled.
+* cgroup v1 ``freezer``: freeze, SIGKILL every member, thaw (members cannot fork or
+  exit while frozen, so the pid list is stable while we signal it).
+* cgroup v1 ``pids``: membership and an optional ``pids.max`` cap for the Run.
+
+How a process gets in: the launcher starts the job through a tiny ``/bin/sh`` wrapper
+that writes its own pid (``$$``) into every ``cgroup.procs`` of :meth:`RunCgroup.procs_files`
+and only then ``exec``\\ s the command, so the job cannot fork before it is inside (see
+:mod:`qinglong_edge.execution.spawn`). We do not use ``preexec_fn``: it is not safe
+in a process that has threads (the HTTP pool, the store thread).
+
+We never touch a cgroup we did not create: every path is ``<base>/qinglong-edge/<name>``
+with ``name`` matching the Local API id grammar, and :meth:`CgroupManager.owned_names`
+lists only that directory. No controller is ever enabled (``cgroup.subtree_control`` is
+not written), so cgroup v2's "no internal processes" rule never applies to our parent.
+Detection (``execution.cgroups``: ``auto`` | ``off``) happens once, at controller start,
+by creating and removing a probe cgroup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import signal
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from qinglong_edge.errors import ExecutionError
+from qinglong_edge.execution.identity import read_proc_stat
+
+__all__ = [
+    "PARENT",
+    "CgroupManager",
+    "Hierarchy",
+    "RunCgroup",
+    "find_hierarchies",
+    "own_cgroups",
+    "signal_pids",
+]
+
+#: Every cgroup we create lives under this directory of each hierarchy.
+PARENT = "qinglong-edge"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+#: How long to wait for a freezer to report frozen before killing anyway (ms).
+_FREEZE_WAIT_MS = 1000
+_POLL_S = 0.005
+
+
+@dataclass(frozen=True, slots=True)
+class Hierarchy:
+    """One mounted cgroup hierarchy we may use.
+
+    Attributes:
+        kind: ``v2``, ``freezer`` (v1) or ``pids`` (v1).
+        mount: its mount point, e.g. ``/sys/fs/cgroup/unified``.
+        base: the cgroup directory that holds our ``qinglong-edge`` directory (the
+            mount point itself when empty).
+    """
+
+    kind: str
+    mount: str
+    base: str = ""
+
+    @property
+    def parent(self) -> str:
+        return os.path.join(self.base or self.mount, PARENT)
+
+
+def _unescape_mount(text: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo.
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+
+
+def find_hierarchies(mountinfo: str) -> list[Hierarchy]:
+    """The v2, v1 freezer and v1 pids mounts in a ``/proc/self/mountinfo`` text.
+
+    Only mounts of the hierarchy root (mountinfo field 4 is ``/``) are used: below a
+    bind-mounted sub-tree the paths in ``/proc/<pid>/cgroup`` would not line up.
+    The first mount of each kind wins.
+    """
+    found: dict[str, Hierarchy] = {}
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields = left.split()
+        tail = right.split()
+        if len(fields) < 5 or len(tail) < 3 or fields[3] != "/":
+            continue
+        mount = _unescape_mount(fields[4])
+        fstype, options = tail[0], set(tail[2].split(","))
+        if fstype == "cgroup2":
+            found.setdefault("v2", Hierarchy("v2", mount))
+        elif fstype == "cgroup":
+            for kind in ("freezer", "pids"):
+                if kind in options:
+                    found.setdefault(kind, Hierarchy(kind, mount))
+    return [found[k] for k in ("v2", "freezer", "pids") if k in found]
+
+
+def own_cgroups(text: str) -> dict[str, str]:
+    """The agent's cgroup path per hierarchy kind, from a ``/proc/self/cgroup`` text.
+
+    Lines are ``id:controllers:path``; v2 is ``0::/path``. Unparsable lines are skipped.
+    """
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3 or not parts[2].startswith("/"):
+            continue
+        controllers = set(parts[1].split(",")) if parts[1] else set()
+        if parts[0] == "0" and not controllers:
+            found.setdefault("v2", parts[2])
+        for kind in ("freezer", "pids"):
+            if kind in controllers:
+                found.setdefault(kind, parts[2])
+    return found
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="ascii") as handle:
+        return handle.read()
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode("ascii"))
+    finally:
+        os.close(fd)
+
+
+def _read_pids(path: str) -> set[int]:
+    try:
+        return {int(line) for line in _read(path).split()}
+    except FileNotFoundError:
+        return set()
+
+
+def _pidfd_open(pid: int) -> int | None:
+    """A pidfd for ``pid``; ``None`` if it is gone; -1 if pidfds are unsupported."""
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+    except (AttributeError, OSError):
+        return -1
+
+
+def signal_pids(
+    pids: Iterable[int], sig: int, still_member: Callable[[], set[int]]
+) -> int:
+    """Send ``sig`` to each pid that is still a member after a pidfd was opened for it.
+
+    A pid read from a membership list may exit and be recycled before we signal it.
+    So: open a pidfd for every listed pid first, re-read the membership, and signal
+    through the pidfd only the pids still listed. A pidfd names the process that held
+    the pid when it was opened; if that process is still alive and the pid is still a
+    member, it is that process; if it died, the signal fails with ESRCH (tolerated).
+    Without pidfd support (Linux < 5.3) plain ``kill`` is used after the re-read.
+
+    Returns:
+        the number of signals delivered.
+
+    Raises:
+        ExecutionError: ``signal_failed`` for an error other than ESRCH.
+    """
+    opened: dict[int, int] = {}
+    try:
+        for pid in pids:
+            fd = _pidfd_open(pid)
+            if fd is not None:
+                opened[pid] = fd
+        current = still_member()
+        sent = 0
+        for pid, fd in opened.items():
+            if pid not in current:
+                continue
+            try:
+                if fd >= 0:
+                    signal.pidfd_send_signal(fd, sig)
+                else:
+                    os.kill(pid, sig)
+                sent += 1
+            except ProcessLookupError:
+                continue
+            except OSError as exc:
+                raise ExecutionError(f"signal to a Run process failed: {exc.strerror}", code="signal_failed") from None
+        return sent
+    finally:
+        for fd in opened.values():
+            if fd >= 0:
+                os.close(fd)
+
+
+@dataclass
+class RunCgroup:
+    """The cgroup directories of one Run attempt, one per usable hierarchy.
+
+    Attributes:
+        name: the attempt id (the directory name under ``qinglong-edge/``).
+        paths: hierarchy kind -> directory.
+    """
+
+    name: str
+    paths: dict[str, str] = field(default_factory=dict)
+
+    def procs_files(self) -> list[str]:
+        """The ``cgroup.procs`` files the launched process must write its pid into."""
+        return [os.path.join(path, "cgroup.procs") for path in self.paths.values()]
+
+    def _membership_path(self) -> str:
+        for kind in ("v2", "freezer", "pids"):
+            if kind in self.paths:
+                return os.path.join(self.paths[kind], "cgroup.procs")
+        raise ExecutionError("cgroup has no hierarchy", code="provider_unavailable")
+
+    def members(self) -> set[int]:
+        """Pids of the processes in the Run's cgroup (v2 if present, else v1)."""
+        try:
+            return _read_pids(self._membership_path())
+        except OSError as exc:
+            raise ExecutionError(f"cgroup {self.name}: {exc.strerror}", code="provider_unavailable") from None
+
+    def signal_members(self, sig: int) -> int:
+        """Send ``sig`` to every member, race-free (see :func:`signal_pids`)."""
+        return signal_pids(self.members(), sig, self.members)
+
+    def kill(self) -> None:
+        """SIGKILL everything in the cgroup, including processes that are forking.
+
+        v2 ``cgroup.kill`` when present; else freeze (v2 ``cgroup.freeze`` or v1
+        freezer), SIGKILL every member, thaw; else SIGKILL each member (bounded by the
+        pids cap where there is one).
+
+        Raises:
+            ExecutionError: ``provider_unavailable`` / ``signal_failed``.
+        """
+        try:
+            v2 = self.paths.get("v2")
+            if v2 is not None and os.path.exists(os.path.join(v2, "cgroup.kill")):
+                _write(os.path.join(v2, "cgroup.kill"), "1")
+                return
+            if "freezer" in self.paths:
+                self._frozen_kill(
+                    os.path.join(self.paths["freezer"], "freezer.state"), "FROZEN", "THAWED",
+                    lambda: _read(os.path.join(self.paths["freezer"], "freezer.state")).strip() == "FROZEN",
+                )
+                return
+            if v2 is not None and os.path.exists(os.path.join(v2, "cgroup.freeze")):
+                self._frozen_kill(
+                    os.path.join(v2, "cgroup.freeze"), "1", "0",
+                    lambda: "frozen 1" in _read(os.path.join(v2, "cgroup.events")),
+                )
+                return
+            self.signal_members(signal.SIGKILL)
+        except OSError as exc:
+            raise ExecutionError(
+                f"cgroup {self.name}: kill failed: {exc.strerror}", code="provider_unavailable"
+            ) from None
+
+    def _frozen_kill(self, control: str, frozen: str, thawed: str, is_frozen: Callable[[], bool]) -> None:
+        _write(control, frozen)
+        try:
+            deadline = time.monotonic() + _FREEZE_WAIT_MS / 1000
+            while not is_frozen() and time.monotonic() < deadline:
+                time.sleep(_POLL_S)
+            # Frozen members can neither fork nor exit, so the list cannot change under us.
+            for pid in self.members():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        finally:
+            _write(control, thawed)  # SIGKILL takes effect as the tasks thaw
+
+    def live_members(self) -> set[int]:
+        """Members that are not zombies (a zombie holds no resources but its pid)."""
+        alive = set()
+        for pid in self.members():
+            try:
+                stat = read_proc_stat(pid)
+            except ExecutionError:
+                alive.add(pid)
+                continue
+            if stat is not None and not stat.exited:
+                alive.add(pid)
+        return alive
+
+    def remove(self) -> bool:
+        """Remove the (empty) directories; True when none is left.
+
+        A directory that still holds processes (EBUSY) is kept; it is swept later.
+        """
+        left = False
+        for path in self.paths.values():
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                continue
+            except OSError:
+                left = True
+        return not left
+
+
+def _probe(parent: str) -> bool:
+    """Can we create (and remove) a cgroup in ``parent``, creating ``parent`` if needed?"""
+    probe = os.path.join(parent, f".probe-{secrets.token_hex(4)}")
+    try:
+        os.makedirs(parent, mode=0o755, exist_ok=True)
+        os.mkdir(probe)
+    except OSError:
+        return False
+    with contextlib.suppress(OSError):
+        os.rmdir(probe)
+    return True
+
+
+class CgroupManager:
+    """Creates and finds the per-Run cgroups (see the module docstring).
+
+    Build it with :meth:`detect`; :attr:`available` is False when ``mode`` is ``off``
+    or no hierarchy is writable, and then :meth:`create` returns ``None``.
+
+    Attributes:
+        hierarchies: the usable hierarchies, v2 first.
+        reason: why cgroups are not used, when they are not.
+        pids_max: per-Run ``pids.max`` on the v1 pids hierarchy (``None``: no cap).
+    """
+
+    def __init__(self, hierarchies: list[Hierarchy], *, reason: str = "", pids_max: int | None = None) -> None:
+        self.hierarchies = hierarchies
+        self.reason = reason
+        self.pids_max = pids_max
+
+    @property
+    def available(self) -> bool:
+        return bool(self.hierarchies)
+
+    @classmethod
+    def detect(
+        cls,
+        mode: str = "auto",
+        *,
+        mountinfo_path: str = "/proc/self/mountinfo",
+        self_cgroup_path: str = "/proc/self/cgroup",
+        pids_max: int | None = None,
+    ) -> CgroupManager:
+        """Find the hierarchies where we can create and remove a probe cgroup.
+
+        Per hierarchy the agent's own cgroup is tried first, then the hierarchy root.
+        Never raises: any failure leaves that hierarchy out (and all out for ``off``).
+        """
+        if mode == "off":
+            return cls([], reason="disabled by configuration (execution.cgroups=off)")
+        try:
+            mountinfo = _read(mountinfo_path)
+        except OSError:
+            return cls([], reason="mountinfo is unreadable")
+        try:
+            own = own_cgroups(_read(self_cgroup_path))
+        except OSError:
+            own = {}
+        usable = []
+        for hierarchy in find_hierarchies(mountinfo):
+            bases = []
+            relative = own.get(hierarchy.kind, "/").strip("/")
+            if relative and ".." not in relative.split("/"):
+                bases.append(os.path.join(hierarchy.mount, relative))
+            bases.append(hierarchy.mount)
+            for base in bases:
+                candidate = Hierarchy(hierarchy.kind, hierarchy.mount, base)
+                if _probe(candidate.parent):
+                    usable.append(candidate)
+                    break
+        if not usable:
+            return cls([], reason="no writable cgroup hierarchy")
+        return cls(usable, pids_max=pids_max)
+
+    def _check_name(self, name: str) -> None:
+        if not _NAME.fullmatch(name):
+            raise ExecutionError("cgroup name is not a valid id", code="invalid_input")
+
+    def create(self, name: str) -> RunCgroup | None:
+        """Create ``qinglong-edge/<name>`` in every usable hierarchy.
+
+        An existing *empty* directory of that name (left by a launch that crashed before
+        starting the process) is reused.
+
+        Raises:
+            ExecutionError: ``cgroup_unavailable`` when a directory cannot be created or
+                already holds processes (nothing created is left behind).
+        """
+        if not self.available:
+            return None
+        self._check_name(name)
+        group = RunCgroup(name)
+        try:
+            for hierarchy in self.hierarchies:
+                path = os.path.join(hierarchy.parent, name)
+                try:
+                    os.mkdir(path, 0o755)
+                except FileExistsError:
+                    if _read_pids(os.path.join(path, "cgroup.procs")):
+                        raise ExecutionError(
+                            f"cgroup {name} already holds processes", code="cgroup_unavailable"
+                        ) from None
+                group.paths[hierarchy.kind] = path
+                if hierarchy.kind == "pids" and self.pids_max is not None:
+                    _write(os.path.join(path, "pids.max"), str(self.pids_max))
+        except OSError as exc:
+            group.remove()
+            raise ExecutionError(f"cgroup {name}: {exc.strerror}", code="cgroup_unavailable") from None
+        except ExecutionError:
+            group.remove()
+            raise
+        return group
+
+    def open(self, name: str) -> RunCgroup | None:
+        """The existing cgroup of ``name`` (after a restart), or ``None`` if it has none."""
+        if not self.available or not _NAME.fullmatch(name):
+            return None
+        group = RunCgroup(name)
+        for hierarchy in self.hierarchies:
+            path = os.path.join(hierarchy.parent, name)
+            if os.path.isdir(path):
+                group.paths[hierarchy.kind] = path
+        return group if group.paths else None
+
+    def owned_names(self) -> set[str]:
+        """Names of the cgroups under ``qinglong-edge/`` in any usable hierarchy."""
+        names: set[str] = set()
+        for hierarchy in self.hierarchies:
+            try:
+                entries = os.listdir(hierarchy.parent)
+            except OSError:
+                continue
+            names.update(
+                e for e in entries if _NAME.fullmatch(e) and os.path.isdir(os.path.join(hierarchy.parent, e))
+            )
+        return names

@@ -1,0 +1,579 @@
+"""The execution controller: ONE thread that turns durable intents into verified stops.
+
+ADR-0372 decision 6: the HTTP route only writes the intent; this thread alone holds
+process authority. Public API (``serve`` builds one and calls these)::
+
+    controller = ExecutionController(store, config.execution)
+    controller.start()          # recovery, then the loop, on its own thread
+    api = LocalApi(store, ..., on_intent=controller.on_intent)   # the HTTP hook (issue 8)
+    controller.notify()         # the same wake-up, for any other caller; any thread
+    controller.stop()           # serve drain: stop the Runs (reason shutdown), join
+    store.close()               # only after stop(): the drain writes terminal states
+
+``stop()`` waits :attr:`ExecutionController.stop_timeout_s` by default (both graces plus
+2 s: the drain stops every Run concurrently, so one grace period in all).
+
+The thread wakes on :meth:`notify` (a self-pipe), on any Run's output or exit (its log FIFO
+and pidfd are in the same ``selectors`` set), at the nearest deadline, and at least every
+``execution.controlIntervalMs``. Each pass:
+
+1. Candidates of local-api.md 7.1 (cancellation intents and due deadlines; see
+   :func:`~qinglong_edge.execution.transitions.list_candidates`). Per candidate, 7.2: a
+   deadline first writes its ``timeout`` intent; then **completion first** (our child
+   already exited: the completion path records its exit code; with an intent the Run still
+   reads ``cancelled``/``timed_out``, 7.2 step 1); then the stop
+   (:func:`~qinglong_edge.execution.process.stop`, output drained meanwhile); then
+   ``mark_terminal`` once the stop is conclusive. If the stop found the process already
+   gone without signalling (``already_exited``) and it is our child, its natural exit wins
+   and goes through the completion path. A ``claimed`` attempt (queued Run) needs no stop.
+   A stop that is not conclusive is retried after one control interval.
+2. Completions of the other Runs: our children by ``waitid(WNOWAIT)`` (the leader stays an
+   unreaped zombie, pinning its group number, until leftovers of its group and cgroup are
+   stopped); adopted processes by identity (exit status unknown: ``lost``).
+3. Launches while fewer than ``execution.maxConcurrentRuns`` Runs are active.
+
+Restart recovery (first thing on the thread): every active attempt is reloaded. One with a
+handle whose identity still runs is adopted (the pass stops it if its Run has an intent);
+one whose process is gone is reconciled: ``cancelled``/``timed_out`` if it has an intent,
+else ``lost`` (``RECOVERY_PROCESS_NOT_RUNNING``: its exit status died with the previous
+agent); a pid now owned by another process is never signalled (the identity differs). An
+attempt ``starting`` without a handle never ran its job (start barrier) and becomes
+``lost`` (``RECOVERY_UNSTARTED_LAUNCH``) or ``cancelled``. A cgroup ``qinglong-edge/<id>``
+whose ``<id>`` is an attempt of *this* database that is no longer active (leftovers of a
+crash) is emptied and removed; cgroups named after anything else (another agent's
+database, an operator's) are never touched. FIFOs in the log directory of no active
+attempt are removed.
+
+Shutdown (:meth:`stop`): decision for the drain that 7.2 mentions: the Runs this agent is
+running are stopped, not left behind. Each active Run gets a ``shutdown`` intent (an
+existing intent is kept), all are stopped concurrently (one short-lived thread each, so the
+drain takes one grace period, not one per Run), and each is marked terminal
+(``cancelled``, reason ``shutdown``). Queued Runs stay queued for the next start. A Run the
+drain cannot finish within ``timeout_s`` keeps its intent; the next start converges it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import selectors
+import threading
+import time
+from collections.abc import Callable
+
+from qinglong_edge.config import ExecutionConfig
+from qinglong_edge.contracts.ids import new_uuid4
+from qinglong_edge.errors import EdgeError, StoreError
+from qinglong_edge.execution.cgroups import CgroupManager, RunCgroup
+from qinglong_edge.execution.identity import decode_handle, inspect
+from qinglong_edge.execution.launcher import ActiveRun, Launcher, open_pidfd
+from qinglong_edge.execution.logs import LogSink
+from qinglong_edge.execution.process import StopResult, stop
+from qinglong_edge.execution.transitions import (
+    MAX_PAGE,
+    Candidate,
+    Snapshot,
+    finished_attempts,
+    list_active,
+    list_candidates,
+    load_snapshot,
+    mark_lost,
+    mark_terminal,
+    record_completion,
+    request_control_cancellation,
+)
+from qinglong_edge.local.store import Store, now_ms
+
+__all__ = ["ExecutionController"]
+
+_log = logging.getLogger("qinglong_edge.execution")
+#: Candidate pages read per pass (7.1 pages of 64; lifecycle ``maxDrainPages`` <= 16).
+_MAX_PAGES = 16
+
+
+class ExecutionController:
+    """Launches queued Runs and converges cancel intents and deadlines into verified stops.
+
+    Args:
+        store: the opened Local store (shared with the HTTP server).
+        config: ``config.execution`` (grace periods, interval, log directory and cap,
+            concurrency, ``cgroups`` auto|off).
+        clock: wall clock in ms for stored times (default: the store's).
+        cgroups: a prepared :class:`CgroupManager` (default: detected at :meth:`start`).
+        poll_ms: observation interval during a stop (local-api.md 7.3: 25 ms).
+        work_directory: default working directory (and ``HOME``) of jobs whose task has
+            none (default: ``work`` beside the log directory, normally
+            ``<stateDirectory>/work``, created 0700 at :meth:`start`).
+        pids_max: per-Run ``pids.max`` where the v1 pids controller is used (None: no cap).
+
+    Creating it opens a self-pipe and a selector, nothing else; :meth:`start` creates the
+    directories and starts the thread.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        config: ExecutionConfig,
+        *,
+        clock: Callable[[], int] = now_ms,
+        cgroups: CgroupManager | None = None,
+        poll_ms: int = 25,
+        work_directory: str | None = None,
+        pids_max: int | None = None,
+        new_id: Callable[[], str] = new_uuid4,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self.poll_ms = min(poll_ms, config.terminate_grace_ms, config.kill_grace_ms)
+        self.work_directory = work_directory or os.path.join(
+            os.path.dirname(os.path.normpath(config.log_directory)), "work"
+        )
+        self.new_id = new_id
+        self._cgroups = cgroups
+        self._pids_max = pids_max
+        self._active: dict[str, ActiveRun] = {}
+        self._retry_at: dict[str, float] = {}
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wake_lock = threading.Lock()
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._stopping = threading.Event()
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._woken = False
+        self._launcher: Launcher | None = None
+        self._recovered = False
+        #: Completed passes (for tests and diagnostics).
+        self.passes = 0
+
+    # -- public API ---------------------------------------------------------------------
+
+    @property
+    def cgroups(self) -> CgroupManager:
+        if self._cgroups is None:
+            self._cgroups = CgroupManager.detect(self.config.cgroups, pids_max=self._pids_max)
+        return self._cgroups
+
+    def start(self) -> None:
+        """Detect cgroups, create the log and work directories, start the thread (recovery
+        runs on it).
+
+        Raises:
+            EdgeError: ``log_unavailable`` when a directory cannot be created.
+        """
+        if self._thread is not None:
+            return
+        for directory in (self.config.log_directory, self.work_directory):
+            try:
+                os.makedirs(directory, mode=0o700, exist_ok=True)
+            except OSError as exc:
+                raise EdgeError(f"{directory}: {exc.strerror}", code="log_unavailable") from None
+        if not self.cgroups.available:
+            _log.warning("per-Run cgroups are not used: %s", self.cgroups.reason)
+        self._launcher = Launcher(
+            self.store, cgroups=self.cgroups, log_directory=self.config.log_directory,
+            max_log_bytes=self.config.max_log_bytes, work_directory=self.work_directory, clock=self.clock,
+            new_id=self.new_id,
+        )
+        self._thread = threading.Thread(target=self._main, name="qinglong-edge-execution", daemon=True)
+        self._thread.start()
+
+    def notify(self) -> None:
+        """Wake the thread now (a cancel intent or a new Run committed). Never blocks."""
+        with self._wake_lock:
+            if self._wake_w < 0:
+                return
+            with contextlib.suppress(BlockingIOError, OSError):
+                os.write(self._wake_w, b"\0")
+
+    def on_intent(self, operation: str, run_id: str) -> None:
+        """The Local API's intent hook (``("run.cancel" | "task.start", runId)``): wake up.
+
+        The Run id is not needed: the thread re-reads every durable intent (level
+        triggered, field-lessons.md 2), so a lost wake-up only costs one control interval.
+        """
+        self.notify()
+
+    def wait_ready(self, timeout_s: float | None = None) -> bool:
+        """Wait until restart recovery has finished; True if it has."""
+        return self._ready.wait(timeout_s)
+
+    @property
+    def stop_timeout_s(self) -> float:
+        """A ``stop`` timeout that lets the drain finish: both graces plus 2 s (seconds)."""
+        return (self.config.terminate_grace_ms + self.config.kill_grace_ms) / 1000 + 2.0
+
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Drain (module docstring) and join the thread; True if it finished in time.
+
+        Args:
+            timeout_s: how long to wait (default :attr:`stop_timeout_s`).
+        """
+        if timeout_s is None:
+            timeout_s = self.stop_timeout_s
+        self._stopping.set()
+        self.notify()
+        thread = self._thread
+        if thread is None:
+            return True
+        thread.join(timeout_s)
+        return not thread.is_alive()
+
+    @property
+    def active_attempts(self) -> list[str]:
+        """Attempt ids whose processes this controller currently owns (a snapshot)."""
+        return list(self._active)
+
+    # -- the thread ---------------------------------------------------------------------
+
+    def _main(self) -> None:
+        try:
+            self._recover()
+        except Exception:  # noqa: BLE001 - the loop must run even if recovery could not finish
+            _log.exception("restart recovery failed; the control loop retries it")
+        self._ready.set()
+        while not self._stopping.is_set():
+            self._pump(self._next_timeout(), until_woken=True)
+            if self._stopping.is_set():
+                break
+            self._woken = False
+            try:
+                self._pass()
+            except StoreError as exc:
+                _log.warning("execution control pass failed: %s", exc.code)
+            except Exception:  # noqa: BLE001 - this thread must never die; the next pass retries
+                _log.exception("execution control pass failed")
+            self.passes += 1
+        try:
+            self._drain()
+        except Exception:  # noqa: BLE001 - still close what we hold
+            _log.exception("shutdown drain failed")
+        finally:
+            for active in list(self._active.values()):
+                active.close()
+            self._selector.close()
+            with self._wake_lock:
+                os.close(self._wake_w)
+                os.close(self._wake_r)
+                self._wake_w = self._wake_r = -1
+
+    def _next_timeout(self) -> float:
+        if self._woken:
+            return 0.0
+        timeout = self.config.control_interval_ms / 1000
+        now = self.clock()
+        for active in self._active.values():
+            if active.deadline_at_ms is not None:
+                timeout = min(timeout, max(0.0, (active.deadline_at_ms - now) / 1000))
+        return timeout
+
+    def _pump(self, seconds: float, *, until_woken: bool = False) -> None:
+        """Wait ``seconds``, draining Run output meanwhile; notifications and process exits
+        are remembered (``_woken``). With ``until_woken`` (the main loop) they end the wait
+        early; otherwise (the ``wait`` of a stop) the full time is waited.
+        """
+        deadline = time.monotonic() + seconds
+        while True:
+            remaining = deadline - time.monotonic()
+            for key, _ in self._selector.select(max(remaining, 0.0)):
+                if key.data is None:
+                    with contextlib.suppress(BlockingIOError, OSError):
+                        while os.read(self._wake_r, 512):
+                            pass
+                    self._woken = True
+                elif isinstance(key.data, LogSink):
+                    if not key.data.drain():
+                        self._selector.unregister(key.fd)
+                else:  # a pidfd: that process exited
+                    self._selector.unregister(key.fd)
+                    self._woken = True
+            if (until_woken and self._woken) or remaining <= 0:
+                return
+
+    def _track(self, active: ActiveRun) -> None:
+        self._active[active.attempt_id] = active
+        if active.log is not None and not active.log.closed:
+            self._selector.register(active.log.fd, selectors.EVENT_READ, active.log)
+        if active.pidfd >= 0:
+            self._selector.register(active.pidfd, selectors.EVENT_READ, active.attempt_id)
+
+    def _forget(self, active: ActiveRun) -> None:
+        for fd in (active.pidfd, active.log.fd if active.log is not None else -1):
+            if fd >= 0:
+                with contextlib.suppress(KeyError, ValueError):
+                    self._selector.unregister(fd)
+        self._active.pop(active.attempt_id, None)
+        self._retry_at.pop(active.attempt_id, None)
+
+    def _stop(self, handle: str, cgroup: RunCgroup | None) -> StopResult:
+        return stop(
+            handle, cgroup, terminate_grace_ms=self.config.terminate_grace_ms,
+            kill_grace_ms=self.config.kill_grace_ms, poll_ms=self.poll_ms, wait=self._pump,
+        )
+
+    # -- one pass -----------------------------------------------------------------------
+
+    def _pass(self) -> None:
+        if not self._recovered:
+            self._recover()
+        now = self.clock()
+        after: tuple[int, str, str] | None = None
+        for _ in range(_MAX_PAGES):
+            candidates = self.store.run(lambda c, a=after: list_candidates(c, now, after=a))  # type: ignore[misc]
+            for candidate in candidates:
+                if self._stopping.is_set():
+                    return
+                if self._retry_at.get(candidate.attempt_id, 0.0) > time.monotonic():
+                    continue
+                self._control(candidate)
+            if len(candidates) < MAX_PAGE:
+                break
+            last = candidates[-1]
+            after = (last.due_at_ms, last.kind, last.attempt_id)
+        for active in list(self._active.values()):
+            self._check_exit(active)
+        launcher = self._launcher
+        if launcher is not None and launcher.unrecorded:
+            launcher.retry_unrecorded()
+        while launcher is not None and len(self._active) < self.config.max_concurrent_runs:
+            if self._stopping.is_set():
+                return
+            result = launcher.launch_next()
+            if result is None:
+                break
+            if result.active is not None:
+                self._track(result.active)
+
+    def _control(self, candidate: Candidate) -> None:
+        """local-api.md 7.2 for one candidate.
+
+        A deadline first checks for a completion (a job that exited just before its
+        deadline was noticed ended by itself), then writes its ``timeout`` intent.
+        """
+        active = self._active.get(candidate.attempt_id)
+        if candidate.kind == "deadline":
+            if active is not None and active.exit_code() is not None:
+                self._complete(active)
+                return
+            requested = self.store.run(lambda c: request_control_cancellation(
+                c, candidate.run_id, candidate.attempt_id, reason="timeout", requested_at_ms=candidate.due_at_ms,
+                require_deadline=True, new_id=self.new_id,
+            ))
+            if not requested:
+                return
+        if active is not None and active.exit_code() is not None:
+            self._complete(active)  # completion first
+            return
+        snap = self.store.run(lambda c: load_snapshot(c, candidate.run_id, candidate.attempt_id))
+        if snap is None or not snap.controllable or snap.run.cancel_reason is None:
+            return  # stale
+        reason = snap.run.cancel_reason
+        handle = snap.attempt.executor_handle
+        if snap.attempt.status == "claimed" or (handle is None and active is None):
+            # Never launched (queued), or a launch interrupted before its handle: the
+            # start barrier guarantees its job never ran.
+            self._discard_orphan_cgroup(snap.attempt.id)
+            self.store.run(lambda c: mark_terminal(c, snap, reason=reason, now_ms=self.clock(), new_id=self.new_id))
+            return
+        if handle is None:
+            return  # remaining
+        cgroup = active.cgroup if active is not None else self.cgroups.open(snap.attempt.id)
+        result = self._stop(handle, cgroup)
+        _log.info("run %s: stop (%s): %s %s", snap.run.id, reason, result.status, result.signal or result.reason or "")
+        if active is not None and result.status == "already_exited" and active.exit_code() is not None:
+            self._complete(active)  # nothing was signalled: the natural exit wins
+            return
+        if not result.conclusive:
+            self._retry_at[snap.attempt.id] = time.monotonic() + self.config.control_interval_ms / 1000
+            return
+        exit_code = active.exit_code() if active is not None else None
+        done = self.store.run(lambda c: mark_terminal(
+            c, snap, reason=reason, now_ms=self.clock(), exit_code=exit_code, new_id=self.new_id,
+        ))
+        if done:
+            self._finish(active, snap.attempt.id)
+
+    def _check_exit(self, active: ActiveRun) -> None:
+        if active.process is not None:
+            if active.exit_code() is not None:
+                self._complete(active)
+            return
+        if inspect(active.handle).status == "not_running":
+            self._reconcile_gone(active)
+
+    def _complete(self, active: ActiveRun) -> None:
+        """Our child exited by itself: stop leftovers, then the completion path."""
+        code = active.exit_code()
+        if code is None:
+            return
+        if active.exited_at_ms is None:
+            active.exited_at_ms = self.clock()
+        leftovers = self._stop(active.handle, active.cgroup)
+        if leftovers.status == "stopped":
+            _log.info("run %s: stopped leftover processes after the leader exited", active.run_id)
+        status = self.store.run(lambda c: record_completion(
+            c, active.run_id, active.attempt_id, exit_code=code, finished_at_ms=active.exited_at_ms or 0,
+            now_ms=self.clock(), new_id=self.new_id,
+        ))
+        _log.info("run %s: exited with %d: %s", active.run_id, code, status or "already recorded")
+        self._finish(active, active.attempt_id)
+
+    def _reconcile_gone(self, active: ActiveRun) -> None:
+        """An adopted process is gone: exit status unknown."""
+        self._stop(active.handle, active.cgroup)  # leftovers in the cgroup, if any
+        snap = self.store.run(lambda c: load_snapshot(c, active.run_id, active.attempt_id))
+        if snap is not None and snap.controllable and snap.run.cancel_requested_at_ms is not None:
+            return  # the candidate pass terminalises it (stop -> already_exited)
+        if snap is not None and snap.controllable:
+            self.store.run(lambda c: mark_lost(c, snap, why="process_not_running", actor_id="local-execution-control",
+                                               now_ms=self.clock(), new_id=self.new_id))
+        self._finish(active, active.attempt_id)
+
+    def _finish(self, active: ActiveRun | None, attempt_id: str) -> None:
+        """After the Run is terminal: last output, reap, close, remove FIFO and cgroup."""
+        if active is None:
+            self._discard_orphan_cgroup(attempt_id)
+            return
+        self._forget(active)
+        if active.log is not None:
+            active.log.drain(budget=active.log.max_bytes + 65536)
+            active.log.remove_fifo()
+        active.reap()
+        active.close()
+        if active.cgroup is not None and not active.cgroup.remove():
+            _log.warning("run %s: its cgroup is not empty yet; it is swept at the next start", active.run_id)
+
+    def _discard_orphan_cgroup(self, attempt_id: str) -> None:
+        cgroup = self.cgroups.open(attempt_id)
+        if cgroup is not None:
+            with contextlib.suppress(EdgeError):
+                cgroup.kill()
+            deadline = time.monotonic() + self.config.kill_grace_ms / 1000
+            while not cgroup.remove() and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+    # -- restart recovery ---------------------------------------------------------------
+
+    def _recover(self) -> None:
+        """Restart recovery (module docstring); repeated by later passes until complete."""
+        snaps = self.store.run(list_active)
+        complete = True
+        for snap in snaps:
+            if snap.attempt.id in self._active:
+                continue
+            try:
+                self._recover_one(snap)
+            except EdgeError as exc:
+                complete = False
+                _log.warning("run %s: recovery deferred: %s", snap.run.id, exc.code)
+        active_ids = {s.attempt.id for s in snaps} | set(self._active)
+        leftover = sorted(self.cgroups.owned_names() - active_ids)
+        for name in self.store.run(lambda c: finished_attempts(c, leftover)):
+            self._discard_orphan_cgroup(name)
+        self._sweep_fifos()
+        self._recovered = complete
+
+    def _recover_one(self, snap: Snapshot) -> None:
+        attempt = snap.attempt
+        handle = attempt.executor_handle
+        reason = snap.run.cancel_reason
+        if handle is None:
+            self._discard_orphan_cgroup(attempt.id)
+            if reason is not None:
+                self.store.run(lambda c: mark_terminal(c, snap, reason=reason, now_ms=self.clock(),
+                                                       new_id=self.new_id))
+            else:
+                self.store.run(lambda c: mark_lost(c, snap, why="unstarted_launch", actor_id="local-startup",
+                                                   now_ms=self.clock(), new_id=self.new_id))
+            return
+        status = inspect(handle)
+        if status.status == "unknown":
+            raise EdgeError(f"identity unavailable ({status.reason})", code="provider_unavailable")
+        cgroup = self.cgroups.open(attempt.id)
+        log = self._reopen_log(attempt.log_artifact_id)
+        if status.status == "running":
+            identity = decode_handle(handle).identity
+            adopted = ActiveRun(snap.run.id, attempt.id, handle, identity, None, cgroup, log, attempt.deadline_at_ms,
+                                pidfd=open_pidfd(identity.pid))
+            self._track(adopted)
+            _log.info("run %s: adopted pid %d after restart", snap.run.id, identity.pid)
+            return
+        # Gone (or the pid belongs to someone else now): never signal it; empty our cgroup.
+        self._stop(handle, cgroup)
+        if reason is not None:
+            done = self.store.run(lambda c: mark_terminal(c, snap, reason=reason, now_ms=self.clock(),
+                                                          new_id=self.new_id))
+        else:
+            done = self.store.run(lambda c: mark_lost(c, snap, why="process_not_running", actor_id="local-startup",
+                                                      now_ms=self.clock(), new_id=self.new_id))
+        if done and log is not None:
+            log.drain()
+            log.close()
+            log.remove_fifo()
+        if cgroup is not None:
+            cgroup.remove()
+
+    def _reopen_log(self, log_artifact_id: str | None) -> LogSink | None:
+        if log_artifact_id is None:
+            return None
+        fifo = os.path.join(self.config.log_directory, log_artifact_id + ".fifo")
+        if not os.path.exists(fifo):
+            return None
+        try:
+            return LogSink(fifo, os.path.join(self.config.log_directory, log_artifact_id + ".log"),
+                           self.config.max_log_bytes)
+        except EdgeError:
+            return None
+
+    def _sweep_fifos(self) -> None:
+        keep = {a.log.fifo_path for a in self._active.values() if a.log is not None}
+        try:
+            names = os.listdir(self.config.log_directory)
+        except OSError:
+            return
+        for name in names:
+            path = os.path.join(self.config.log_directory, name)
+            if name.endswith(".fifo") and path not in keep:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+
+    # -- shutdown drain -----------------------------------------------------------------
+
+    def _drain(self) -> None:
+        for active in list(self._active.values()):
+            if active.exit_code() is not None:
+                self._complete(active)
+        work: list[tuple[ActiveRun, Snapshot, str]] = []
+        for active in list(self._active.values()):
+            self.store.run(lambda c, a=active: request_control_cancellation(  # type: ignore[misc]
+                c, a.run_id, a.attempt_id, reason="shutdown", requested_at_ms=self.clock(),
+                require_deadline=False, new_id=self.new_id,
+            ))
+            snap = self.store.run(lambda c, a=active: load_snapshot(c, a.run_id, a.attempt_id))  # type: ignore[misc]
+            if snap is not None and snap.controllable and snap.run.cancel_reason is not None:
+                work.append((active, snap, snap.run.cancel_reason))
+        results: dict[str, StopResult] = {}
+
+        def stop_one(active: ActiveRun) -> None:
+            results[active.attempt_id] = stop(
+                active.handle, active.cgroup, terminate_grace_ms=self.config.terminate_grace_ms,
+                kill_grace_ms=self.config.kill_grace_ms, poll_ms=self.poll_ms,
+            )
+
+        threads = [threading.Thread(target=stop_one, args=(a,), name="qinglong-edge-drain") for a, _, _ in work]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for active, snap, reason in work:
+            result = results.get(active.attempt_id)
+            if result is None or not result.conclusive:
+                _log.warning("run %s: not stopped at shutdown (%s)", active.run_id, result)
+                continue
+            exit_code = active.exit_code()
+            if self.store.run(lambda c, s=snap, r=reason, e=exit_code: mark_terminal(  # type: ignore[misc]
+                c, s, reason=r, now_ms=self.clock(), exit_code=e, new_id=self.new_id,
+            )):
+                self._finish(active, active.attempt_id)

@@ -1,0 +1,286 @@
+"""The Local API application: route, admit, body, handler (local-api.md 2.2, 6, 9, 9.5).
+
+:class:`LocalApi` is the callable :class:`qinglong_edge.local.server.Server` runs on a
+worker thread for every request:
+
+1. :func:`qinglong_edge.local.routes.resolve`: 404 ``route_not_found`` / 400 query
+   codes, before authentication and never audited;
+2. :meth:`qinglong_edge.local.admission.Admission.admit`: 401 / 403 / 503, audited;
+3. the body: GET routes answer a body with 400 ``invalid_request_body`` (after the
+   ``allowed`` audit row, never parsed); POST routes run
+   :func:`qinglong_edge.local.admission.read_json_body`;
+4. the handler: the run readers, the cancellation transaction or task.start, through
+   the store queue; bodies built by :mod:`qinglong_edge.contracts.cancellation`.
+
+Error bodies per route (section 1.3, 9, 9.5):
+
+==============  =====================  ============================================
+route           404                    409 / 503
+==============  =====================  ============================================
+run.get/events  ``run_not_found``      503 ``run_query_unavailable`` / ``run_event_list_unavailable``
+run.steps.list  ``run_not_found``      503 ``run_step_list_unavailable``
+run.list        -                      503 ``run_list_unavailable``
+run.cancel      ``run_not_found``      409 ``run_cancellation_fence_rejected`` + reason;
+                                       503 ``run_cancellation_unavailable``
+task.start      ``task_not_found``     409 ``task_start_fence_rejected`` + reason;
+                                       503 ``task_start_unavailable``
+==============  =====================  ============================================
+
+A ``run.get`` body includes ``latestAttempt`` (the later reference, 57953ec8; the store's
+default).
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from qinglong_edge.contracts.cancellation import (
+    RUN_CANCELLATION_SCHEMA,
+    TASK_START_SCHEMA,
+    parse_run_cancellation_request,
+    parse_task_start_request,
+    run_cancellation_result,
+    task_start_result,
+)
+from qinglong_edge.contracts.errors import ContractError
+from qinglong_edge.contracts.ids import new_uuid4
+from qinglong_edge.errors import ApiError, StoreError
+from qinglong_edge.local import runs
+from qinglong_edge.local.admission import Admission, Admitted, read_json_body
+from qinglong_edge.local.exchange import Exchange, Response
+from qinglong_edge.local.policy import PolicyFence
+from qinglong_edge.local.routes import Route, resolve
+from qinglong_edge.local.store import Store, now_ms
+
+__all__ = ["UNAVAILABLE_CODES", "IntentHook", "LocalApi"]
+
+_log = logging.getLogger("qinglong_edge.local.api")
+
+
+#: 503 code of each route when its storage or projection fails (sections 1.3, 9, 9.5).
+UNAVAILABLE_CODES: Final[Mapping[str, str]] = {
+    "run.list": "run_list_unavailable",
+    "run.get": "run_query_unavailable",
+    "run.events.list": "run_event_list_unavailable",
+    "run.steps.list": "run_step_list_unavailable",
+    "run.cancel": "run_cancellation_unavailable",
+    "task.start": "task_start_unavailable",
+}
+
+#: Called after a durable intent commits: ``(operation_id, run_id)`` with
+#: ``("run.cancel", runId)`` for a new cancel intent (202) and ``("task.start", runId)``
+#: for a newly created Run (202). The execution controller uses it as a wake-up;
+#: it must not block (it runs on a server worker thread).
+IntentHook = Callable[[str, str], None]
+
+
+class LocalApi:
+    """The Local API application handed to :class:`qinglong_edge.local.server.Server`.
+
+    For each request: :func:`resolve` (404/400 before authentication), then
+    :meth:`Admission.admit` (401/403/503, audited), then the body phase (GET: a body
+    is 400 ``invalid_request_body``; POST: :func:`read_json_body`), then the handler.
+
+    Args:
+        store: the open Local store.
+        keyring_directory: the pepper keyring directory.
+        clock: wall-clock epoch ms for admission, audit and the repositories
+            (default :func:`qinglong_edge.local.store.now_ms`; tests pin it).
+        on_intent: see :data:`IntentHook`; exceptions it raises are logged by type and
+            ignored (the intent is already durable).
+        before_mutation: test hook called with the route after the body was validated
+            and before the repository transaction (the fence race tests revoke a role
+            here). ``None`` in production.
+        store_timeout_s: how long one request waits for one store operation.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        keyring_directory: str,
+        *,
+        clock: Callable[[], int] | None = None,
+        on_intent: IntentHook | None = None,
+        before_mutation: Callable[[Route], None] | None = None,
+        store_timeout_s: float | None = 30.0,
+    ) -> None:
+        self._store = store
+        self._clock = clock or now_ms
+        self._timeout = store_timeout_s
+        self.admission = Admission(store, keyring_directory, clock=self._clock, store_timeout_s=store_timeout_s)
+        self.on_intent = on_intent
+        self.before_mutation = before_mutation
+
+    def __call__(self, exchange: Exchange) -> Response:
+        head = exchange.head
+        try:
+            route = resolve(head.method, head.target)
+            admitted = self.admission.admit(route, head, exchange.request_id)
+            if route.json_body:
+                document = read_json_body(exchange)
+                status, body = self._mutate(route, admitted, document)
+            else:
+                if head.has_body:  # section 2.5: after the allowed audit, never parsed
+                    raise ApiError(400, "invalid_request_body")
+                status, body = 200, self._read(route)
+        except ApiError as exc:
+            return Response(exc.http_status or 503, exc.body)
+        return Response(status, body)
+
+    # -- reads (section 9) --------------------------------------------------
+
+    def _read(self, route: Route) -> dict[str, Any]:
+        query = route.query
+        project_id = route.project_id
+        run_id = route.run_id or ""
+        operation = route.operation_id
+
+        def read(conn: sqlite3.Connection) -> dict[str, Any]:
+            if operation == "run.list":
+                return runs.list_runs(
+                    conn, project_id, limit=_int(query["limit"]),
+                    after_created_at_ms=_opt_int(query["after_created_at_ms"]),
+                    after_run_id=_opt_str(query["after_run_id"]),
+                )
+            if operation == "run.get":
+                return runs.get_run(conn, project_id, run_id)
+            if operation == "run.events.list":
+                return runs.list_run_events(
+                    conn, project_id, run_id, after_sequence=_int(query["after_sequence"]), limit=_int(query["limit"])
+                )
+            return runs.list_run_steps(
+                conn, project_id, run_id, limit=_int(query["limit"]),
+                after_step_key=_opt_str(query["after_step_key"]),
+                after_step_run_id=_opt_str(query["after_step_run_id"]),
+            )
+
+        try:
+            return self._store.run(read, timeout_s=self._timeout)
+        except runs.RunNotFound:
+            raise ApiError(404, "run_not_found") from None
+        except StoreError:
+            raise ApiError(503, UNAVAILABLE_CODES[operation]) from None
+
+    # -- mutations (sections 6 and 9.5) ---------------------------------------
+
+    def _mutate(self, route: Route, admitted: Admitted, document: object) -> tuple[int, dict[str, Any]]:
+        if route.operation_id == "run.cancel":
+            return self._cancel(route, admitted, document)
+        return self._start(route, admitted, document)
+
+    def _fence(self, admitted: Admitted, operation: str) -> PolicyFence:
+        fence = admitted.fence
+        if fence is None or fence.binding_version is None:  # cannot happen on allow (1.3)
+            raise ApiError(503, UNAVAILABLE_CODES[operation])
+        return fence
+
+    def _cancel(self, route: Route, admitted: Admitted, document: object) -> tuple[int, dict[str, Any]]:
+        try:
+            request = parse_run_cancellation_request(document)
+        except ContractError:
+            raise ApiError(400, "invalid_run_cancellation_request", extra={"schema": RUN_CANCELLATION_SCHEMA}) from None
+        command = runs.CancellationCommand(
+            project_id=route.project_id,
+            run_id=route.run_id or "",
+            mutation_id=request.mutation_id,
+            event_id=new_uuid4(),
+            subject=admitted.subject,
+            policy_fence=self._fence(admitted, "run.cancel"),
+        )
+        if self.before_mutation is not None:
+            self.before_mutation(route)
+        now = self._clock()
+        try:
+            outcome = self._store.run(
+                lambda c: runs.request_cancellation(c, command, now_ms=now), timeout_s=self._timeout
+            )
+        except runs.RunNotFound:
+            raise ApiError(404, "run_not_found") from None
+        except runs.FenceRejected as exc:
+            raise ApiError(409, "run_cancellation_fence_rejected", extra={"reason": exc.reason}) from None
+        except StoreError:
+            raise ApiError(503, "run_cancellation_unavailable") from None
+        try:
+            body = run_cancellation_result(
+                status=outcome.status,
+                project_id=outcome.project_id,
+                run_id=outcome.run_id,
+                run_status=outcome.run_status,
+                run_version=outcome.run_version,
+                event_sequence=outcome.event_sequence,
+                cancel_requested_at_ms=outcome.cancel_requested_at_ms,
+                cancel_reason=outcome.cancel_reason,
+            )
+        except ContractError:
+            raise ApiError(503, "run_cancellation_unavailable") from None
+        if outcome.status == "accepted":
+            self._notify("run.cancel", outcome.run_id)
+        return outcome.http_status, body
+
+    def _start(self, route: Route, admitted: Admitted, document: object) -> tuple[int, dict[str, Any]]:
+        try:
+            request = parse_task_start_request(document)
+        except ContractError:
+            raise ApiError(400, "invalid_task_start_request", extra={"schema": TASK_START_SCHEMA}) from None
+        command = runs.new_task_start_command(
+            project_id=route.project_id,
+            task_id=route.task_id or "",
+            mutation_id=request.mutation_id,
+            expected_revision=request.expected_revision,
+            expected_content_digest=request.expected_content_digest,
+            subject=admitted.subject,
+            policy_fence=self._fence(admitted, "task.start"),
+        )
+        if self.before_mutation is not None:
+            self.before_mutation(route)
+        now = self._clock()
+        try:
+            outcome = self._store.run(lambda c: runs.start_task(c, command, now_ms=now), timeout_s=self._timeout)
+        except runs.TaskNotFound:
+            raise ApiError(404, "task_not_found") from None
+        except runs.TaskStartRejected as exc:
+            raise ApiError(409, "task_start_fence_rejected", extra={"reason": exc.reason}) from None
+        except StoreError:
+            raise ApiError(503, "task_start_unavailable") from None
+        try:
+            body = task_start_result(
+                status=outcome.status,
+                project_id=outcome.project_id,
+                task_id=outcome.task_id,
+                task_revision=outcome.task_revision,
+                task_content_digest=outcome.task_content_digest,
+                run_id=outcome.run_id,
+                attempt_id=outcome.attempt_id,
+                executor_type=outcome.executor_type,
+                execution_revision_digest=outcome.execution_revision_digest,
+                created_at_ms=outcome.created_at_ms,
+            )
+        except ContractError:
+            raise ApiError(503, "task_start_unavailable") from None
+        if outcome.status == "accepted":
+            self._notify("task.start", outcome.run_id)
+        return outcome.http_status, body
+
+    def _notify(self, operation: str, run_id: str) -> None:
+        if self.on_intent is None:
+            return
+        try:
+            self.on_intent(operation, run_id)
+        except Exception as exc:  # noqa: BLE001 - the intent is durable; a hook failure must not turn it into 503
+            _log.error("intent hook failed: %s", type(exc).__name__)
+
+
+def _int(value: int | str | None) -> int:
+    assert isinstance(value, int)
+    return value
+
+
+def _opt_int(value: int | str | None) -> int | None:
+    return value if isinstance(value, int) else None
+
+
+def _opt_str(value: int | str | None) -> str | None:
+    return value if isinstance(value, str) else None

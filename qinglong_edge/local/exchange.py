@@ -1,0 +1,168 @@
+"""What the Local API server hands the application, and what it gets back.
+
+:class:`Exchange` is one request on a worker thread (its head, its request id, and
+a body reader bounded by the request deadline); :class:`Response` is the answer;
+:class:`ServerLimits` are the transport limits of local-api.md 2.1 per profile.
+Kept apart from :mod:`qinglong_edge.local.server` so the application side
+(:mod:`qinglong_edge.local.api`) sees only these few types.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from qinglong_edge.local.http11 import RequestHead, new_request_id, render_continue
+
+__all__ = ["Application", "BodyReadError", "Exchange", "Response", "ServerLimits"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """Transport limits. Times in seconds (monotonic), counts in connections/requests.
+
+    Use :meth:`for_profile` for the local-api.md 2.1 values.
+    """
+
+    max_in_flight: int
+    max_connections: int
+    drain_timeout_s: float
+    head_timeout_s: float = 5.0
+    request_timeout_s: float = 5.0
+    keep_alive_timeout_s: float = 5.0
+    write_timeout_s: float = 5.0
+    max_requests_per_connection: int = 100
+    linger_s: float = 2.0
+    listen_backlog: int = 128
+
+    @classmethod
+    def for_profile(cls, profile: str) -> ServerLimits:
+        """``edge``: 4 in flight, 8 connections, 5 s drain; ``standalone``: 32, 64, 10 s."""
+        if profile == "edge":
+            return cls(max_in_flight=4, max_connections=8, drain_timeout_s=5.0)
+        if profile == "standalone":
+            return cls(max_in_flight=32, max_connections=64, drain_timeout_s=10.0)
+        raise ValueError(f"unknown profile {profile!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """What the application answers.
+
+    Attributes:
+        status: HTTP status.
+        body: JSON object in wire order (ignored when ``bare``).
+        close: close the connection after this response.
+        bare: send a body-less ``Connection: close`` response (protocol-level, e.g. 408).
+    """
+
+    status: int
+    body: Mapping[str, object] = field(default_factory=dict)
+    close: bool = False
+    bare: bool = False
+
+
+class BodyReadError(Exception):
+    """:meth:`Exchange.read_body` could not read the declared bytes.
+
+    Attributes:
+        code: ``body_truncated`` (the stream ended early: EOF), ``body_timeout`` (the
+            request deadline passed), ``disconnected`` (reset or another socket error).
+    """
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class Exchange:
+    """One admitted request as the application sees it (used from a worker thread).
+
+    Attributes:
+        head: the parsed head.
+        request_id: ``local:<uuidv4>``, also the ``x-request-id`` of the answer.
+        body_consumed: True once the whole declared body has been read.
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        head: RequestHead,
+        *,
+        request_deadline: float,
+        write_timeout_s: float,
+        count_received: Callable[[int], None],
+        draining: Callable[[], bool],
+    ) -> None:
+        """Built by the server's worker for one request.
+
+        Args:
+            sock: the client socket (blocking mode; only this request uses it now).
+            head: the parsed head.
+            request_deadline: ``time.monotonic()`` deadline for the whole request body.
+            write_timeout_s: timeout for the ``100 Continue`` write, seconds.
+            count_received: called with each body chunk's size (server statistics).
+            draining: whether the server is draining.
+        """
+        self._sock = sock
+        self._deadline = request_deadline
+        self._write_timeout_s = write_timeout_s
+        self._count_received = count_received
+        self._draining = draining
+        self.head = head
+        self.request_id = new_request_id()
+        self.body_consumed = not head.has_body
+        self._continue_sent = False
+
+    @property
+    def draining(self) -> bool:
+        """The server is draining (the application may refuse new work)."""
+        return self._draining()
+
+    def read_body(self, size: int) -> bytes:
+        """Read exactly ``size`` body bytes before the request deadline.
+
+        Sends ``100 Continue`` first when the client asked for it: the application
+        calls this only after admission succeeded (local-api.md 2.2, step 7).
+
+        Args:
+            size: the declared ``Content-Length`` (already capped by the caller).
+
+        Raises:
+            BodyReadError: ``body_truncated``, ``body_timeout`` or ``disconnected``.
+        """
+        sock = self._sock
+        if self.head.expects_continue and not self._continue_sent:
+            self._continue_sent = True
+            try:
+                sock.settimeout(self._write_timeout_s)
+                sock.sendall(render_continue())
+            except OSError:
+                raise BodyReadError("disconnected") from None
+        chunks: list[bytes] = []
+        remaining = size
+        while remaining > 0:
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                raise BodyReadError("body_timeout")
+            try:
+                sock.settimeout(left)
+                chunk = sock.recv(min(remaining, 65536))
+            except TimeoutError:
+                raise BodyReadError("body_timeout") from None
+            except OSError:
+                raise BodyReadError("disconnected") from None
+            if not chunk:
+                raise BodyReadError("body_truncated")
+            self._count_received(len(chunk))
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        self.body_consumed = True
+        return b"".join(chunks)
+
+
+#: The application: admission, body, route. Never raises on purpose; if it does,
+#: the server answers 503 ``request_unavailable`` and closes.
+Application = Callable[[Exchange], Response]

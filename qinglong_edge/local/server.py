@@ -1,0 +1,628 @@
+"""The Local API socket server: one poll thread, a bounded worker pool, strict limits.
+
+Threads (fixed, never one per connection)::
+
+    poll thread (1)   accepts, reads request heads with MSG_PEEK so it never
+                      consumes a byte past the head, enforces every idle/head
+                      deadline, answers 503/408/4xx that need no worker
+    workers (N)       N = max in-flight requests (edge 4, standalone 32); run the
+                      application (admission, body, route) and write the response
+
+Connection states::
+
+    accept ──> IDLE ──first byte──> HEAD ──head complete──┬─> BUSY (worker) ──> IDLE (keep-alive)
+                 │                   │                     │        └──────────> closed / LINGER
+                 └─ idle 5 s ─> closed └─ head 5 s ─> 408   └─ draining / at capacity: 503 (poll thread)
+
+Limits (local-api.md 2.1; :class:`ServerLimits`):
+
+* at most ``max_connections`` open connections (edge 8, standalone 64). At the cap
+  the listening socket is simply not polled, so further clients wait in the
+  kernel's listen backlog until a slot frees (a slow client is closed by its head
+  deadline). Node instead destroys sockets over ``maxConnections``; waiting is
+  kinder to a client and costs no thread.
+* at most ``max_in_flight`` requests in the application at once; a complete head
+  that finds every worker busy gets 503 ``server_overloaded`` before routing.
+* deadlines: 5 s idle on a keep-alive or new connection; 5 s from the first byte
+  of a request to the end of its head (``headersTimeout``, so one byte a second
+  cannot hold a slot for ever: 408 and close) and to the end of its body
+  (``requestTimeout``); 5 s per response write; at most 100 requests per
+  connection.
+* draining (:meth:`Server.shutdown`, SIGTERM in ``qinglong-edge serve``): the
+  listener closes, idle connections close, a request that arrives is answered 503
+  ``server_draining`` with ``connection: close``, requests in flight finish; after
+  the drain timeout (edge 5 s, standalone 10 s) every socket is shut.
+
+Responses to ``HEAD`` (a 404 here: no route takes it) carry their headers but no
+body, as Node sends them. A response sent without consuming the request body always carries
+``connection: close``; the socket is then half-closed and kept for up to
+``linger_s`` without reading (so the client can read the answer before a reset),
+then closed. ``Expect: 100-continue`` is answered by :meth:`Exchange.read_body`,
+which the application calls only after admission succeeded; a request rejected
+earlier gets its final status instead and no ``100``. A client that sends the body
+anyway without waiting is read normally.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import enum
+import logging
+import os
+import select
+import socket
+import threading
+import time
+from typing import Final
+
+from qinglong_edge.errors import HttpProtocolError
+from qinglong_edge.local.exchange import Application, BodyReadError, Exchange, Response, ServerLimits
+from qinglong_edge.local.http11 import (
+    MAX_HEAD_BYTES,
+    HeadParser,
+    RequestHead,
+    new_request_id,
+    render_bare_response,
+    render_json_response,
+)
+
+__all__ = [
+    "Application",
+    "BodyReadError",
+    "Exchange",
+    "Response",
+    "Server",
+    "ServerLimits",
+]
+
+_log = logging.getLogger("qinglong_edge.local.server")
+
+_POLL_IN: Final = select.POLLIN | select.POLLPRI
+_POLL_CLOSED: Final = select.POLLHUP | select.POLLERR | select.POLLNVAL
+_POLL_RDHUP: Final = getattr(select, "POLLRDHUP", 0x2000)
+
+
+class _State(enum.Enum):
+    IDLE = "idle"
+    HEAD = "head"
+    BUSY = "busy"
+    LINGER = "linger"
+
+
+class _Conn:
+    __slots__ = ("deadline", "fd", "parser", "request_deadline", "served", "sock", "state")
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.state = _State.IDLE
+        self.parser = HeadParser()
+        self.deadline = deadline
+        self.request_deadline = deadline
+        self.served = 0
+
+
+class Server:
+    """The Local API listener (local-api.md 2.1).
+
+    Args:
+        application: called once per admitted request on a worker thread.
+        host, port: loopback address; port 0 picks a free port (tests).
+        limits: transport limits, e.g. ``ServerLimits.for_profile("edge")``.
+        listen_socket: an already bound and listening socket to use instead.
+
+    Call :meth:`start`, then :meth:`shutdown` (also a context manager).
+    """
+
+    def __init__(
+        self,
+        application: Application,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        limits: ServerLimits | None = None,
+        listen_socket: socket.socket | None = None,
+    ) -> None:
+        self.application = application
+        self.limits = limits or ServerLimits.for_profile("edge")
+        if listen_socket is None:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            listen_socket = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                listen_socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                listen_socket.bind((host, port))
+                listen_socket.listen(self.limits.listen_backlog)
+            except OSError:
+                listen_socket.close()
+                raise
+        listen_socket.setblocking(False)
+        self._listener: socket.socket | None = listen_socket
+        self.address: tuple[str, int] = listen_socket.getsockname()[:2]
+        self._lock = threading.Lock()
+        self._poll = select.poll()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._conns: dict[int, _Conn] = {}
+        self._lingering: dict[int, tuple[socket.socket, float]] = {}
+        # Workers hand connections back to the poll thread, which alone changes
+        # _conns, _lingering and the poll set (so an fd is never reused under it).
+        self._returned: collections.deque[tuple[_Conn, str]] = collections.deque()
+        self._jobs: collections.deque[tuple[_Conn, RequestHead] | None] = collections.deque()
+        self._jobs_ready = threading.Condition(self._lock)
+        # _in_flight: requests inside the application (the capacity check);
+        # _busy: requests handed to a worker and not yet handed back (the drain waits
+        # for it, so a response being written is never cut off).
+        self._in_flight = 0
+        self._busy = 0
+        self._listening = False
+        self._draining = False
+        self._stopping = False
+        self._threads: list[threading.Thread] = []
+        self._bytes_received = 0
+        self._requests = 0
+        self._idle = threading.Condition(self._lock)
+
+    # -- public -----------------------------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        """Drain has started: new requests get 503 ``server_draining``."""
+        return self._draining
+
+    @property
+    def bytes_received(self) -> int:
+        """Bytes consumed from client sockets since start (heads and bodies)."""
+        return self._bytes_received
+
+    @property
+    def requests_completed(self) -> int:
+        """Responses written, any status."""
+        return self._requests
+
+    @property
+    def healthy(self) -> bool:
+        """Every thread the server started is still running."""
+        return bool(self._threads) and all(thread.is_alive() for thread in self._threads)
+
+    @property
+    def thread_count(self) -> int:
+        """Threads this server runs: one poll thread plus the worker pool."""
+        return len(self._threads)
+
+    def start(self) -> None:
+        """Start the poll thread and the worker pool (``max_in_flight`` threads)."""
+        if self._threads:
+            raise RuntimeError("server already started")
+        assert self._listener is not None
+        self._poll.register(self._wake_r, _POLL_IN)
+        self._poll.register(self._listener.fileno(), _POLL_IN)
+        self._listening = True
+        poller = threading.Thread(target=self._poll_loop, name="local-api-poll", daemon=True)
+        self._threads.append(poller)
+        for index in range(self.limits.max_in_flight):
+            self._threads.append(
+                threading.Thread(target=self._worker_loop, name=f"local-api-worker-{index}", daemon=True)
+            )
+        for thread in self._threads:
+            thread.start()
+
+    def shutdown(self, timeout: float | None = None) -> bool:
+        """Drain and stop: stop accepting, let requests in flight finish, close all.
+
+        Safe to call more than once. Blocks for at most the drain timeout plus a
+        second for the threads to exit.
+
+        Args:
+            timeout: drain timeout in seconds, default the profile's.
+
+        Returns:
+            True when every in-flight request finished within the timeout.
+        """
+        drain_for = self.limits.drain_timeout_s if timeout is None else timeout
+        with self._lock:
+            self._draining = True
+        self._wake()
+        deadline = time.monotonic() + drain_for
+        with self._lock:
+            clean = self._idle.wait_for(lambda: self._busy == 0, max(0.0, deadline - time.monotonic()))
+            self._stopping = True
+            busy = [conn.sock for conn in self._conns.values() if conn.state is _State.BUSY]
+            for _ in range(self.limits.max_in_flight):
+                self._jobs.append(None)
+            self._jobs_ready.notify_all()
+        for sock in busy:  # unblock a worker stuck writing to a slow client
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self._wake()
+        for thread in self._threads:
+            thread.join(timeout=max(1.0, deadline - time.monotonic()))
+        self._close_everything()
+        return clean
+
+    def __enter__(self) -> Server:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # -- shared helpers ---------------------------------------------------
+
+    def _count_received(self, size: int) -> None:
+        with self._lock:
+            self._bytes_received += size
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"x")
+
+    def _close_everything(self) -> None:
+        with self._lock:
+            conns = list(self._conns.values())
+            self._conns.clear()
+            lingering = [sock for sock, _ in self._lingering.values()]
+            self._lingering.clear()
+        for conn in conns:
+            _close(conn.sock)
+        for sock in lingering:
+            _close(sock)
+        if self._listener is not None:
+            _close(self._listener)
+            self._listener = None
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    # -- poll thread ------------------------------------------------------
+
+    def _poll_loop(self) -> None:
+        try:
+            while not self._stopping:
+                timeout_ms = self._next_timeout_ms()
+                try:
+                    events = self._poll.poll(timeout_ms)
+                except InterruptedError:
+                    continue
+                for fd, mask in events:
+                    if fd == self._wake_r:
+                        with contextlib.suppress(OSError):
+                            os.read(self._wake_r, 4096)
+                    elif self._listener is not None and fd == self._listener.fileno():
+                        self._accept()
+                    elif fd in self._lingering:
+                        self._end_linger(fd)
+                    else:
+                        conn = self._conns.get(fd)
+                        if conn is not None and conn.state in (_State.IDLE, _State.HEAD):
+                            self._on_readable(conn, mask)
+                self._take_returned()
+                self._apply_drain()
+                self._expire()
+                self._update_listening()
+        except Exception as exc:  # the poll thread must never die silently
+            _log.critical("local API poll thread failed: %s", type(exc).__name__)
+            raise
+
+    def _next_timeout_ms(self) -> int:
+        deadlines = [c.deadline for c in self._conns.values() if c.state in (_State.IDLE, _State.HEAD)]
+        deadlines += [d for _, d in self._lingering.values()]
+        if not deadlines:
+            return 1000
+        return max(0, min(1000, int((min(deadlines) - time.monotonic()) * 1000) + 1))
+
+    def _accept(self) -> None:
+        assert self._listener is not None
+        while len(self._conns) < self.limits.max_connections and not self._draining:
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE and friends: try again on the next event
+                _log.warning("accept failed: %s", exc.strerror)
+                return
+            sock.setblocking(False)
+            conn = _Conn(sock, time.monotonic() + self.limits.keep_alive_timeout_s)
+            with self._lock:
+                self._conns[conn.fd] = conn
+            self._poll.register(conn.fd, _POLL_IN)
+
+    def _update_listening(self) -> None:
+        if self._listener is None:
+            return
+        want = len(self._conns) < self.limits.max_connections and not self._draining
+        if want and not self._listening:
+            self._poll.register(self._listener.fileno(), _POLL_IN)
+            self._listening = True
+        elif not want and self._listening:
+            self._poll.unregister(self._listener.fileno())
+            self._listening = False
+
+    def _on_readable(self, conn: _Conn, mask: int) -> None:
+        parser = conn.parser
+        # Never look further than one byte past the head cap; MSG_PEEK so that
+        # only the head's own bytes are consumed and the body stays in the kernel.
+        room = max(1, MAX_HEAD_BYTES + 1 - parser.buffered)
+        try:
+            peeked = conn.sock.recv(room, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            if mask & _POLL_CLOSED:
+                self._drop(conn)
+            return
+        except OSError:
+            self._drop(conn)
+            return
+        if not peeked:  # EOF between requests or inside a head: nothing to answer
+            self._drop(conn)
+            return
+        if not parser.started:
+            conn.state = _State.HEAD
+            conn.deadline = time.monotonic() + self.limits.head_timeout_s
+            conn.request_deadline = time.monotonic() + self.limits.request_timeout_s
+        try:
+            head = parser.feed(peeked)
+        except HttpProtocolError as exc:
+            _log.debug("rejected request head: %s (%d)", exc.code, exc.http_status or 400)
+            self._answer_bare_and_close(conn, exc.http_status or 400)
+            return
+        used = len(peeked) - (len(parser.trailing) if head is not None else 0)
+        if not self._consume(conn, used):
+            return
+        if head is not None:
+            self._dispatch(conn, head)
+
+    def _consume(self, conn: _Conn, size: int) -> bool:
+        remaining = size
+        try:
+            while remaining > 0:
+                got = conn.sock.recv(remaining)
+                if not got:
+                    self._drop(conn)
+                    return False
+                remaining -= len(got)
+        except OSError:
+            self._drop(conn)
+            return False
+        finally:
+            self._count_received(size - remaining)
+        return True
+
+    def _dispatch(self, conn: _Conn, head: RequestHead) -> None:
+        if self._draining:
+            self._answer_from_poll(conn, head, "server_draining", close=True)
+            return
+        with self._lock:
+            full = self._in_flight >= self.limits.max_in_flight
+            if not full:
+                self._in_flight += 1
+                self._busy += 1
+        if full:
+            self._answer_from_poll(conn, head, "server_overloaded", close=head.has_body or head.wants_close)
+            return
+        self._poll.unregister(conn.fd)
+        conn.state = _State.BUSY
+        with self._lock:
+            self._jobs.append((conn, head))
+            self._jobs_ready.notify()
+
+    def _answer_from_poll(self, conn: _Conn, head: RequestHead, code: str, *, close: bool) -> None:
+        close = close or conn.served + 1 >= self.limits.max_requests_per_connection
+        _, data = render_json_response(
+            503,
+            {"code": code},
+            request_id=new_request_id(),
+            close=close,
+            keep_alive_timeout_s=int(self.limits.keep_alive_timeout_s),
+            head_only=head.method == "HEAD",
+        )
+        with self._lock:
+            self._requests += 1
+        if not _send_nonblocking(conn.sock, data):
+            self._drop(conn)
+            return
+        conn.served += 1
+        if close:
+            self._finish_close(conn, body_unread=head.has_body)
+        else:
+            self._to_idle(conn)
+
+    def _answer_bare_and_close(self, conn: _Conn, status: int) -> None:
+        with self._lock:
+            self._requests += 1
+        _send_nonblocking(conn.sock, render_bare_response(status))
+        self._finish_close(conn, body_unread=True)
+
+    def _to_idle(self, conn: _Conn) -> None:
+        conn.state = _State.IDLE
+        conn.parser = HeadParser()
+        conn.deadline = time.monotonic() + self.limits.keep_alive_timeout_s
+
+    def _take_returned(self) -> None:
+        while True:
+            with self._lock:
+                if not self._returned:
+                    return
+                conn, action = self._returned.popleft()
+            if action == "keep" and not self._draining:
+                conn.sock.setblocking(False)
+                self._to_idle(conn)
+                self._poll.register(conn.fd, _POLL_IN)
+            elif action == "linger":
+                self._finish_close(conn, body_unread=True)
+            else:
+                self._drop(conn)
+
+    def _apply_drain(self) -> None:
+        if not self._draining:
+            return
+        if self._listener is not None:
+            if self._listening:
+                self._poll.unregister(self._listener.fileno())
+                self._listening = False
+            _close(self._listener)
+            self._listener = None
+        for conn in list(self._conns.values()):
+            if conn.state is _State.IDLE:
+                self._drop(conn)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for conn in list(self._conns.values()):
+            if conn.state is _State.IDLE and now >= conn.deadline:
+                self._drop(conn)
+            elif conn.state is _State.HEAD and now >= conn.deadline:
+                # headersTimeout: answer as Node does, then close.
+                self._answer_bare_and_close(conn, 408)
+        for fd, (_, deadline) in list(self._lingering.items()):
+            if now >= deadline:
+                self._end_linger(fd)
+
+    def _finish_close(self, conn: _Conn, *, body_unread: bool) -> None:
+        """Close after a response; keep a half-closed socket a while if unread bytes may follow."""
+        self._forget(conn)
+        if not body_unread or len(self._lingering) >= self.limits.max_connections:
+            _close(conn.sock)
+            return
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)
+            self._poll.register(conn.fd, _POLL_RDHUP | _POLL_CLOSED)
+        except OSError:
+            _close(conn.sock)
+            return
+        with self._lock:
+            self._lingering[conn.fd] = (conn.sock, time.monotonic() + self.limits.linger_s)
+
+    def _end_linger(self, fd: int) -> None:
+        with self._lock:
+            entry = self._lingering.pop(fd, None)
+        if entry is None:
+            return
+        with contextlib.suppress(KeyError, OSError):
+            self._poll.unregister(fd)
+        _close(entry[0])
+
+    def _forget(self, conn: _Conn) -> None:
+        with self._lock:
+            self._conns.pop(conn.fd, None)
+        with contextlib.suppress(KeyError, OSError):
+            self._poll.unregister(conn.fd)
+
+    def _drop(self, conn: _Conn) -> None:
+        self._forget(conn)
+        _close(conn.sock)
+
+    # -- workers ----------------------------------------------------------
+
+    def _worker_loop(self) -> None:
+        while True:
+            with self._lock:
+                self._jobs_ready.wait_for(lambda: bool(self._jobs))
+                job = self._jobs.popleft()
+            if job is None:
+                return
+            conn, head = job
+            try:
+                action = self._serve(conn, head)
+            except Exception as exc:  # noqa: BLE001 - one request must never kill a worker
+                # Type name only: a message could quote request bytes.
+                _log.error("local API worker failed: %s", type(exc).__name__)
+                action = "linger"
+            self._hand_back(conn, action)
+
+    def _serve(self, conn: _Conn, head: RequestHead) -> str:
+        """Run the application and write its answer; returns what to do with the
+        connection next (see :meth:`_hand_back`)."""
+        exchange = Exchange(
+            conn.sock,
+            head,
+            request_deadline=conn.request_deadline,
+            write_timeout_s=self.limits.write_timeout_s,
+            count_received=self._count_received,
+            draining=lambda: self._draining,
+        )
+        try:
+            conn.sock.setblocking(True)
+            response = self.application(exchange)
+        except BodyReadError as exc:
+            response = _body_error_response(exc.code)
+        except Exception as exc:  # noqa: BLE001 - local-api.md 2.2 step 8: anything unexpected is 503
+            _log.error("local API application failed: %s", type(exc).__name__)
+            response = Response(503, {"code": "request_unavailable"}, close=True)
+        finally:
+            # The request's work is done: free its capacity slot before the answer is
+            # written, so a client that reacts to the answer at once (a new request,
+            # a reconnect after connection: close) never finds it still counted.
+            with self._lock:
+                self._in_flight -= 1
+        if response.status == 0:  # disconnected: nobody to answer
+            return "close"
+        body_unread = not exchange.body_consumed
+        close = (
+            response.close
+            or response.bare
+            or body_unread
+            or head.wants_close
+            or self._draining
+            or conn.served + 1 >= self.limits.max_requests_per_connection
+        )
+        if response.bare:
+            data = render_bare_response(response.status)
+        else:
+            _, data = render_json_response(
+                response.status,
+                response.body,
+                request_id=exchange.request_id,
+                close=close,
+                keep_alive_timeout_s=int(self.limits.keep_alive_timeout_s),
+                head_only=head.method == "HEAD",
+            )
+        try:
+            conn.sock.settimeout(self.limits.write_timeout_s)
+            conn.sock.sendall(data)
+        except OSError:
+            return "close"
+        finally:
+            with self._lock:
+                self._requests += 1
+        conn.served += 1
+        if not close:
+            return "keep"
+        return "linger" if body_unread else "close"
+
+    def _hand_back(self, conn: _Conn, action: str) -> None:
+        """Return the connection to the poll thread: ``keep`` (keep-alive), ``linger``
+        (half-close, unread body may follow) or ``close``."""
+        with self._lock:
+            self._busy -= 1
+            self._idle.notify_all()
+            self._returned.append((conn, action))
+        self._wake()
+
+
+def _body_error_response(code: str) -> Response:
+    """local-api.md 2.4: a short body is 400, a slow one 408 (Node ``requestTimeout``),
+    a vanished client gets nothing (status 0)."""
+    if code == "body_truncated":
+        return Response(400, {"code": "invalid_request_body"}, close=True)
+    if code == "body_timeout":
+        return Response(408, close=True, bare=True)
+    return Response(0)
+
+
+def _send_nonblocking(sock: socket.socket, data: bytes) -> bool:
+    """Send a small response from the poll thread without blocking it.
+
+    A fresh socket's send buffer holds far more than one error response, so a
+    partial send means the peer is gone or hostile: the caller drops it.
+    """
+    try:
+        sent = sock.send(data)
+    except OSError:
+        return False
+    return sent == len(data)
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.close()

@@ -1,0 +1,267 @@
+"""The modules the agent imports are a subset of what our Depends line brings on OpenWrt.
+
+Every CLI command runs in a child `python3 -I -S` in which each module of an OpenWrt
+python3 split package missing from `Depends:` fails to import
+(tests/support/openwrt_split.py). Commands are taken from `qinglong-edge --help`, so a
+new command is covered as soon as it exists: its `--help` here, and a real run once it
+has an entry in SPLIT_CASES.
+
+For the integrator: `pull` and `serve`/cancel need real runs here (a pull cycle against
+the TLS cluster double, a cancel through the Local API): add a SplitCase whose
+`prepare` starts the double and returns the argv, then drop the command from
+`PENDING_CASES`.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import pathlib
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from tests.support.cli import REPO
+from tests.support.openwrt_split import (
+    DEPENDS,
+    available_pythons,
+    blocked_modules,
+    run_cli_under_split,
+    run_code_under_split,
+)
+
+
+@dataclass(frozen=True)
+class SplitCase:
+    """A real run of one command: ``prepare(tmp_path)`` returns its argv."""
+
+    prepare: Callable[[pathlib.Path], list[str]]
+    expect_status: int = 0
+    expect_stdout: str = ""
+
+
+def _doctor(tmp_path: pathlib.Path) -> list[str]:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    state.chmod(0o700)
+    (state / "pepper").mkdir(mode=0o700)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"schema": "qinglong/edge-agent@v1", "stateDirectory": str(state),
+                                  "localApi": {"listener": {"host": "127.0.0.1", "port": 5700}}}))
+    return ["--config", str(config), "doctor"]
+
+
+def _render_uci(tmp_path: pathlib.Path) -> list[str]:
+    dump = tmp_path / "uci.txt"
+    dump.write_text("qinglong-edge.main=agent\nqinglong-edge.main.state_directory='/etc/qinglong-edge/state'\n"
+                    "qinglong-edge.worker=worker\nqinglong-edge.worker.enabled='1'\n"
+                    "qinglong-edge.worker.origin='https://cluster.example'\nqinglong-edge.worker.worker_id='e1'\n"
+                    "qinglong-edge.worker.credential_file='/c'\nqinglong-edge.worker.certificate_file='/p'\n"
+                    "qinglong-edge.worker.private_key_file='/k'\nqinglong-edge.worker.trust_anchor_file='/a'\n")
+    return ["config", "render-uci", "--input", str(dump), "--output", str(tmp_path / "config.json")]
+
+
+def _admin_init(tmp_path: pathlib.Path) -> list[str]:
+    return [*_doctor(tmp_path)[:2], "admin", "init"]  # a real SQLite store and pepper keyring
+
+
+def _inbox_list(tmp_path: pathlib.Path) -> list[str]:
+    config = tmp_path / "worker.json"
+    state = tmp_path / "worker-state"
+    state.mkdir(mode=0o700)
+    config.write_text(json.dumps({
+        "schema": "qinglong/edge-agent@v1", "stateDirectory": str(state),
+        "worker": {"origin": "https://cluster.example", "workerId": "edge-1", "credentialFile": "/c",
+                   "certificateFile": "/p", "privateKeyFile": "/k", "trustAnchorFiles": ["/a"]},
+    }))
+    return ["--config", str(config), "inbox", "list", "--json"]
+
+
+#: Real runs per command (key: the command name in `--help`). A case for a command
+#: this tree does not have yet runs as soon as the command exists.
+SPLIT_CASES: dict[str, SplitCase] = {
+    "version": SplitCase(lambda tmp: ["version"], expect_stdout="qinglong-edge "),
+    "doctor": SplitCase(_doctor, expect_stdout="doctor: all required checks passed"),
+    "config": SplitCase(_render_uci),
+    "admin": SplitCase(_admin_init, expect_stdout="database "),
+    "inbox": SplitCase(_inbox_list, expect_stdout='"offers":[]'),
+}
+
+#: Commands whose real run needs a fixture another issue provides (name -> what to add).
+PENDING_CASES: dict[str, str] = {
+    "pull": "a real pull cycle against the TLS cluster double (offer claimed, journal written)",
+    "serve": "serve + a real cancel through the Local API (run stopped)",
+    "offer": "offer check --claim CLAIM.json RESPONSE.json on a real claim/response pair",
+}
+
+
+def _commands_in_help() -> list[str]:
+    result = run_cli_under_split(["--help"])
+    assert result.status == 0, result.stderr
+    text = result.stdout.split("COMMAND\n", 2)[-1]
+    return re.findall(r"^    ([a-z][a-z0-9-]*)\s", text, flags=re.MULTILINE)
+
+
+COMMANDS = _commands_in_help()
+PYTHONS = available_pythons()
+
+
+def test_help_lists_the_commands() -> None:
+    assert {"version", "doctor", "config"} <= set(COMMANDS)
+    assert not set(SPLIT_CASES) & set(PENDING_CASES)
+
+
+@pytest.mark.parametrize("python", PYTHONS, ids=lambda p: pathlib.Path(p).parent.parent.name or p)
+@pytest.mark.parametrize("command", COMMANDS)
+def test_command_help_imports_only_depends(command: str, python: str) -> None:
+    result = run_cli_under_split([command, "--help"], python=python)
+    assert result.status == 0, result.stderr
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_command_runs_under_depends(command: str, tmp_path: pathlib.Path) -> None:
+    case = SPLIT_CASES.get(command)
+    if case is None:
+        assert command in PENDING_CASES, (
+            f"`{command}` has no real run under the OpenWrt split simulation: add a SplitCase for it "
+            "to SPLIT_CASES in tests/cli/test_packaging_split.py")
+        pytest.skip(f"needs {PENDING_CASES[command]} (see the module docstring)")
+    result = run_cli_under_split(case.prepare(tmp_path))
+    assert result.status == case.expect_status, (
+        f"{result.stdout}{result.stderr}imports refused by the OpenWrt split: {result.refused}")
+    assert case.expect_stdout in result.stdout
+    assert "OpenWrt package" not in result.stderr
+
+
+def test_doctor_under_light_only_reports_the_missing_packages(tmp_path: pathlib.Path) -> None:
+    """The blocker reaches the CLI: without python3-openssl/sqlite3 doctor fails their checks."""
+    result = run_cli_under_split(_doctor(tmp_path), installed=("python3-light",))
+    assert result.status == 69, result.stdout + result.stderr
+    lines = {line.split()[1]: line for line in result.stdout.splitlines() if line[:4] in ("ok  ", "FAIL", "warn")}
+    assert not lines["tls13"].startswith("ok") and "python3-openssl" in lines["tls13"]
+    assert lines["sqlite"].startswith("FAIL") and "python3-sqlite3" in lines["sqlite"]
+    assert ("sqlite3", "python3-sqlite3") in result.refused
+
+
+# ---- the blocker itself -------------------------------------------------------------
+
+def test_blocker_refuses_a_package_that_is_not_installed() -> None:
+    result = run_code_under_split("import sqlite3", installed=("python3-light", "python3-openssl"))
+    assert result.status == 1
+    assert "No module named 'sqlite3' (OpenWrt package python3-sqlite3 is not installed)" in result.stderr
+
+
+def test_blocker_follows_transitive_imports() -> None:
+    """http.client imports email: it needs python3-email, which python3-urllib pulls in."""
+    result = run_code_under_split("import http.client", installed=("python3-light", "python3-openssl"))
+    assert result.status == 1
+    assert ("email", "python3-email") in result.refused
+    assert run_code_under_split("import http.client").status == 0
+
+
+def test_blocker_sees_optional_imports_the_code_survives() -> None:
+    result = run_code_under_split("import hashlib; hashlib.sha256(b'x').hexdigest()", installed=("python3-light",))
+    assert result.status == 0, result.stderr
+    assert ("_hashlib", "python3-openssl") in result.refused
+
+
+def test_blocker_refuses_to_start_after_a_blocked_import() -> None:
+    import subprocess
+
+    from tests.support.openwrt_split import bootstrap_code
+
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", "import sqlite3\n" + bootstrap_code(("python3-light",))],
+                          capture_output=True, text=True, check=False, timeout=60)
+    assert proc.returncode != 0
+    assert "openwrt_split: imported before the blocker: _sqlite3, sqlite3" in proc.stderr
+
+
+def test_depends_line_matches_the_package() -> None:
+    sys.path.insert(0, str(pathlib.Path(REPO) / "packaging"))
+    try:
+        import ipkcheck
+        from qle_dist.ipk import DEPENDS as BUILT
+    finally:
+        sys.path.pop(0)
+    names = [part.split()[0] for part in BUILT.split(", ")]
+    assert tuple(names) == DEPENDS
+    assert ipkcheck.EXPECTED_DEPENDS == BUILT
+
+
+# ---- every stdlib module the package names, under Depends ------------------------------
+
+def _stdlib_imports() -> dict[str, list[str]]:
+    """stdlib module -> files importing it, for every import in qinglong_edge (lazy ones too)."""
+    found: dict[str, list[str]] = {}
+    for path in sorted((pathlib.Path(REPO) / "qinglong_edge").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            for name in names:
+                if name.split(".")[0] in sys.stdlib_module_names and name != "__future__":
+                    found.setdefault(name, []).append(path.name)
+    return found
+
+
+def test_every_stdlib_module_the_package_imports_loads_under_depends() -> None:
+    modules = _stdlib_imports()
+    assert "ssl" in modules and "json" in modules  # the scan finds lazy and top-level imports
+    code = (
+        "import importlib, json\nfailed = {}\n"
+        f"for name in {sorted(modules)!r}:\n"
+        "    try:\n        importlib.import_module(name)\n"
+        "    except ImportError as exc:\n        failed[name] = str(exc)\n"
+        "print(json.dumps(failed))\n"
+    )
+    for python in PYTHONS:
+        result = run_code_under_split(code, python=python)
+        assert result.status == 0, result.stderr
+        failed = json.loads(result.stdout)
+        assert failed == {}, {name: (error, modules[name]) for name, error in failed.items()}
+
+
+def test_no_module_of_an_undeclared_package_is_named() -> None:
+    blocked = blocked_modules()
+    named = {name.split(".")[0] for name in _stdlib_imports()}
+    assert not named & set(blocked), {name: blocked[name] for name in named & set(blocked)}
+
+
+def test_compileall_as_postinst_runs_it_works_under_depends(tmp_path: pathlib.Path) -> None:
+    """postinst-pkg runs `python3 -m compileall` on the router with only Depends installed."""
+    import shutil
+
+    target = tmp_path / "lib"
+    shutil.copytree(pathlib.Path(REPO) / "qinglong_edge", target / "qinglong_edge",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    code = f"import runpy\nsys.argv = ['compileall', '-q', {str(target)!r}]\nrunpy.run_module('compileall', run_name='__main__')\n"
+    result = run_code_under_split(code)
+    assert result.status == 0, result.stderr
+    assert list(target.rglob("*.pyc"))
+
+
+def test_tls_client_with_a_text_server_hostname_needs_python3_codecs() -> None:
+    """A trap for the transport: ssl encodes a str server_hostname with the `idna` codec,
+    which imports `unicodedata` from python3-codecs (not in Depends). An ASCII bytes
+    server_hostname skips the codec and works with Depends only."""
+    code = (
+        "import socket, ssl\n"
+        "context = ssl.create_default_context()\n"
+        "for host in (b'cluster.example', 'cluster.example'):\n"
+        "    try:\n"
+        "        context.wrap_socket(socket.socket(), server_hostname=host).close()\n"
+        "        print(type(host).__name__, 'ok')\n"
+        "    except LookupError as exc:\n"
+        "        print(type(host).__name__, 'LookupError', exc)\n"
+    )
+    result = run_code_under_split(code)
+    assert result.status == 0, result.stderr
+    assert result.stdout.splitlines() == ["bytes ok", "str LookupError unknown encoding: idna"]
+    assert ("unicodedata", "python3-codecs") in result.refused
+    with_codecs = run_code_under_split(code, installed=(*DEPENDS, "python3-codecs"))
+    assert with_codecs.stdout.splitlines() == ["bytes ok", "str ok"]

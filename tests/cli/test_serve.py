@@ -1,0 +1,141 @@
+"""``qinglong-edge serve`` end to end: a child process, a real port, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from qinglong_edge.local.identity import activate_pepper_key, create_subject, issue_credential, register_pepper_key
+from qinglong_edge.local.pepper import ensure_keyring_directory, read_pepper
+from qinglong_edge.local.policy import grant_role
+from qinglong_edge.local.store import Store, now_ms
+from tests.support.cli import REPO, run_cli
+from tests.support.http_client import exchange, request_bytes
+from tests.support.store import (
+    CREDENTIAL_ID,
+    PEPPER_KEY_ID,
+    PEPPER_TEXT,
+    SECRET,
+    SYSTEM,
+    TOKEN,
+    USER,
+    insert_run,
+    write_pepper_file,
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def provision(state: pathlib.Path) -> None:
+    """The section 10 identities, issued at the real clock (the child uses it)."""
+    keyring = state / "pepper"
+    ensure_keyring_directory(str(keyring))
+    write_pepper_file(keyring, PEPPER_KEY_ID, PEPPER_TEXT)
+    now = now_ms()
+    with Store.open(str(state / "local.db")) as store:
+        material = read_pepper(str(keyring), PEPPER_KEY_ID)
+        store.run(lambda c: register_pepper_key(c, material, now))
+        store.run(lambda c: activate_pepper_key(c, PEPPER_KEY_ID, now))
+        store.run(lambda c: create_subject(c, USER, now))
+        store.run(lambda c: issue_credential(c, credential_id=CREDENTIAL_ID, subject=USER, secret=SECRET,
+                                             pepper=material, now_ms=now - 1000, expires_at_ms=now + 3_600_000))
+        store.run(lambda c: grant_role(c, "default", USER, "operator", mutation_id="g1", changed_by=SYSTEM, now_ms=now))
+        store.run(lambda c: insert_run(c, "run-1", created_at_ms=now))
+
+
+def write_config(site: pathlib.Path, port: int, *, local_api: bool = True) -> pathlib.Path:
+    document: dict[str, object] = {"schema": "qinglong/edge-agent@v1", "stateDirectory": str(site / "state")}
+    if local_api:
+        document["localApi"] = {"listener": {"host": "127.0.0.1", "port": port}, "busyTimeoutMs": 1000}
+    path = site / "config.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+@pytest.fixture
+def site(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    provision(state)
+    yield tmp_path
+
+
+def start(config: pathlib.Path, *extra: str) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=REPO)
+    proc = subprocess.Popen([sys.executable, "-m", "qinglong_edge", "--config", str(config), *extra, "serve"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    assert "serving the Local API" in line, line + proc.stderr.read()
+    return proc
+
+
+def test_serves_and_drains_on_sigterm(site: pathlib.Path) -> None:
+    port = free_port()
+    proc = start(write_config(site, port), "--json")
+    try:
+        auth = [("Authorization", f"Bearer {TOKEN}")]
+        listed = exchange(("127.0.0.1", port), request_bytes("GET", "/api/v3/projects/default/runs", headers=auth))
+        assert listed is not None and listed.status == 200
+        assert [r["id"] for r in listed.json()["runs"]] == ["run-1"]
+        body = b'{"schema":"qinglong/run-cancellation@v1","mutationId":"m-1"}'
+        cancel = exchange(("127.0.0.1", port), request_bytes(
+            "POST", "/api/v3/projects/default/runs/run-1/cancellation",
+            headers=[*auth, ("Content-Type", "application/json")], body=body))
+        assert cancel is not None and cancel.status == 202
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=15)
+        assert proc.returncode == 0, err
+        assert time.monotonic() - started < 6
+        assert json.loads(out.strip().splitlines()[-1]) == {"ok": True, "drained": True, "exitStatus": 0}
+        assert "Traceback" not in err and TOKEN not in err
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_sigint_also_drains(site: pathlib.Path) -> None:
+    proc = start(write_config(site, free_port()))
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+
+
+def test_rejects_a_configuration_without_local_api(site: pathlib.Path) -> None:
+    result = run_cli("--config", str(write_config(site, 0, local_api=False)), "serve")
+    assert result.status == 78
+    assert "localApi" in result.stderr
+
+
+def test_rejects_a_port_in_use_with_69(site: pathlib.Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        result = run_cli("--config", str(write_config(site, port)), "--json", "serve")
+    assert result.status == 69, result.stderr
+    assert result.json()["code"] == "listener_unavailable"
+
+
+def test_rejects_a_missing_keyring(site: pathlib.Path) -> None:
+    (site / "state" / "pepper").rename(site / "state" / "elsewhere")
+    result = run_cli("--config", str(write_config(site, free_port())), "serve")
+    assert result.status == 78, result.stderr
+    assert "Traceback" not in result.stderr

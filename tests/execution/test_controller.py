@@ -1,0 +1,336 @@
+"""The controller end to end on a real store and real processes (local-api.md 7, 8).
+
+Grace periods are 300 ms (SIGTERM) and 300 ms (SIGKILL) to keep the suite fast.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import pytest
+
+from qinglong_edge.execution.cgroups import CgroupManager
+from qinglong_edge.execution.identity import read_proc_stat
+from tests.support.execution_env import Env, wait_for
+from tests.support.jobs import alive, descendants_by_marker, kill_pids, read_text
+
+
+def _pid(env: Env, attempt_id: str) -> int:
+    assert wait_for(lambda: env.attempt_row(attempt_id).get("pid") is not None)
+    return int(env.attempt_row(attempt_id)["pid"])
+
+
+def _control_events(env: Env, run_id: str) -> list[tuple[str, str, tuple[str, str], str]]:
+    return [(e["type"], e["dedupe_key"], e["actor"], e["payload_text"]) for e in env.events(run_id)[2:]]
+
+
+def test_natural_exit_is_recorded_with_exit_code_and_events(env: Env) -> None:
+    env.task("t-exit", "echo hello; echo oops >&2; exit 3", timeout_ms=600_000)
+    run_id, attempt_id = env.start("t-exit")
+    with env.controller() as controller:
+        controller.notify()
+        assert env.wait_status(run_id, "failed") == "failed"
+    run, attempt = env.run_row(run_id), env.attempt_row(attempt_id)
+    assert (attempt["status"], attempt["exit_code"], attempt["callback_sequence"]) == ("failed", 3, 1)
+    assert (run["version"], run["event_sequence"]) == (8, 8)
+    assert run["error_code"] == "EXECUTION_FAILED" and run["finished_at_ms"] >= run["started_at_ms"]
+    pid, deadline = attempt["pid"], attempt["deadline_at_ms"]
+    assert deadline is not None and deadline - run["started_at_ms"] <= 600_000
+    aid = attempt_id
+    assert _control_events(env, run_id) == [
+        ("run.dispatching", f"local-execution:run:{run_id}:2:dispatching", ("scheduler", "local-execution"),
+         '{"from_status":"queued","to_status":"dispatching","version":3}'),
+        ("attempt.starting", f"local-execution:attempt:{aid}:0:starting", ("worker", "local_process"),
+         f'{{"attempt_id":"{aid}","from_status":"claimed","to_status":"starting","version":4,'
+         f'"deadline_at_ms":{deadline}}}'),
+        ("attempt.running", f"local-execution:attempt:{aid}:0:running", ("executor", "local_process"),
+         f'{{"attempt_id":"{aid}","from_status":"starting","to_status":"running","pid":{pid},"version":5}}'),
+        ("run.running", f"local-execution:run:{run_id}:4:running", ("executor", "local_process"),
+         '{"from_status":"dispatching","to_status":"running","version":6}'),
+        ("attempt.failed", f"local-completion:{aid}:1:attempt", ("executor", "local_process"),
+         f'{{"attempt_id":"{aid}","from_status":"running","to_status":"failed","callback_sequence":1,'
+         f'"exit_code":3,"version":7}}'),
+        ("run.failed", f"local-completion:{aid}:1:run", ("executor", "local_process"),
+         '{"from_status":"running","to_status":"failed","version":8}'),
+    ]
+    log = os.path.join(env.log_directory, attempt["log_artifact_id"] + ".log")
+    assert read_text(log) == "hello\noops\n"
+    assert not os.path.exists(log[:-4] + ".fifo")
+
+
+def test_exit_zero_succeeds_with_task_environment_and_directory(env: Env, tmp_path: object) -> None:
+    workdir = os.path.join(str(tmp_path), "work")
+    os.mkdir(workdir)
+    env.task("t-ok", 'echo "$GREETING from $(pwd)" > out.txt', environment={"GREETING": "hi"}, cwd=workdir)
+    run_id, attempt_id = env.start("t-ok")
+    with env.controller() as controller:
+        controller.notify()
+        assert env.wait_status(run_id, "succeeded") == "succeeded"
+    assert read_text(os.path.join(workdir, "out.txt")) == f"hi from {workdir}\n"
+    assert env.attempt_row(attempt_id)["exit_code"] == 0 and env.run_row(run_id)["error_code"] is None
+
+
+def test_cancel_stops_the_job_and_marks_terminal_with_the_exact_events(env: Env, tmp_path: object) -> None:
+    marker = os.path.join(str(tmp_path), "term")
+    env.task("t-long", f"trap 'echo term > {marker}; exit 0' TERM; sleep 100037 & wait")
+    run_id, attempt_id = env.start("t-long")
+    with env.controller() as controller:
+        controller.notify()
+        pid = _pid(env, attempt_id)
+        assert wait_for(lambda: bool(descendants_by_marker("100037")))  # the trap is installed
+        assert env.wait_status(run_id, "running") == "running"
+        assert env.cancel(run_id, "m-1") == "accepted"
+        controller.notify()
+        assert env.wait_status(run_id, "cancelled") == "cancelled"
+        assert not alive(pid)
+        assert env.cancel(run_id, "m-1") == "already_terminal"  # the replay
+    assert read_text(marker) == "term\n"
+    run, attempt = env.run_row(run_id), env.attempt_row(attempt_id)
+    assert (run["version"], run["event_sequence"], run["cancel_reason"]) == (9, 9, "user")
+    assert (run["error_code"], run["error_summary"]) == ("EXECUTION_CANCELLED", "Execution was cancelled")
+    assert (attempt["status"], attempt["error_code"]) == ("cancelled", "EXECUTION_CANCELLED")
+    assert run["finished_at_ms"] == attempt["finished_at_ms"] >= max(run["started_at_ms"], run["created_at_ms"])
+    aid = attempt_id
+    assert _control_events(env, run_id)[-2:] == [
+        ("attempt.cancelled", f"local-control:{aid}:0:attempt", ("reconciler", "local-execution-control"),
+         f'{{"attempt_id":"{aid}","from_status":"running","to_status":"cancelled","reason":"user","version":8}}'),
+        ("run.cancelled", f"local-control:{aid}:0:run", ("reconciler", "local-execution-control"),
+         '{"from_status":"running","to_status":"cancelled","reason":"user","version":9}'),
+    ]
+
+
+@pytest.mark.parametrize("use_cgroups", [True, False], ids=["cgroup", "no-cgroup"])
+def test_cancel_leaves_no_process_of_the_run(env: Env, use_cgroups: bool, request: pytest.FixtureRequest) -> None:
+    marker, escaped = "100031.5", "100031.75"
+    cgroups = request.getfixturevalue("cgroup_manager") if use_cgroups else CgroupManager.detect("off")
+    env.task("t-escape", f"setsid sh -c 'sleep {escaped} & sleep {escaped} & wait' & "
+                         f"( sleep {marker} & ) & wait")
+    run_id, attempt_id = env.start("t-escape")
+    try:
+        with env.controller(cgroups=cgroups) as controller:
+            controller.notify()
+            _pid(env, attempt_id)
+            assert wait_for(lambda: len(descendants_by_marker(escaped)) == 2 and descendants_by_marker(marker))
+            env.cancel(run_id)
+            controller.notify()
+            assert env.wait_status(run_id, "cancelled") == "cancelled"
+            assert not descendants_by_marker(marker)  # the double fork stayed in the group: gone
+            if use_cgroups:
+                assert not descendants_by_marker(escaped)  # setsid escapees: gone with the cgroup
+                assert not cgroups.owned_names() & {attempt_id}
+            else:
+                # Without a cgroup a setsid escapee is in no group of ours: out of reach.
+                assert len(descendants_by_marker(escaped)) == 2
+    finally:
+        kill_pids(descendants_by_marker(escaped))
+
+
+def test_job_ignoring_term_int_hup_is_killed_after_the_grace(env: Env) -> None:
+    env.task("t-stubborn", "trap '' TERM INT HUP; sleep 100032 & while :; do wait; done")
+    run_id, attempt_id = env.start("t-stubborn")
+    with env.controller() as controller:
+        controller.notify()
+        pid = _pid(env, attempt_id)
+        assert wait_for(lambda: bool(descendants_by_marker("100032")))  # the traps are installed
+        started = time.monotonic()
+        env.cancel(run_id)
+        controller.notify()
+        assert env.wait_status(run_id, "cancelled") == "cancelled"
+        elapsed = time.monotonic() - started
+    assert 0.3 <= elapsed < 3.0  # SIGTERM grace waited, then SIGKILL; bounded
+    assert not alive(pid) and not descendants_by_marker("100032")
+
+
+def test_busy_forking_job_terminalises_only_when_everything_is_gone(env: Env) -> None:
+    env.task("t-forky", "while :; do /bin/true; done")
+    run_id, attempt_id = env.start("t-forky")
+    with env.controller() as controller:
+        controller.notify()
+        pid = _pid(env, attempt_id)
+        time.sleep(0.1)
+        env.cancel(run_id)
+        controller.notify()
+        assert env.wait_status(run_id, "cancelled") == "cancelled"
+        group = [s for s in _scan() if s.pgrp == pid and not s.exited]
+        assert not group
+
+
+def _scan() -> list:  # type: ignore[type-arg]
+    from qinglong_edge.execution.identity import scan_processes
+
+    return scan_processes()
+
+
+def test_command_name_with_parens_and_spaces(env: Env, tmp_path: object) -> None:
+    exe = os.path.join(str(tmp_path), "x) (y z")
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", exe)
+    env.store.run(lambda c: None)
+    from qinglong_edge.contracts.ids import new_uuid4
+    from qinglong_edge.local.tasks import create_task
+    from tests.support.execution_env import OPERATOR
+
+    env.store.run(lambda c: create_task(
+        c, project_id="default", task_id="t-parens", name="t-parens",
+        definition={"command": {"kind": "argv", "file": exe, "args": ["1000"]}},
+        mutation_id=new_uuid4(), created_by=OPERATOR, now_ms=int(time.time() * 1000)))
+    run_id, attempt_id = env.start("t-parens")
+    with env.controller() as controller:
+        controller.notify()
+        pid = _pid(env, attempt_id)
+        assert wait_for(lambda: "x) (y z" in read_text(f"/proc/{pid}/stat"))
+        stat = read_proc_stat(pid)
+        assert stat is not None and stat.comm == "x) (y z" and stat.pgrp == pid
+        env.cancel(run_id)
+        controller.notify()
+        assert env.wait_status(run_id, "cancelled") == "cancelled"
+        assert not alive(pid)
+
+
+def test_deadline_times_the_run_out(env: Env) -> None:
+    env.task("t-slow", "sleep 100033", timeout_ms=1000)
+    run_id, attempt_id = env.start("t-slow")
+    with env.controller() as controller:
+        controller.notify()
+        pid = _pid(env, attempt_id)
+        assert env.wait_status(run_id, "timed_out", timeout=10) == "timed_out"
+        assert not alive(pid)
+    run, attempt = env.run_row(run_id), env.attempt_row(attempt_id)
+    assert (run["cancel_reason"], run["error_code"]) == ("timeout", "EXECUTION_TIMED_OUT")
+    assert run["cancel_requested_at_ms"] == attempt["deadline_at_ms"]
+    assert attempt["status"] == "timed_out"
+    aid = attempt_id
+    assert _control_events(env, run_id)[-3:] == [
+        ("run.cancel_requested", f"local-control:{aid}:timeout:6", ("reconciler", "local-deadline"),
+         '{"reason":"timeout","from_status":"running","version":7}'),
+        ("attempt.timed_out", f"local-control:{aid}:0:attempt", ("reconciler", "local-execution-control"),
+         f'{{"attempt_id":"{aid}","from_status":"running","to_status":"timed_out","reason":"timeout","version":8}}'),
+        ("run.timed_out", f"local-control:{aid}:0:run", ("reconciler", "local-execution-control"),
+         '{"from_status":"running","to_status":"timed_out","reason":"timeout","version":9}'),
+    ]
+
+
+def test_queued_run_with_intent_is_cancelled_without_launching(env: Env) -> None:
+    env.task("t-hog", "sleep 100034")
+    env.task("t-queued", "echo should-not-run")
+    hog_run, hog_attempt = env.start("t-hog")
+    with env.controller(max_concurrent_runs=1) as controller:
+        controller.notify()
+        _pid(env, hog_attempt)
+        run_id, attempt_id = env.start("t-queued")
+        controller.notify()
+        time.sleep(0.3)
+        assert env.status(run_id) == "queued"  # the only slot is taken
+        env.cancel(run_id)
+        controller.notify()
+        assert env.wait_status(run_id, "cancelled", timeout=3) == "cancelled"
+        assert env.status(hog_run) == "running"
+        env.cancel(hog_run)
+        controller.notify()
+        assert env.wait_status(hog_run, "cancelled") == "cancelled"
+    attempt = env.attempt_row(attempt_id)
+    assert (attempt["status"], attempt["pid"], attempt["executor_handle"], attempt["log_artifact_id"]) == (
+        "cancelled", None, None, None)
+    assert [e["type"] for e in env.events(run_id)] == [
+        "run.created", "run.queued", "run.cancel_requested", "attempt.cancelled", "run.cancelled"]
+    assert env.events(run_id)[-1]["payload_text"] == (
+        '{"from_status":"queued","to_status":"cancelled","reason":"user","version":5}')
+
+
+def test_natural_exit_racing_a_stop_records_the_exit(env: Env, tmp_path: object) -> None:
+    go, term = os.path.join(str(tmp_path), "go"), os.path.join(str(tmp_path), "term")
+    env.task("t-race", f"trap 'echo term > {term}' TERM; while [ ! -e {go} ]; do sleep 0.01; done; exit 7")
+    run_id, attempt_id = env.start("t-race")
+    # A long interval and no notify: the only wake-up is the job's own exit.
+    with env.controller(control_interval_ms=3_600_000) as controller:
+        controller.notify()
+        _pid(env, attempt_id)
+        assert wait_for(lambda: bool(descendants_by_marker("0.01")))  # the trap is installed
+        env.cancel(run_id)  # intent committed; the controller is not told
+        open(go, "w").close()  # the job exits by itself right away
+        assert env.wait_status(run_id, "cancelled") == "cancelled"
+    attempt = env.attempt_row(attempt_id)
+    assert not os.path.exists(term)  # no signal was sent
+    assert (attempt["exit_code"], attempt["callback_sequence"]) == (7, 1)  # the natural exit, recorded
+    aid = attempt_id
+    assert _control_events(env, run_id)[-2][:2] == ("attempt.cancelled", f"local-completion:{aid}:1:attempt")
+    assert '"exit_code":7' in _control_events(env, run_id)[-2][3]
+
+
+def test_missing_command_fails_the_launch(env: Env) -> None:
+    from qinglong_edge.contracts.ids import new_uuid4
+    from qinglong_edge.local.tasks import create_task
+    from tests.support.execution_env import OPERATOR
+
+    env.store.run(lambda c: create_task(
+        c, project_id="default", task_id="t-missing", name="t-missing",
+        definition={"command": {"kind": "argv", "file": "/nonexistent/tool"}},
+        mutation_id=new_uuid4(), created_by=OPERATOR, now_ms=int(time.time() * 1000)))
+    run_id, attempt_id = env.start("t-missing")
+    with env.controller() as controller:
+        controller.notify()
+        assert env.wait_status(run_id, "failed") == "failed"
+    assert env.run_row(run_id)["error_code"] == "EXECUTOR_START_FAILED"
+    assert [e["type"] for e in env.events(run_id)][-2:] == ["attempt.failed", "run.failed"]
+    assert env.attempt_row(attempt_id)["pid"] is None
+
+
+def test_concurrency_is_capped(env: Env) -> None:
+    env.task("t-cap", "sleep 100035")
+    runs = [env.start("t-cap") for _ in range(3)]
+    with env.controller(max_concurrent_runs=2) as controller:
+        controller.notify()
+        assert wait_for(lambda: sum(env.status(r) == "running" for r, _ in runs) == 2)
+        time.sleep(0.3)
+        assert sorted(env.status(r) for r, _ in runs) == ["queued", "running", "running"]
+        for run_id, _ in runs:
+            env.cancel(run_id)
+        controller.notify()
+        assert all(env.wait_status(r, "cancelled") == "cancelled" for r, _ in runs)
+
+
+def test_output_beyond_the_cap_is_discarded_and_the_job_is_not_blocked(env: Env) -> None:
+    env.task("t-chatty", "i=0; while [ $i -lt 4000 ]; do echo 0123456789012345678901234567890123456789; "
+                         "i=$((i+1)); done; echo done")
+    run_id, attempt_id = env.start("t-chatty")
+    with env.controller(max_log_bytes=1024) as controller:
+        controller.notify()
+        assert env.wait_status(run_id, "succeeded") == "succeeded"
+    log = os.path.join(env.log_directory, env.attempt_row(attempt_id)["log_artifact_id"] + ".log")
+    data = read_text(log).encode("utf-8", "surrogateescape")
+    assert len(data) <= 1024 and data.endswith(b"[qinglong-edge: output truncated]\n")
+
+
+def test_shutdown_stops_running_jobs_with_reason_shutdown(env: Env) -> None:
+    env.task("t-drain", "sleep 100036")
+    run_id, attempt_id = env.start("t-drain")
+    with env.controller() as controller:
+        controller.notify()
+        pid = _pid(env, attempt_id)
+        assert env.wait_status(run_id, "running") == "running"
+    assert not alive(pid)
+    run = env.run_row(run_id)
+    assert (run["status"], run["cancel_reason"]) == ("cancelled", "shutdown")
+    assert [(e["type"], e["actor"]) for e in env.events(run_id)][-3:] == [
+        ("run.cancel_requested", ("reconciler", "local-shutdown")),
+        ("attempt.cancelled", ("reconciler", "local-execution-control")),
+        ("run.cancelled", ("reconciler", "local-execution-control")),
+    ]
+
+
+def test_shutdown_drain_stops_every_run_at_once(env: Env) -> None:
+    env.task("t-stubborn-2", "trap '' TERM INT HUP; sleep 100038 & while :; do wait; done")
+    runs = [env.start("t-stubborn-2") for _ in range(2)]
+    with env.controller(terminate_grace_ms=1000, kill_grace_ms=300) as controller:
+        controller.on_intent("task.start", runs[0][0])  # the Local API's hook
+        pids = [_pid(env, attempt_id) for _, attempt_id in runs]
+        assert wait_for(lambda: len(descendants_by_marker("100038")) == 2)
+        assert controller.stop_timeout_s == 3.3
+        started = time.monotonic()
+        assert controller.stop() is True
+        elapsed = time.monotonic() - started
+    assert 1.0 <= elapsed < 2.4  # one grace period for both, not one per Run
+    assert not any(alive(p) for p in pids) and not descendants_by_marker("100038")
+    assert [env.run_row(r)["cancel_reason"] for r, _ in runs] == ["shutdown", "shutdown"]
+    assert [env.status(r) for r, _ in runs] == ["cancelled", "cancelled"]

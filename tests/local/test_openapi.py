@@ -1,0 +1,151 @@
+"""docs/openapi.json describes exactly the routes the server resolves."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+from typing import Any
+
+from qinglong_edge.local import routes
+
+DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
+
+
+def load() -> dict[str, object]:
+    return json.loads(DOC.read_text(encoding="utf-8"))  # type: ignore[no-any-return]
+
+
+def test_is_openapi_3_1() -> None:
+    doc = load()
+    assert doc["openapi"] == "3.1.0"
+
+
+def test_every_route_is_documented_with_its_operation_id() -> None:
+    doc = load()
+    paths = doc["paths"]
+    assert isinstance(paths, dict)
+    documented = {
+        (method.upper(), path, operation["operationId"])
+        for path, item in paths.items()
+        for method, operation in item.items()
+    }
+    table = set()
+    for method, pattern, operation in routes._PATHS:
+        template = re.sub(r"\(\?P<(\w+)>[^)]*\)", lambda m: "{" + {"project": "projectId", "run": "runId", "task": "taskId"}[m.group(1)] + "}", pattern.pattern)
+        table.add((method, template, operation))
+    assert documented == table
+
+
+def test_every_operation_documents_admission_errors() -> None:
+    doc = load()
+    for item in doc["paths"].values():  # type: ignore[attr-defined]
+        for operation in item.values():
+            responses = operation["responses"]
+            for status in ("400", "401", "403", "404", "503"):
+                assert status in responses, (operation["operationId"], status)
+            codes = responses["503"]["content"]["application/json; charset=utf-8"]["schema"]["properties"]["code"]["enum"]
+            assert "security_audit_unavailable" in codes
+            assert "server_overloaded" in codes
+
+
+def test_every_ref_resolves() -> None:
+    doc = load()
+    text = DOC.read_text(encoding="utf-8")
+    for ref in set(re.findall(r'"\$ref": "#/([^"]+)"', text)):
+        node: object = doc
+        for part in ref.split("/"):
+            assert isinstance(node, dict) and part in node, ref
+            node = node[part]
+
+
+# -- the documented schemas match what the server really sends ---------------------------
+
+
+def _resolve(doc: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in schema:
+        node: Any = doc
+        for part in schema["$ref"].lstrip("#/").split("/"):
+            node = node[part]
+        schema = node
+    return schema
+
+
+def conforms(doc: dict[str, Any], schema: dict[str, Any], value: Any, path: str = "$") -> None:
+    """A small JSON Schema subset: the keywords docs/openapi.json uses."""
+    schema = _resolve(doc, schema)
+    if "oneOf" in schema:
+        matches = 0
+        for option in schema["oneOf"]:
+            try:
+                conforms(doc, option, value, path)
+                matches += 1
+            except AssertionError:
+                pass
+        assert matches == 1, f"{path}: matches {matches} of oneOf"
+        return
+    if "const" in schema:
+        assert value == schema["const"], path
+    if "enum" in schema:
+        assert value in schema["enum"], f"{path}: {value!r}"
+    kinds = schema.get("type")
+    if kinds is not None:
+        kinds = kinds if isinstance(kinds, list) else [kinds]
+        python = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+        ok = any(
+            (kind == "integer" and isinstance(value, int) and not isinstance(value, bool))
+            or (kind in python and isinstance(value, python[kind]))
+            for kind in kinds
+        )
+        assert ok, f"{path}: {value!r} is not {kinds}"
+    if isinstance(value, dict):
+        for key in schema.get("required", []):
+            assert key in value, f"{path}: missing {key}"
+        properties = schema.get("properties", {})
+        if schema.get("additionalProperties") is False:
+            assert set(value) <= set(properties), f"{path}: extra {set(value) - set(properties)}"
+        for key, item in value.items():
+            if key in properties:
+                conforms(doc, properties[key], item, f"{path}.{key}")
+    if isinstance(value, list):
+        assert len(value) <= schema.get("maxItems", len(value)), path
+        for index, item in enumerate(value):
+            conforms(doc, schema.get("items", {}), item, f"{path}[{index}]")
+    if isinstance(value, int) and not isinstance(value, bool):
+        assert schema.get("minimum", value) <= value <= schema.get("maximum", value), path
+    if isinstance(value, str) and "pattern" in schema:
+        assert re.search(schema["pattern"], value), f"{path}: {value!r}"
+
+
+def test_live_responses_match_the_documented_schemas(tmp_path: pathlib.Path) -> None:
+    from tests.local.test_runs import _step
+    from tests.support.local_api import RUN_ID, local_api
+    from tests.support.store import NOW, insert_run
+
+    doc = load()
+    paths: Any = doc["paths"]
+    prefix = "/api/v3/projects/{projectId}"
+    with local_api(tmp_path) as api:
+        api.write(lambda c: insert_run(c, "done", status="succeeded", version=4, event_sequence=4))
+        api.write(lambda c: _step(c, RUN_ID, "s1", "build"))
+        api.write(lambda c: c.execute(
+            'INSERT INTO "RunAttempts" (id, run_id, attempt, status, executor_type, callback_sequence, created_at_ms)'
+            " VALUES ('a1', ?, 1, 'running', 'local_process', 0, ?)", (RUN_ID, NOW)))
+        checks = [
+            (prefix + "/runs/{runId}/cancellation", "post", api.cancel()),
+            (prefix + "/runs/{runId}/cancellation", "post", api.cancel()),
+            (prefix + "/runs/{runId}/cancellation", "post", api.cancel(run_id="done")),
+            (prefix + "/runs/{runId}/cancellation", "post", api.cancel(run_id="missing")),
+            (prefix + "/runs/{runId}/cancellation", "post", api.cancel(b'{"schema":1}')),
+            (prefix + "/runs/{runId}/cancellation", "post", api.cancel(authorization=None)),
+            (prefix + "/runs", "get", api.get("/api/v3/projects/default/runs?limit=1")),
+            (prefix + "/runs", "get", api.get("/api/v3/projects/default/runs?limit=x")),
+            (prefix + "/runs/{runId}", "get", api.get(f"/api/v3/projects/default/runs/{RUN_ID}")),
+            (prefix + "/runs/{runId}/events", "get", api.get(f"/api/v3/projects/default/runs/{RUN_ID}/events")),
+            (prefix + "/runs/{runId}/steps", "get", api.get(f"/api/v3/projects/default/runs/{RUN_ID}/steps")),
+            (prefix + "/runs/{runId}/steps", "get", api.get("/api/v3/projects/default/runs/missing/steps")),
+        ]
+        for path, method, response in checks:
+            documented = paths[path][method]["responses"][str(response.status)]
+            media = documented["content"]["application/json; charset=utf-8"]
+            conforms(doc, media["schema"], response.json())
