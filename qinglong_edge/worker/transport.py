@@ -242,7 +242,9 @@ def _check_int(value: object, low: int, high: int, name: str) -> int:
 
 def _open_tcp(origin: Origin, deadline: _Deadline) -> socket.socket:
     """Connect to the first address that answers, each attempt within the budget."""
-    infos = socket.getaddrinfo(origin.host, origin.port, type=socket.SOCK_STREAM)
+    # ASCII bytes, not str: a str host goes through the "idna" codec, which needs
+    # unicodedata (OpenWrt python3-codecs, not among our Depends). Origin hosts are ASCII.
+    infos = socket.getaddrinfo(origin.host.encode("ascii"), origin.port, type=socket.SOCK_STREAM)
     last: OSError = OSError("no address to connect to")
     for family, kind, proto, _name, address in infos:
         sock = socket.socket(family, kind, proto)
@@ -493,7 +495,10 @@ class IngressTransport:
     def _handshake(self, raw: socket.socket, context: ssl.SSLContext, deadline: _Deadline) -> ssl.SSLSocket:
         """Wrap ``raw`` and complete the TLS handshake within the budget; closes on failure."""
         try:
-            tls = context.wrap_socket(raw, server_hostname=self._origin.host, do_handshake_on_connect=False)
+            # bytes for the same reason as in _open_tcp (ssl encodes a str with "idna")
+            tls = context.wrap_socket(
+                raw, server_hostname=self._origin.host.encode("ascii"), do_handshake_on_connect=False
+            )
         except BaseException:
             raw.close()
             raise
