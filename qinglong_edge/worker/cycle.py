@@ -23,7 +23,6 @@ between cycles the process sleeps in the foreground.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from qinglong_edge.config import WorkerConfig
 from qinglong_edge.errors import SessionError
 from qinglong_edge.worker.ingress_http import DEFAULT_MAX_REQUEST_BYTES
 from qinglong_edge.worker.journal import Journal, JournalOptions
-from qinglong_edge.worker.pull import AbortSignal, PullCoordinator, PullResult, SessionAuthority
+from qinglong_edge.worker.pull import AbortSignal, PullCoordinator, PullResult, SessionAuthority, uniform_random
 from qinglong_edge.worker.session import SessionKeeper, SessionOutcome, local_capabilities
 from qinglong_edge.worker.transport import IngressTransport, TransportResponse
 
@@ -128,7 +127,7 @@ def run_pull(
     abort: AbortSignal | None = None,
     clock_ms: Callable[[], int] = wall_ms,
     sleep: Callable[[float], None] = time.sleep,
-    rng: random.Random | None = None,
+    random: Callable[[], float] = uniform_random,
     transport: IngressTransport | None = None,
 ) -> Iterator[CycleReport]:
     """Run one cycle, or cycles at ``worker.pull_interval_ms`` for ``duration_s`` seconds.
@@ -149,7 +148,6 @@ def run_pull(
             ``credentials_unavailable`` from the transport's construction;
             SessionError ``unsupported_platform``; PullAborted once ``abort`` tripped.
     """
-    rng = rng or random.Random()
     abort = abort or AbortSignal()
 
     def pause(seconds: float) -> None:
@@ -158,7 +156,7 @@ def run_pull(
 
     capabilities = local_capabilities()  # unsupported_platform before any I/O
     if splay and worker.splay_max_ms > 0:
-        pause(rng.uniform(0, worker.splay_max_ms) / 1000)
+        pause(random() * worker.splay_max_ms / 1000)
     abort.check()
     journal = Journal.open(worker.journal_directory, JournalOptions.from_config(worker))
     try:
@@ -177,7 +175,7 @@ def run_pull(
                 capabilities=capabilities,
             )
             coordinator = PullCoordinator(
-                journal, wire, backoff_base_ms=worker.backoff_base_ms, clock_ms=clock_ms, random=rng.random
+                journal, wire, backoff_base_ms=worker.backoff_base_ms, clock_ms=clock_ms, random=random
             )
             started = time.monotonic()
             while True:

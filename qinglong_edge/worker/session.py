@@ -43,7 +43,6 @@ cron cycle heartbeats; ``pull --duration`` cycles faster than the interval do no
 from __future__ import annotations
 
 import os
-import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -177,7 +176,7 @@ def local_capabilities(machine: str | None = None) -> dict[str, Any]:
         SessionError: ``unsupported_platform`` when the machine maps to no cluster
             architecture (e.g. MIPS routers): the cluster could never place work here.
     """
-    machine = platform.machine() if machine is None else machine
+    machine = os.uname().machine if machine is None else machine  # platform.machine(), without the import
     architecture = architecture_for_machine(machine)
     tier = support_tier_for(architecture) if architecture else None
     if architecture is None or tier is None:
