@@ -26,6 +26,11 @@ pull (which registers the session) is a warm-up and is not counted; the session 
 and heartbeat interval are set long enough that no measured cycle heartbeats. Medians
 over N runs each, ratios pull / baseline. Targets (issue 6): CPU <= 1.10x, peak RSS
 <= 1.05x. Reported, never asserted. Prints one JSON object.
+
+To tell the standard library's share from our code's, the run also measures
+``stdlib_floor``: a child that only imports the top-level stdlib modules a pull cycle
+loads (taken from ``sys.modules`` after a real cycle) -- what any pull built on these
+modules pays before a line of ours runs -- and the modules it adds to the baseline's.
 """
 
 from __future__ import annotations
@@ -85,8 +90,29 @@ def _measure(argv: list[str]) -> dict[str, float]:
         proc.stderr.close()
     if proc.returncode != 0:
         raise SystemExit(f"{argv[:4]}... exited {proc.returncode}: {stderr[-2000:]}")
-    return {"cpu_ms": (usage.ru_utime + usage.ru_stime) * 1000, "maxrss_kib": float(usage.ru_maxrss),
-            "wall_ms": wall * 1000}
+    return {"cpu_ms": (usage.ru_utime + usage.ru_stime) * 1000, "user_ms": usage.ru_utime * 1000,
+            "sys_ms": usage.ru_stime * 1000, "maxrss_kib": float(usage.ru_maxrss), "wall_ms": wall * 1000}
+
+
+MODULES_PROBE = r'''
+import json, sys
+sys.argv = ["qinglong-edge", *sys.argv[1:]]
+sys.path.insert(0, sys.argv.pop(1))
+from qinglong_edge.cli import main
+status = main(sys.argv[1:])
+names = sorted({name.split(".")[0] for name in sys.modules})
+sys.stderr.write("MODULES=" + json.dumps(names) + "\n")
+sys.exit(status)
+'''
+
+
+def _top_level_modules(argv: list[str]) -> list[str]:
+    proc = subprocess.run(argv, capture_output=True, text=True, env=_env(), cwd=REPO, check=False)
+    line = [text for text in proc.stderr.splitlines() if text.startswith("MODULES=")]
+    if proc.returncode != 0 or not line:
+        raise SystemExit(f"module probe failed: {proc.stderr[-2000:]}")
+    names: list[str] = json.loads(line[-1][len("MODULES="):])
+    return names
 
 
 def _summary(samples: list[dict[str, float]]) -> dict[str, float]:
@@ -131,11 +157,21 @@ def main() -> int:
                     info["certificateFile"], info["privateKeyFile"], info["trustAnchorFile"],
                     str(session["generation"])]
         _measure(baseline)
+        probe = [sys.executable, *flags, "-c", MODULES_PROBE, str(package_root), *pull[len(flags) + 2:]]
+        ours_modules = _top_level_modules(probe)
+        stdlib = sorted(set(ours_modules) & set(sys.stdlib_module_names))
+        baseline_modules = _top_level_modules([sys.executable, *flags, "-c",
+                                               "import http.client, json, ssl, sys\n"
+                                               "sys.stderr.write('MODULES=' + json.dumps(sorted("
+                                               "{n.split('.')[0] for n in sys.modules})) + '\\n')"])
+        floor = [sys.executable, *flags, "-c", "import " + ", ".join(stdlib)]
         ours: list[dict[str, float]] = []
         theirs: list[dict[str, float]] = []
+        floors: list[dict[str, float]] = []
         for _ in range(args.runs):
             ours.append(_measure(pull))
             theirs.append(_measure(baseline))
+            floors.append(_measure(floor))
         state = json.loads((work / "cluster" / "cluster-state.json").read_text())
     finally:
         double.terminate()
@@ -144,7 +180,7 @@ def main() -> int:
             double.stdout.close()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    pull_summary, base_summary = _summary(ours), _summary(theirs)
+    pull_summary, base_summary, floor_summary = _summary(ours), _summary(theirs), _summary(floors)
     cpu_ratio = pull_summary["cpu_ms_median"] / base_summary["cpu_ms_median"]
     rss_ratio = pull_summary["maxrss_kib_median"] / base_summary["maxrss_kib_median"]
     result: dict[str, Any] = {
@@ -154,13 +190,19 @@ def main() -> int:
         "python": sys.version.split()[0],
         "site": bool(args.site),
         "runs": args.runs,
-        "units": {"cpu_ms": "ms user+sys of the child (wait4)", "maxrss_kib": "KiB peak RSS of the child",
-                  "wall_ms": "ms"},
+        "units": {"cpu_ms": "ms user+sys of the child (wait4)", "user_ms": "ms", "sys_ms": "ms",
+                  "maxrss_kib": "KiB peak RSS of the child", "wall_ms": "ms"},
         "pull": pull_summary,
         "baseline": base_summary,
         "ratios": {"cpu": round(cpu_ratio, 3), "maxrss": round(rss_ratio, 3)},
         "targets": {"cpu": CPU_TARGET, "maxrss": RSS_TARGET},
         "met": {"cpu": cpu_ratio <= CPU_TARGET, "maxrss": rss_ratio <= RSS_TARGET},
+        "stdlib_floor": {
+            "modules_beyond_baseline": sorted(set(stdlib) - set(baseline_modules)),
+            **floor_summary,
+            "ratios": {"cpu": round(floor_summary["cpu_ms_median"] / base_summary["cpu_ms_median"], 3),
+                       "maxrss": round(floor_summary["maxrss_kib_median"] / base_summary["maxrss_kib_median"], 3)},
+        },
         "cluster_requests": state["requests"],
     }
     print(json.dumps(result))
