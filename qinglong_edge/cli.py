@@ -37,6 +37,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "admin",
     "config",
     "serve",
+    "pull",
 )
 
 

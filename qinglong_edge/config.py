@@ -25,6 +25,7 @@ Shape (camelCase, like the QingLong configs; defaults in brackets)::
         "ownershipStaleMs": 5000-300000,            [30000]
         "backoffBaseMs": 100-60000,                 [1000]
         "sessionLeaseDurationMs": 5000-600000,      [180000: survives a missed cron minute]
+        "heartbeatIntervalMs": 5000-300000,         [10000; 2 x interval <= the session lease]
         "pullIntervalMs": 100-60000,                [2000 edge, 500 standalone]
         "splayMaxMs": 0-60000,                      [0]
         "maxConcurrentRuns": 1-1024                 [1]
@@ -98,6 +99,7 @@ class WorkerConfig:
     ownership_stale_ms: int
     backoff_base_ms: int
     session_lease_duration_ms: int
+    heartbeat_interval_ms: int
     pull_interval_ms: int
     splay_max_ms: int
     max_concurrent_runs: int
@@ -267,11 +269,16 @@ def _parse_worker(sec: _Section, state_dir: str, profile: str) -> WorkerConfig:
         ownership_stale_ms=sec.integer("ownershipStaleMs", 5000, 300_000, 30_000),
         backoff_base_ms=sec.integer("backoffBaseMs", 100, 60_000, 1000),
         session_lease_duration_ms=sec.integer("sessionLeaseDurationMs", 5000, 600_000, 180_000),
+        heartbeat_interval_ms=sec.integer("heartbeatIntervalMs", 5000, 300_000, 10_000),
         pull_interval_ms=sec.integer("pullIntervalMs", 100, 60_000, 2000 if profile == "edge" else 500),
         splay_max_ms=sec.integer("splayMaxMs", 0, 60_000, 0),
         max_concurrent_runs=sec.integer("maxConcurrentRuns", 1, 1024, 1),
     )
     sec.done()
+    if 2 * config.heartbeat_interval_ms > config.session_lease_duration_ms:
+        at = sec._at("heartbeatIntervalMs")
+        raise ConfigError(f"{at}: twice the interval must not exceed sessionLeaseDurationMs (offer-delivery.md 5.1)",
+                          path=at)
     return config
 
 

@@ -150,7 +150,8 @@ class SessionError(EdgeError):
     """Worker Session failure (ADR-0110 section 5.1).
 
     Codes: ``credential_rejected`` (401/403), ``session_fenced`` (409),
-    ``invalid_response``, ``session_unavailable``.
+    ``invalid_response``, ``session_unavailable``, ``credentials_unavailable`` and
+    ``invalid_configuration`` (from the transport), ``unsupported_platform``.
     """
 
     code = "session_unavailable"
@@ -248,6 +249,7 @@ EXIT_STATUS_BY_CODE: dict[str, int] = {
     "not_found": EX_DATAERR,
     "listener_unavailable": EX_UNAVAILABLE,
     "input_unreadable": 66,  # EX_NOINPUT: an input file named on the command line cannot be read
+    "unsupported_platform": EX_UNAVAILABLE,  # no cluster architecture for this machine (worker session)
 }
 
 

@@ -28,8 +28,8 @@ agent's default applies, or the key is reported as required)::
         journal_directory        worker.journalDirectory
         request_timeout_ms  inbox_maximum_entries  inbox_retention_ms
         abandoned_maximum_entries  ownership_stale_ms  backoff_base_ms
-        session_lease_duration_ms  pull_interval_ms  splay_max_ms
-        max_concurrent_runs      worker.<camelCase of the same name>, integers
+        session_lease_duration_ms  heartbeat_interval_ms  pull_interval_ms
+        splay_max_ms  max_concurrent_runs  worker.<camelCase of the same name>, integers
     config local_api 'local_api'                 localApi    (rendered only when enabled=1)
         enabled          0|1
         host                     localApi.listener.host
@@ -148,6 +148,7 @@ UCI_SCHEMA: tuple[UciSectionType, ...] = (
         _int("ownership_stale_ms", "ownershipStaleMs"),
         _int("backoff_base_ms", "backoffBaseMs"),
         _int("session_lease_duration_ms", "sessionLeaseDurationMs"),
+        _int("heartbeat_interval_ms", "heartbeatIntervalMs"),
         _int("pull_interval_ms", "pullIntervalMs"),
         _int("splay_max_ms", "splayMaxMs"),
         _int("max_concurrent_runs", "maxConcurrentRuns"),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import platform
+import sys
 
 from qinglong_edge import __version__
 from qinglong_edge.commands._output import emit
@@ -18,7 +18,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
 def _run(args: argparse.Namespace) -> int:
     emit(
         args.json,
-        f"qinglong-edge {__version__} (Python {platform.python_version()})",
-        {"ok": True, "version": __version__, "python": platform.python_version()},
+        f"qinglong-edge {__version__} (Python {_python_version()})",
+        {"ok": True, "version": __version__, "python": _python_version()},
     )
     return 0
+
+
+
+def _python_version() -> str:
+    """``platform.python_version()`` (which parses ``sys.version`` the same way) without
+    importing :mod:`platform` for every command."""
+    return sys.version.split()[0]

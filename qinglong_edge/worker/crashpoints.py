@@ -29,6 +29,9 @@ Point names are ``<operation>.<step>``. Operations (see :mod:`qinglong_edge.work
 ``offer_update``    an inbox record revision (higher lease version, ``replace_offer``)
 ``offer_discard``   removal of ``offers/<offerId>.json`` (``inbox discard``, retention)
 ``abandoned_prune`` removal of the oldest ``abandoned/<offerId>.json`` beyond the bound
+``session_write``   a new ``session.json`` (register, heartbeat: update steps)
+``session_clear``   removal of ``session.json`` (a fenced session)
+``pull``            the step boundaries of one offer pull (PULL_STEPS below)
 ==================  ==========================================================
 
 Steps of a first publication (:data:`FIRST_PUBLICATION_STEPS`), in order:
@@ -41,6 +44,12 @@ Steps of an update (:data:`UPDATE_STEPS`): ``begin``, ``tmp_created``,
 ``tmp_partial``, ``tmp_written``, ``tmp_synced``, ``renamed``, ``dir_synced``.
 
 Steps of a removal (:data:`REMOVAL_STEPS`): ``begin``, ``unlinked``, ``dir_synced``.
+
+Steps of a pull (:data:`PULL_STEPS`, :mod:`qinglong_edge.worker.pull`):
+``attempt_persisted`` (the attempt revision of the claim is durable, nothing sent),
+``response_received`` (a 200 body arrived, nothing parsed or written),
+``inbox_published`` (the inbox record is durable, the claim not yet cleared),
+``claim_cleared`` (the claim is removed, the result not yet reported).
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ __all__ = [
     "FIRST_PUBLICATION_STEPS",
     "OPERATIONS",
     "POINTS",
+    "PULL_STEPS",
     "REMOVAL_STEPS",
     "UPDATE_STEPS",
     "armed",
@@ -66,6 +76,7 @@ FIRST_PUBLICATION_STEPS = (
 )
 UPDATE_STEPS = ("begin", "tmp_created", "tmp_partial", "tmp_written", "tmp_synced", "renamed", "dir_synced")
 REMOVAL_STEPS = ("begin", "unlinked", "dir_synced")
+PULL_STEPS = ("attempt_persisted", "response_received", "inbox_published", "claim_cleared")
 
 #: operation -> its steps, in order.
 OPERATIONS: dict[str, tuple[str, ...]] = {
@@ -77,6 +88,9 @@ OPERATIONS: dict[str, tuple[str, ...]] = {
     "offer_update": UPDATE_STEPS,
     "offer_discard": REMOVAL_STEPS,
     "abandoned_prune": REMOVAL_STEPS,
+    "session_write": UPDATE_STEPS,
+    "session_clear": REMOVAL_STEPS,
+    "pull": PULL_STEPS,
 }
 
 #: Every documented point name, in execution order within each operation.

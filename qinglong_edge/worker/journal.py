@@ -5,6 +5,7 @@ On-disk layout (offer-delivery.md 3.1; the lock per the spec README)::
     <root>/                           0700, a real directory owned by us
     <root>/.owner.lock                0600, flock owner lock + owner record (ownerlock.py)
     <root>/pending-claim.json         0600, at most one outstanding claim (3.3)
+    <root>/session.json               0600, the current Worker Session (worker/session.py)
     <root>/offers/                    0700
     <root>/offers/<offerId>.json      0600, one inbox record per accepted offer (3.4)
     <root>/abandoned/                 0700
@@ -66,11 +67,15 @@ from qinglong_edge.worker.journal_view import (
 )
 from qinglong_edge.worker.ownerlock import DEFAULT_STALE_MS, MAX_STALE_MS, MIN_STALE_MS, OwnerLock
 
+#: The Worker Session record in the journal root (qinglong_edge.worker.session).
+SESSION_NAME = "session.json"
+
 __all__ = [
     "ABANDONED_DIR",
     "CLAIM_NAME",
     "HARD_MAXIMUM_ENTRIES",
     "OFFERS_DIR",
+    "SESSION_NAME",
     "TERMINAL_STATES",
     "AcceptResult",
     "InboxRecord",
@@ -500,6 +505,27 @@ class Journal(RecordReads):
                     self._remove(self._offers_fd, files.record_file_name(offer_id), "offer_discard")
                     pruned.append(offer_id)
             return pruned
+
+    # -- Worker Session record (spec README: "the session record lives durably in the journal root") --
+
+    def read_session_record(self) -> bytes | None:
+        """The raw ``session.json`` bytes (section 3.1 read rules), or None when absent.
+
+        The format is :mod:`qinglong_edge.worker.session`'s; the journal only keeps it
+        crash-safe beside the claim it fences.
+        """
+        with self._owned():
+            return files.read_record(self._dirs.root_fd, SESSION_NAME, self._dirs.what(SESSION_NAME))
+
+    def write_session_record(self, data: bytes) -> None:
+        """Durably replace ``session.json`` (update algorithm: temp, fsync, rename, fsync root)."""
+        with self._owned():
+            self._publish_replace(self._dirs.root_fd, SESSION_NAME, data, "session_write")
+
+    def clear_session_record(self) -> bool:
+        """Remove ``session.json`` (unlink, fsync root). False when it was absent."""
+        with self._owned():
+            return self._remove(self._dirs.root_fd, SESSION_NAME, "session_clear")
 
     # -- primitives bound to this journal -----------------------------------------------------
 

@@ -67,12 +67,12 @@ mapped to ``request_rejected``.
 from __future__ import annotations
 
 import http.client
-import logging
 import os
 import re
 import select
 import socket
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -118,7 +118,18 @@ IDLE_REUSE_MAX_S = 4.0
 _RECV_BYTES = 64 * 1024
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}", re.ASCII)
 
-_LOG = logging.getLogger(__name__)
+
+
+def _debug(message: str, *args: object) -> None:
+    """A DEBUG record on this module's logger, if :mod:`logging` is in use at all.
+
+    The pull path does not import :mod:`logging` (a cron run would pay its import for
+    records nobody handles: without a configured handler DEBUG goes nowhere). An
+    application or test that imported and configured logging still gets the records.
+    """
+    logging = sys.modules.get("logging")
+    if logging is not None:
+        logging.getLogger(__name__).debug(message, *args)
 
 
 @dataclass(frozen=True, slots=True)
@@ -471,7 +482,7 @@ class IngressTransport:
                 ):
                     # close() shut the socket under this call: report that, not the EOF.
                     raise TransportError("transport closed during the request", code="closed") from None
-                _LOG.debug("worker ingress %s: %s", self._origin.text, error)
+                _debug("worker ingress %s: %s", self._origin.text, error)
                 raise
 
     def _context_for(self, material: Material) -> ssl.SSLContext:
@@ -518,7 +529,7 @@ class IngressTransport:
         except BaseException:
             tls.close()
             raise
-        _LOG.debug("worker ingress %s: connected (%s)", self._origin.text, tls.version())
+        _debug("worker ingress %s: connected (%s)", self._origin.text, tls.version())
         return tls
 
     def _exchange(
@@ -542,7 +553,7 @@ class IngressTransport:
                 wire = _Wire(self._handshake(raw, context, deadline), material.digest)
             else:
                 self._set_active(wire.sock)
-                _LOG.debug("worker ingress %s: reusing the idle connection", self._origin.text)
+                _debug("worker ingress %s: reusing the idle connection", self._origin.text)
             stage = "send request"
             wire.sock.settimeout(deadline.budget())
             _send(wire.sock, self._origin, path, material.authorization, body)
@@ -560,7 +571,7 @@ class IngressTransport:
                 request_id=_request_id(head),
             )
             pooled = reusable and self._pool(wire)
-            _LOG.debug("worker ingress %s: HTTP %d, %d bytes", self._origin.text, status, len(data))
+            _debug("worker ingress %s: HTTP %d, %d bytes", self._origin.text, status, len(data))
             return response
         except TransportError:
             raise

@@ -1,0 +1,439 @@
+"""``qinglong-edge pull`` end to end: the real CLI in child processes, against the cluster
+double over TLS 1.3 mutual TLS, with real signals, real crash points and the real journal.
+
+Requirements of issue 6 checked here: response lost after commit (drop, 500, timeout,
+mid-body, garbage) -> byte-identical retries, one inbox file, one lease; SIGTERM in
+flight -> claim kept, exit 75, replayed once; two pulls at once -> one claim, loser exits
+0; SIGKILL at every step boundary -> convergence; backoff without network I/O and
+Retry-After; abandoned claims; 401 -> 77 with the claim kept; full inbox; session
+register/heartbeat/fencing; --duration; --json.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from qinglong_edge.contracts.journal_records import PendingClaim
+from qinglong_edge.contracts.offer import ClaimAuthority
+from qinglong_edge.worker.journal import Journal
+from tests.support.cluster_double import ClusterDouble, Fault
+from tests.support.pull_env import PullEnv, kill, wait_stopped
+
+
+@pytest.fixture(scope="module")
+def shared_cluster() -> Iterator[ClusterDouble]:
+    with ClusterDouble() as double:
+        yield double
+
+
+@pytest.fixture
+def cluster(shared_cluster: ClusterDouble) -> ClusterDouble:
+    shared_cluster.reset(tasks=("shell",))
+    return shared_cluster
+
+
+@pytest.fixture
+def env(tmp_path: pathlib.Path, cluster: ClusterDouble) -> PullEnv:
+    return PullEnv(tmp_path, cluster)
+
+
+def _accepted_once(env: PullEnv) -> tuple[str, dict[str, Any]]:
+    """Exactly one inbox record, no pending claim, exactly one lease on the cluster."""
+    inbox = env.inbox()
+    assert len(inbox) == 1, inbox.keys()
+    assert env.claim() is None
+    leases = env.cluster.state.leases_by_offer()
+    assert list(leases) == list(inbox)
+    ((offer_id, record),) = inbox.items()
+    assert record["state"] == "accepted"
+    assert record["offer"]["candidate"]["runId"] == leases[offer_id].run_id
+    return offer_id, record
+
+
+# -- the happy path and the JSON shape -----------------------------------------------------------------
+
+def test_first_cycle_registers_and_accepts_an_offer_with_a_real_digest(env: PullEnv) -> None:
+    outcome = env.pull("--json")
+    assert outcome.status == 0, outcome.stderr
+    line = outcome.last()
+    assert line["session"]["action"] == "registered"
+    assert line["session"]["generation"] == 1
+    assert (line["status"], line["reason"], line["attemptCount"]) == ("accepted", "new_claim", 1)
+    assert set(line) == {"session", "status", "offerId", "runId", "reason", "attemptCount", "stats"}
+    assert line["stats"]["claimAttempts"] == 1
+    offer_id, record = _accepted_once(env)
+    assert line["offerId"] == offer_id
+    revision = record["offer"]["executionRevision"]
+    assert record["offer"]["executionDigest"] == revision["contentDigest"]
+    register, offers = env.cluster.exchanges
+    assert (register.op, register.status, offers.op, offers.status) == ("register", 200, "offers", 200)
+    assert register.json()["availableSlots"] == 1
+
+
+def test_human_output_is_one_line_per_cycle(env: PullEnv) -> None:
+    outcome = env.pull()
+    assert outcome.status == 0
+    assert outcome.stdout.count("\n") == 1 and "accepted offer" in outcome.stdout
+    idle = env.pull()
+    assert idle.status == 0 and "idle (no_candidates)" in idle.stdout
+
+
+def test_idle_cycle_clears_its_claim(env: PullEnv) -> None:
+    env.cluster.state.candidates.clear()
+    outcome = env.pull("--json")
+    assert outcome.status == 0
+    assert (outcome.last()["status"], outcome.last()["reason"]) == ("idle", "no_candidates")
+    assert env.claim() is None and env.inbox() == {}
+
+
+# -- response lost after the cluster committed ------------------------------------------------------
+
+@pytest.mark.parametrize("fault", [
+    pytest.param(Fault.drop(), id="drop"),
+    pytest.param(Fault.error_500(), id="500"),
+    pytest.param(Fault.delay(1.6), id="timeout"),
+    pytest.param(Fault.mid_body(), id="close_mid_body"),
+    pytest.param(Fault.garbage(), id="garbage"),
+])
+def test_lost_response_is_replayed_with_a_byte_identical_body(env: PullEnv, fault: Fault) -> None:
+    env.cluster.push_fault(fault)
+    first = env.pull("--json")
+    assert first.status == 75, first.stdout + first.stderr
+    assert first.last()["status"] in ("unavailable", "invalid_response")
+    assert len(env.cluster.state.leases) == 1  # the cluster committed
+    claim = env.claim()
+    assert claim is not None and claim["attemptCount"] == 1
+    outcomes = env.pull_until_settled()
+    final = outcomes[-1].last()
+    assert outcomes[-1].status == 0
+    assert (final["status"], final["reason"]) == ("accepted", "lease_recovery")
+    bodies = [exchange.body for exchange in env.cluster.exchanges_for("offers")]
+    assert len(bodies) >= 2 and len(set(bodies)) == 1
+    offer_id, record = _accepted_once(env)
+    assert json.loads(bodies[0])["offerId"] == offer_id
+    assert record["offer"]["deliveryKind"] == "lease_recovery"
+
+
+# -- signals ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_during_the_request_keeps_the_claim_and_the_next_cycle_replays(env: PullEnv,
+                                                                             signum: int) -> None:
+    env.cluster.push_fault(Fault.hang())  # commits, then never answers
+    proc = env.spawn("--json")
+    assert env.cluster.wait_for(lambda xs: any(x.op == "offers" for x in xs))
+    time.sleep(0.1)
+    kill(proc, signum)
+    outcome = env.finish(proc)
+    assert outcome.status == 75, outcome.stderr
+    assert outcome.last() == {"status": "aborted", "signal": signal.Signals(signum).name}
+    assert "Traceback" not in outcome.stderr
+    claim = env.claim()
+    assert claim is not None and claim["attemptCount"] == 1
+    assert len(env.cluster.state.leases) == 1
+    replay = env.pull("--json")
+    assert replay.status == 0
+    assert (replay.last()["status"], replay.last()["reason"]) == ("accepted", "lease_recovery")
+    bodies = {exchange.body for exchange in env.cluster.exchanges_for("offers")}
+    assert len(bodies) == 1
+    _accepted_once(env)
+
+
+def test_two_pulls_started_together_make_one_claim(env: PullEnv) -> None:
+    env.cluster.push_fault(Fault.delay(0.7))  # the winner holds the journal a while
+    first, second = env.spawn("--json"), env.spawn("--json")
+    outcomes = [env.finish(first), env.finish(second)]
+    assert [o.status for o in outcomes] == [0, 0], [o.stderr for o in outcomes]
+    statuses = sorted(o.last()["status"] for o in outcomes)
+    assert statuses == ["accepted", "busy"]
+    busy = next(o for o in outcomes if o.last()["status"] == "busy")
+    assert busy.last() == {"status": "busy", "code": "already_owned"}
+    assert len(env.cluster.exchanges_for("offers")) == 1
+    assert len(env.cluster.exchanges_for("register")) == 1
+    _accepted_once(env)
+
+
+# -- SIGKILL at the step boundaries -------------------------------------------------------------------
+
+CRASH_POINTS = [
+    "pull.attempt_persisted",
+    "pull.response_received",
+    "pull.inbox_published",
+    "pull.claim_cleared",
+    "claim_create.linked",
+    "claim_replace.renamed",
+    "offer_accept.linked",
+    "offer_accept.dir_synced",
+    "claim_clear.unlinked",
+    "session_write.renamed",
+]
+
+
+@pytest.mark.parametrize("point", CRASH_POINTS)
+def test_sigkill_at_a_step_boundary_converges_to_one_inbox_record(env: PullEnv, point: str) -> None:
+    proc = env.spawn("--json", env={"QINGLONG_EDGE_CRASHPOINT": f"{point}:pause"})
+    wait_stopped(proc.pid)
+    kill(proc)
+    outcome = env.finish(proc)
+    assert outcome.status == -signal.SIGKILL
+    outcomes = env.pull_until_settled()
+    assert outcomes[-1].status == 0, outcomes[-1].stdout + outcomes[-1].stderr
+    if point in ("pull.claim_cleared", "claim_clear.unlinked"):
+        assert outcomes[0].last()["status"] == "idle"  # the offer was already in the inbox
+    _accepted_once(env)
+    assert not [name for name in (env.journal).iterdir() if name.name.endswith(".tmp")]
+
+
+# -- backoff and Retry-After ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("status", "code"), [(429, "authentication_rate_limited"),
+                                              (503, "authentication_shield_unavailable")])
+def test_retry_after_is_honoured_and_an_early_cycle_does_no_network_io(env: PullEnv, status: int,
+                                                                       code: str) -> None:
+    env.cluster.push_fault(Fault.status_answer(status, code, retry_after="30"))
+    started_ms = time.time_ns() // 1_000_000
+    first = env.pull("--json")
+    assert first.status == 75
+    line = first.last()
+    assert (line["status"], line["httpStatus"], line["retryAfterMs"]) == ("unavailable", status, 30_000)
+    assert line["nextAttemptAtMs"] >= started_ms + 30_000
+    seen = len(env.cluster.exchanges)
+    early = env.pull("--json")
+    assert early.status == 0
+    assert early.last()["status"] == "backoff"
+    assert early.last()["nextAttemptAtMs"] == line["nextAttemptAtMs"]
+    assert len(env.cluster.exchanges) == seen  # no request at all
+    assert env.cluster.state.leases == {}
+
+
+# -- abandoned claims ---------------------------------------------------------------------------------------
+
+def _seed_claim(env: PullEnv, *, session_id: str, generation: int, attempts: int) -> str:
+    """Leave a claim in the journal as an earlier process would have (the owner lock is taken)."""
+    authority = ClaimAuthority(env.cluster.worker_id, session_id, generation, "left-behind-offer", "L" * 43)
+    now = time.time_ns() // 1_000_000
+    claim = PendingClaim.create(authority, now).replace(attempt_count=attempts, revision=attempts,
+                                                         last_attempt_at_ms=now if attempts else None)
+    with Journal.open(str(env.journal)) as journal:
+        journal.create_claim(claim)
+    return authority.offer_id
+
+
+@pytest.mark.parametrize(("case", "reason"), [("old_session", "stale_session"),
+                                              ("sixteen_attempts", "attempt_budget_exhausted")])
+def test_left_behind_claims_are_abandoned_and_a_new_claim_follows(env: PullEnv, case: str, reason: str) -> None:
+    env.cluster.state.candidates.clear()
+    assert env.pull("--json").status == 0  # registers; idle
+    session = env.session()
+    assert session is not None
+    if case == "old_session":
+        offer_id = _seed_claim(env, session_id="018f0000-0000-7000-8000-0000000000aa", generation=9, attempts=3)
+    else:
+        offer_id = _seed_claim(env, session_id=session["sessionId"], generation=session["generation"],
+                               attempts=16)
+    env.cluster.add_task("python")
+    abandoned = env.pull("--json")
+    assert abandoned.status == 75
+    assert (abandoned.last()["status"], abandoned.last()["reason"], abandoned.last()["offerId"]) == (
+        "abandoned", reason, offer_id)
+    record = env.abandoned()[offer_id]
+    assert record["reason"] == reason and "leaseToken" not in record
+    assert env.claim() is None
+    assert env.pull("--json").last()["status"] == "accepted"
+    _accepted_once(env)
+
+
+@pytest.mark.parametrize("how", ["scripted", "lease_released"])
+def test_claim_answered_409_is_abandoned_as_offer_fenced(env: PullEnv, how: str) -> None:
+    if how == "scripted":
+        env.cluster.push_fault(Fault.status_answer(409, "worker_offer_fenced"))
+    else:
+        env.cluster.push_fault(Fault.drop())
+    first = env.pull("--json")
+    if how == "lease_released":
+        assert first.status == 75
+        (offer_id,) = env.cluster.state.leases_by_offer()
+        env.cluster.state.set_lease_status(offer_id, "released")  # the cluster moved on meanwhile
+        claim = env.claim()
+        assert claim is not None
+        env.wait_until_due(claim)
+        first = env.pull("--json")
+    line = first.last()
+    assert first.status == 75
+    assert (line["status"], line["reason"], line["httpStatus"]) == ("abandoned", "offer_fenced", 409)
+    assert env.abandoned()[line["offerId"]]["reason"] == "offer_fenced"
+    assert env.claim() is None
+    env.cluster.add_task("shell")
+    assert env.pull("--json").last()["status"] == "accepted"
+
+
+# -- credentials --------------------------------------------------------------------------------------------
+
+def test_401_on_offers_exits_77_and_keeps_the_claim(env: PullEnv) -> None:
+    assert env.pull("--json").last()["status"] == "accepted"  # register, first claim
+    env.cluster.add_task("python")
+    env.cluster.state.credentials[env.cluster.credential_id].state = "revoked"
+    rejected = env.pull("--json")
+    assert rejected.status == 77
+    line = rejected.last()
+    assert (line["status"], line["httpStatus"]) == ("credential_rejected", 401)
+    claim = env.claim()
+    assert claim is not None and claim["offerId"] == line["offerId"] and claim["attemptCount"] == 1
+    assert env.cluster.exchanges_for("offers")[-1].status == 401
+    env.cluster.state.credentials[env.cluster.credential_id].state = "active"
+    env.wait_until_due(claim)
+    again = env.pull("--json")
+    assert (again.status, again.last()["status"], again.last()["offerId"]) == (0, "accepted", claim["offerId"])
+
+
+def test_scripted_401_on_offers_exits_77(env: PullEnv) -> None:
+    env.cluster.push_fault(Fault.status_answer(401, "worker_authentication_required"))
+    outcome = env.pull("--json")
+    assert outcome.status == 77
+    assert env.claim() is not None
+
+
+def test_401_on_register_exits_77_with_the_code(env: PullEnv) -> None:
+    env.cluster.state.credentials[env.cluster.credential_id].state = "revoked"
+    outcome = env.pull("--json")
+    assert outcome.status == 77
+    assert outcome.last() == {"status": "failed", "code": "credential_rejected",
+                              "detail": "register: the cluster rejected the worker credential (HTTP 401)"}
+    assert env.session() is None and env.claim() is None
+    assert env.cluster.secret not in outcome.stdout + outcome.stderr
+
+
+def test_unreadable_credential_file_is_a_configuration_error(env: PullEnv) -> None:
+    pathlib.Path(env.files["credentialFile"]).chmod(0o644)  # group/other bits: refused
+    outcome = env.pull("--json")
+    assert outcome.status == 78, outcome.stdout + outcome.stderr
+    assert outcome.last()["code"] == "credentials_unavailable"
+
+
+# -- inbox capacity -----------------------------------------------------------------------------------------
+
+def test_full_inbox_makes_no_new_claim(env: PullEnv) -> None:
+    env.write_config(inboxMaximumEntries=1)
+    env.cluster.add_task("python")
+    assert env.pull("--json").last()["status"] == "accepted"
+    offers_before = len(env.cluster.exchanges_for("offers"))
+    outcome = env.pull("--json")
+    assert outcome.status == 75
+    assert outcome.last()["status"] == "inbox_full"
+    assert env.claim() is None
+    assert len(env.cluster.exchanges_for("offers")) == offers_before
+    assert len(env.cluster.state.candidates) == 1
+    assert env.cluster.exchanges_for("register")[0].json()["availableSlots"] == 1
+
+
+# -- the Worker Session ------------------------------------------------------------------------------------
+
+def test_expired_session_re_registers_with_the_next_generation(env: PullEnv) -> None:
+    env.cluster.state.session_lease_cap_ms = 2100  # the cluster grants a short lease
+    env.cluster.state.candidates.clear()
+    first = env.pull("--json")
+    assert first.last()["session"]["action"] == "registered"
+    time.sleep(0.2)  # past leaseExpiresAtMs minus the 2 s safety margin
+    second = env.pull("--json")
+    session = second.last()["session"]
+    assert (session["action"], session["generation"]) == ("registered", 2)
+    assert session["sessionId"] != first.last()["session"]["sessionId"]
+    assert [x.op for x in env.cluster.exchanges].count("heartbeat") == 0
+    assert env.cluster.exchanges_for("register")[1].status == 200
+
+
+def test_claim_of_an_expired_session_is_abandoned_as_stale(env: PullEnv) -> None:
+    env.cluster.state.session_lease_cap_ms = 2100
+    env.cluster.push_fault(Fault.status_answer(503, "worker_ingress_unavailable"))
+    kept = env.pull("--json")
+    assert kept.status == 75
+    time.sleep(0.2)
+    stale = env.pull("--json")
+    line = stale.last()
+    assert (line["session"]["action"], line["status"], line["reason"]) == ("registered", "abandoned",
+                                                                           "stale_session")
+    assert line["offerId"] == kept.last()["offerId"]
+    env.cluster.state.session_lease_cap_ms = None
+    assert env.pull("--json").last()["status"] == "accepted"
+
+
+@pytest.mark.slow
+def test_heartbeat_then_fenced_heartbeat_re_registers_and_abandons_the_claim(env: PullEnv) -> None:
+    env.write_config(heartbeatIntervalMs=5000, sessionLeaseDurationMs=60_000)
+    env.cluster.state.candidates.clear()
+    first = env.pull("--json")
+    assert (first.last()["session"]["action"], first.last()["session"]["version"]) == ("registered", 0)
+    current = env.pull("--json")  # within the interval: no session call at all
+    assert current.last()["session"]["action"] == "current"
+    assert [x.op for x in env.cluster.exchanges] == ["register", "offers", "offers"]
+    time.sleep(5.1)
+    beat = env.pull("--json")
+    assert (beat.last()["session"]["action"], beat.last()["session"]["version"]) == ("heartbeat", 1)
+    assert env.cluster.state.sessions["edge-1"].version == 1
+    heartbeat = env.cluster.exchanges_for("heartbeat")[0].json()
+    assert (heartbeat["expectedVersion"], heartbeat["generation"]) == (0, 1)
+    env.cluster.push_fault(Fault.status_answer(503, "worker_ingress_unavailable"))
+    env.cluster.add_task("shell")
+    kept = env.pull("--json")  # a claim is now pending
+    assert kept.status == 75 and env.claim() is not None
+    env.cluster.state.expire_session("edge-1")  # the cluster fences the session
+    time.sleep(5.1)
+    fenced = env.pull("--json")
+    line = fenced.last()
+    assert env.cluster.exchanges_for("heartbeat")[-1].status == 409
+    assert (line["session"]["action"], line["session"]["generation"]) == ("registered", 2)
+    assert (line["status"], line["reason"]) == ("abandoned", "stale_session")
+    assert env.pull("--json").last()["status"] == "accepted"
+
+
+# -- --duration -------------------------------------------------------------------------------------------
+
+def test_duration_loops_at_the_cadence_and_exits_at_the_end(env: PullEnv) -> None:
+    env.cluster.add_task("python")
+    env.cluster.add_task("shell")
+    started = time.monotonic()
+    outcome = env.pull("--duration", "1.2", "--json")
+    elapsed = time.monotonic() - started
+    assert outcome.status == 0, outcome.stderr
+    lines = outcome.lines()
+    assert [line["status"] for line in lines[:4]] == ["accepted", "accepted", "accepted", "idle"]
+    assert 4 <= len(lines) <= 8  # 200 ms cadence over 1.2 s
+    assert lines[0]["session"]["action"] == "registered"
+    assert all(line["session"]["action"] == "current" for line in lines[1:])
+    assert elapsed < 4
+    assert len(env.inbox()) == 3
+
+
+def test_sigterm_during_duration_sleep_stops_the_loop(env: PullEnv) -> None:
+    env.write_config(pullIntervalMs=5000)
+    proc = env.spawn("--duration", "30", "--json")
+    assert env.cluster.wait_for(lambda xs: any(x.op == "offers" for x in xs))
+    time.sleep(0.3)
+    kill(proc, signal.SIGTERM)
+    outcome = env.finish(proc, timeout=10)
+    assert outcome.status == 75
+    assert [line["status"] for line in outcome.lines()] == ["accepted", "aborted"]
+    _accepted_once(env)
+
+
+# -- usage and configuration ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", ["0", "-1", "86401", "nan"])
+def test_rejects_a_bad_duration(env: PullEnv, value: str) -> None:
+    outcome = env.pull("--duration", value, "--json")
+    assert outcome.status == 64
+    assert env.cluster.exchanges == []
+
+
+def test_rejects_a_config_without_the_worker_role(env: PullEnv) -> None:
+    env.config_path.write_text(json.dumps({"schema": "qinglong/edge-agent@v1", "stateDirectory": str(env.state_dir)}))
+    outcome = env.pull("--json")
+    assert outcome.status == 78
+    assert outcome.last()["code"] == "invalid_configuration"

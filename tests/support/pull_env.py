@@ -1,0 +1,157 @@
+"""A worker device for end-to-end pull tests: a cluster double, the worker's files, a
+config file, and the real CLI (``python -m qinglong_edge pull``) run as child processes.
+
+:class:`PullEnv` owns one :class:`~tests.support.cluster_double.ClusterDouble` and one
+state directory. ``env.pull("--json")`` runs a cycle to completion; ``env.spawn(...)``
+starts one to signal it. Journal helpers read the files as a fresh process would
+(``claim()``, ``inbox()``, ``abandoned()``) without taking the owner lock.
+
+Defaults keep the suite fast: ``requestTimeoutMs`` 1000 (the minimum), ``backoffBaseMs``
+100, ``pullIntervalMs`` 200, no splay. ``worker_overrides`` replace any key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tests.support.cluster_double import ClusterDouble
+
+REPO = pathlib.Path(__file__).resolve().parent.parent.parent
+
+FAST_WORKER: dict[str, Any] = {
+    "requestTimeoutMs": 1000,
+    "backoffBaseMs": 100,
+    "pullIntervalMs": 200,
+    "splayMaxMs": 0,
+}
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("QINGLONG_EDGE_")}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    if extra:
+        env.update(extra)
+    return env
+
+
+@dataclass
+class Outcome:
+    """A finished ``pull`` process."""
+
+    status: int
+    stdout: str
+    stderr: str
+
+    def lines(self) -> list[dict[str, Any]]:
+        """The ``--json`` lines, decoded (each must be one JSON object)."""
+        return [json.loads(line) for line in self.stdout.splitlines() if line.strip()]
+
+    def last(self) -> dict[str, Any]:
+        lines = self.lines()
+        assert lines, f"no JSON output; stderr: {self.stderr}"
+        return lines[-1]
+
+
+class PullEnv:
+    """One worker device against one cluster double (see the module docstring)."""
+
+    def __init__(self, root: pathlib.Path, cluster: ClusterDouble, **worker_overrides: Any) -> None:
+        self.root = root
+        self.cluster = cluster
+        self.files = cluster.provision(root / "device")
+        self.state_dir = root / "state"
+        self.state_dir.mkdir(mode=0o700)
+        self.journal = self.state_dir / "worker"
+        self.config_path = root / "config.json"
+        self.write_config(**worker_overrides)
+
+    def write_config(self, **worker_overrides: Any) -> None:
+        document = self.cluster.agent_config(self.state_dir, self.files, **{**FAST_WORKER, **worker_overrides})
+        self.config_path.write_text(json.dumps(document))
+
+    # -- running the CLI -----------------------------------------------------------------------
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "qinglong_edge", "pull", "--config", str(self.config_path), "--no-splay",
+                *args]
+
+    def pull(self, *args: str, env: dict[str, str] | None = None, timeout: float = 30) -> Outcome:
+        proc = subprocess.run(self.argv(*args), capture_output=True, env=child_env(env), cwd=REPO,
+                              timeout=timeout, check=False)
+        return Outcome(proc.returncode, proc.stdout.decode(), proc.stderr.decode())
+
+    def spawn(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(self.argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=child_env(env), cwd=REPO)
+
+    @staticmethod
+    def finish(proc: subprocess.Popen[bytes], timeout: float = 30) -> Outcome:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        return Outcome(proc.returncode, stdout.decode(), stderr.decode())
+
+    def pull_until_settled(self, *args: str, limit: int = 20) -> list[Outcome]:
+        """Run cycles until one ends without a pending claim (waiting for backoff in between)."""
+        outcomes = []
+        for _ in range(limit):
+            outcomes.append(self.pull("--json", *args))
+            claim = self.claim()
+            if claim is None:
+                return outcomes
+            self.wait_until_due(claim)
+        raise AssertionError(f"no convergence after {limit} cycles: {[o.stdout for o in outcomes]}")
+
+    @staticmethod
+    def wait_until_due(claim: dict[str, Any]) -> None:
+        delay = claim["nextAttemptAtMs"] / 1000 - time.time()
+        if delay > 0:
+            time.sleep(delay + 0.01)
+
+    # -- what a fresh process would find ---------------------------------------------------------
+
+    def claim(self) -> dict[str, Any] | None:
+        path = self.journal / "pending-claim.json"
+        return json.loads(path.read_bytes()) if path.exists() else None
+
+    def inbox(self) -> dict[str, dict[str, Any]]:
+        offers = self.journal / "offers"
+        if not offers.exists():
+            return {}
+        return {name.removesuffix(".json"): json.loads((offers / name).read_bytes())
+                for name in sorted(os.listdir(offers)) if name.endswith(".json")}
+
+    def abandoned(self) -> dict[str, dict[str, Any]]:
+        directory = self.journal / "abandoned"
+        if not directory.exists():
+            return {}
+        return {name.removesuffix(".json"): json.loads((directory / name).read_bytes())
+                for name in sorted(os.listdir(directory)) if name.endswith(".json")}
+
+    def session(self) -> dict[str, Any] | None:
+        path = self.journal / "session.json"
+        return json.loads(path.read_bytes()) if path.exists() else None
+
+
+def wait_stopped(pid: int, timeout: float = 20.0) -> None:
+    """Wait until ``pid`` is stopped (``T`` in /proc/<pid>/stat): a ``:pause`` crash point."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+        except FileNotFoundError:
+            raise AssertionError(f"process {pid} exited before its crash point") from None
+        if stat.rsplit(")", 1)[1].split()[0] == "T":
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not reach its crash point")
+
+
+def kill(proc: subprocess.Popen[bytes], signum: int = signal.SIGKILL) -> None:
+    os.kill(proc.pid, signum)
