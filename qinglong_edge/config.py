@@ -43,11 +43,20 @@ Shape (camelCase, like the QingLong configs; defaults in brackets)::
         "controlIntervalMs": 250-3600000,           [1000]
         "logDirectory": "/abs",                     [<stateDirectory>/logs]
         "maxLogBytes": 1024-67108864,               [1048576]
-        "cgroups": "auto" | "off"                   ["auto"]
+        "cgroups": "auto" | "off",                  ["auto"]
+        "maxRunPids": 0-4194304                     [24 edge, 28 standalone; 0: no cap]
       }
     }
 
 ``execution`` needs ``localApi`` (Runs live in the Local store).
+
+``execution.maxRunPids`` is the ``pids.max`` of each Run's own cgroup: the tasks
+(processes *and* threads) one Run may have, so a fork bomb in a job stops at its cap
+instead of eating the agent's budget (systemd ``TasksMax``; a router's cgroup). The
+defaults split the profile's task budget: edge 64 = 2 Runs x 24 + 16 for ``serve`` and
+``pull``; standalone 256 = 8 Runs x 28 + 32. It is applied where the per-Run cgroup has a
+pids controller (the cgroup v1 ``pids`` hierarchy; see
+:mod:`qinglong_edge.execution.cgroups`), else it has no effect; 0 sets no cap.
 """
 
 from __future__ import annotations
@@ -134,6 +143,8 @@ class ExecutionConfig:
     log_directory: str
     max_log_bytes: int
     cgroups: str
+    #: Per-Run ``pids.max`` (tasks: processes and threads); ``None``: no cap.
+    max_run_pids: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,6 +325,7 @@ def _parse_execution(sec: _Section, state_dir: str, profile: str) -> ExecutionCo
         log_directory=sec.path_value("logDirectory", os.path.join(state_dir, "logs")),
         max_log_bytes=sec.integer("maxLogBytes", 1024, 64 * 1024 * 1024, 1024 * 1024),
         cgroups=sec.choice("cgroups", ("auto", "off"), "auto"),
+        max_run_pids=sec.integer("maxRunPids", 0, 4_194_304, 24 if profile == "edge" else 28) or None,
     )
     sec.done()
     return config

@@ -30,6 +30,25 @@ WORKER = {
 }
 
 
+LOCAL_API = {"listener": {"host": "127.0.0.1", "port": 5700}}
+
+
+@pytest.mark.parametrize(
+    ("profile", "execution", "expected"),
+    [
+        pytest.param("edge", {}, 24, id="edge_default"),
+        pytest.param("standalone", {}, 28, id="standalone_default"),
+        pytest.param("edge", {"maxRunPids": 0}, None, id="zero_is_no_cap"),
+        pytest.param("edge", {"maxRunPids": 1}, 1, id="lowest"),
+        pytest.param("standalone", {"maxRunPids": 4_194_304}, 4_194_304, id="pid_max_limit"),
+    ],
+)
+def test_max_run_pids(profile: str, execution: dict[str, Any], expected: int | None) -> None:
+    config = parse_config(minimal(profile=profile, localApi=LOCAL_API, execution=execution))
+    assert config.execution is not None
+    assert config.execution.max_run_pids == expected
+
+
 def test_minimal_config_disables_every_role() -> None:
     config = parse_config(minimal())
     assert config.profile == "edge"
@@ -74,6 +93,12 @@ def test_defaults_follow_the_profile() -> None:
         pytest.param(minimal(localApi={"listener": {"host": "127.0.0.1", "port": 80}}), "$.localApi.listener.port", id="privileged_port"),
         pytest.param(minimal(localApi={"listener": {"host": "127.0.0.1"}}), "$.localApi.listener.port", id="missing_port"),
         pytest.param(minimal(execution={}), "$.execution", id="execution_without_local_api"),
+        pytest.param(minimal(localApi=LOCAL_API, execution={"maxRunPids": -1}), "$.execution.maxRunPids",
+                     id="max_run_pids_negative"),
+        pytest.param(minimal(localApi=LOCAL_API, execution={"maxRunPids": 4_194_305}), "$.execution.maxRunPids",
+                     id="max_run_pids_above_pid_max_limit"),
+        pytest.param(minimal(localApi=LOCAL_API, execution={"maxRunPids": "24"}), "$.execution.maxRunPids",
+                     id="max_run_pids_string"),
         pytest.param({"schema": "qinglong/edge-agent@v1"}, "$.stateDirectory", id="missing_required"),
         pytest.param([], "$", id="not_an_object"),
     ],
