@@ -17,8 +17,10 @@ report on stdout; progress on stderr. Steps:
    cgroups there): ``admin`` provisioning, ``serve`` (edge profile, ``execution``
    defaults: 2 concurrent Runs, ``maxRunPids`` 24), the cluster double in this process.
    Phase ``load``: 4 clients (reads, cancels, ``task.start`` of real shell and Python
-   jobs) while ``pull --duration`` cycles against the double. Phase ``bomb``: readers
-   only; a fork-bomb Run is started, hits its per-Run cap, is cancelled. Phase
+   jobs) while ``pull --duration`` cycles against the double. Phase ``bomb``: 3 readers
+   (this process is the 4th client: the edge profile serves 4 requests at a time and
+   answers a 5th ``503 server_overloaded``); a fork-bomb Run is started, holds its
+   per-Run cap for 3 s, is cancelled. Phase
    ``shutdown``: two long Runs running, SIGTERM to ``serve``.
 5. Checks recorded: exit statuses, rusage peaks, the kernel counters per phase, sampled
    maxima, ``PRAGMA integrity_check``, processes or cgroups left in the envelope, Run
@@ -56,10 +58,14 @@ JOBS = {
              "d = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(50000)]\n"
              "time.sleep(0.3); print(len(d))'",
     "sleeper": "trap 'exit 143' TERM; while :; do sleep 0.2; done",
-    # The classic bomb's shape; the leader then waits, so the Run stays running while
-    # the bomb churns at its per-Run cap until it is cancelled.
-    "bomb": "b(){ b|b& }; b; exec sleep 600",
+    # The classic bomb; the leader then waits, so the Run stays running while the bomb
+    # churns at its per-Run cap until it is cancelled. bash retries a refused fork, so
+    # the bomb holds the cap; dash's processes exit on a refused fork (the bomb fizzles
+    # within 0.1 s), so the sh fallback only proves the cap is reached.
+    "bomb": ":(){ :|:& };:; exec sleep 600",
 }
+BOMB_SHELL = "/bin/bash" if os.access("/bin/bash", os.X_OK) else "/bin/sh"
+SH_BOMB = "b(){ b|b& }; b; exec sleep 600"  # dash and busybox sh reject a function named ":"
 MEMORY_PROOF = "b = b'\\1' * (200 << 20); print(len(b))"
 FORK_PROOF = """
 import errno, os, sys
@@ -242,8 +248,12 @@ class Scenario:
                               "--subject-id", "alice").strip()
         tasks = {}
         for task_id, script in JOBS.items():
+            shell: list[str] = []
+            if task_id == "bomb":
+                script = script if BOMB_SHELL == "/bin/bash" else SH_BOMB
+                shell = ["--shell-path", BOMB_SHELL]
             created = json.loads(self.cli("admin", "task", "create", "--project", "default", "--id", task_id,
-                                          "--name", task_id, "--shell", script, "--json"))
+                                          "--name", task_id, *shell, "--shell", script, "--json"))
             tasks[task_id] = created["task"]
         return tasks
 
@@ -311,7 +321,8 @@ class Scenario:
         pull_status, pull_rss = wait_rusage(pull, args.load_seconds + 60)
         pull_out.join()
         pull_err.join()
-        phases: dict[str, Any] = {"load": load.phase("reads")}
+        # From now on this process sends requests too: 3 readers + 1 = the edge in-flight limit.
+        phases: dict[str, Any] = {"load": load.phase("reads", clients=3)}
         self.report["phases"] = phases
         self.snapshot("load")
         cycles = [json.loads(line) for line in pull_out.lines if line.startswith("{")]
@@ -328,7 +339,7 @@ class Scenario:
             # has no pids cap of its own and a bomb would eat the whole envelope.
             phases["bomb"] = {"skipped": "per-Run pids cap needs the cgroup v1 pids hierarchy "
                                          "(qinglong_edge.execution.cgroups enables no v2 controller)"}
-        phases["bomb"]["clients"] = load.phase("reads")
+        phases["bomb"]["clients"] = load.phase("reads", clients=3)
         self.snapshot("bomb")
         sampler.phase("shutdown")
         client = Client(self.port, self.token)
@@ -340,7 +351,7 @@ class Scenario:
         serve.send_signal(signal.SIGTERM)
         serve_status, serve_rss = wait_rusage(serve, 60)
         phases["shutdown"]["serve_exit_s"] = round(time.monotonic() - started, 2)
-        phases["shutdown"]["clients"] = load.phase("reads")
+        phases["shutdown"]["clients"] = load.phase("reads", clients=3)
         load.stop()
         serve_err.join()
         self.snapshot("shutdown")
@@ -356,7 +367,7 @@ class Scenario:
         assert self.agent is not None
         client = Client(self.port, self.token)
         status, body = load.start_task(client, "bomb", task)
-        result: dict[str, Any] = {"start_status": status}
+        result: dict[str, Any] = {"start_status": status, "shell": BOMB_SHELL}
         run_id = body["runId"]
         parent = os.path.join(self.agent.pids, "qinglong-edge")
 
@@ -371,15 +382,21 @@ class Scenario:
         group = wait_for(capped, 30, interval=0.01)
         result["hit_cap"] = bool(group)
         peak_seen = 0
+        at_cap, samples = 0, 0
         if group:
             result["run_pids_max"] = _read_text(os.path.join(group, "pids.max"))
-            deadline = time.monotonic() + 2.0
+            cap = _read_int(os.path.join(group, "pids.max")) or 0
+            deadline = time.monotonic() + 3.0
             while time.monotonic() < deadline:
-                peak_seen = max(peak_seen, _read_int(os.path.join(group, "pids.current")) or 0)
+                current = _read_int(os.path.join(group, "pids.current")) or 0
+                peak_seen = max(peak_seen, current)
+                samples += 1
+                at_cap += current >= cap
                 time.sleep(0.01)
             result["run_pids_peak_kernel"] = _read_int(os.path.join(group, "pids.peak"))
             result["run_fork_failures"] = int((_read_text(os.path.join(group, "pids.events")) or "max 0").split()[1])
         result["run_tasks_sampled_max"] = peak_seen
+        result["samples_at_cap"] = f"{at_cap}/{samples}"
         started = time.monotonic()
         status, _ = client.call("POST", f"/api/v3/projects/default/runs/{run_id}/cancellation",
                                 {"schema": "qinglong/run-cancellation@v1", "mutationId": "bomb-cancel"})

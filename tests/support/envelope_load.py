@@ -79,6 +79,7 @@ class LoadClients:
         self.max_active = max_active
         self.pause_s = pause_s
         self.mode = "mixed"
+        self.active_clients = clients
         self.runs: dict[str, str] = {}  # runId -> last status seen
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -104,17 +105,21 @@ class LoadClients:
         for thread in self._threads:
             thread.join(30)
 
-    def phase(self, mode: str) -> dict[str, Any]:
-        """Switch mode; return (and restart) the statistics of the phase that ended."""
+    def phase(self, mode: str, clients: int | None = None) -> dict[str, Any]:
+        """Switch mode (and the number of clients that send: the others wait, so that a
+        caller's own requests keep the total within the server's in-flight limit);
+        return (and restart) the statistics of the phase that ended."""
         with self._lock:
             summary = self._summary()
             self._reset()
             self.mode = mode
+            self.active_clients = self.clients if clients is None else clients
         return summary
 
     def _summary(self) -> dict[str, Any]:
         lat = sorted(self.latencies)
         return {
+            "clients": self.active_clients,
             "requests": len(lat),
             "by_operation_status": dict(sorted(self.counts.items())),
             "unexpected": len(self.unexpected),
@@ -130,13 +135,14 @@ class LoadClients:
         with self._lock:
             return [run for run, status in self.runs.items() if status in ACTIVE]
 
-    def _record(self, op: str, status: int | None, started: float, error: str = "") -> None:
+    def _record(self, op: str, status: int | None, started: float, error: str = "", body: Any = None) -> None:
         elapsed = (time.perf_counter() - started) * 1000
         with self._lock:
             self.counts[f"{op} {status if status is not None else 'error'}"] += 1
             self.latencies.append(elapsed)
             if status is None or status >= 500:
-                self.unexpected.append(f"{op}: {status} {error}"[:300])
+                code = body.get("code") if isinstance(body, dict) else None
+                self.unexpected.append(f"{op}: {status} {code or ''} {error}".strip()[:300])
 
     def _choose(self, rng: random.Random) -> str:
         if self.mode == "reads":
@@ -148,7 +154,8 @@ class LoadClients:
         client = Client(self.port, self.token)
         try:
             while not self._stop.is_set():
-                self.one(client, self._choose(rng), rng)
+                if index < self.active_clients:
+                    self.one(client, self._choose(rng), rng)
                 self._stop.wait(self.pause_s)
         finally:
             client.close()
@@ -187,7 +194,7 @@ class LoadClients:
         except (OSError, http.client.HTTPException) as exc:
             self._record(op, None, started, type(exc).__name__)
             return
-        self._record(op, status, started)
+        self._record(op, status, started, body=body)
 
     def start_task(self, client: Client, task_id: str, task: dict[str, Any] | None = None) -> tuple[int, Any]:
         """``task.start`` of ``task`` (default: ``self.tasks[task_id]``); a 202's Run is
