@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 from typing import Any
 
@@ -39,8 +40,6 @@ PIDS_LIMIT = 64
 
 def _agent_python() -> str | None:
     """An interpreter uid 65534 can run (pyenv under /root is not)."""
-    import subprocess
-
     for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
         if not os.path.exists(candidate):
             continue

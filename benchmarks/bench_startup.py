@@ -29,6 +29,7 @@ ratios; they are reported for the record. Prints one JSON object.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import pathlib
@@ -66,8 +67,6 @@ def _env() -> dict[str, str]:
 
 
 def _become_subreaper() -> bool:
-    import ctypes
-
     try:
         return int(ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
     except (OSError, AttributeError):

@@ -247,11 +247,9 @@ class Scenario:
         self.token = self.cli("admin", "credential", "issue", "--id", "alice-cli", "--subject-type", "user",
                               "--subject-id", "alice").strip()
         tasks = {}
-        for task_id, script in JOBS.items():
-            shell: list[str] = []
-            if task_id == "bomb":
-                script = script if BOMB_SHELL == "/bin/bash" else SH_BOMB
-                shell = ["--shell-path", BOMB_SHELL]
+        for task_id, job in JOBS.items():
+            script = SH_BOMB if task_id == "bomb" and BOMB_SHELL != "/bin/bash" else job
+            shell = ["--shell-path", BOMB_SHELL] if task_id == "bomb" else []
             created = json.loads(self.cli("admin", "task", "create", "--project", "default", "--id", task_id,
                                           "--name", task_id, *shell, "--shell", script, "--json"))
             tasks[task_id] = created["task"]
