@@ -140,8 +140,9 @@ def _side(flags: list[str], launcher: str, lib: str, runs: int) -> dict[str, Any
     for _ in range(runs):
         for name, argv in commands.items():
             samples[name].append(_measure(argv))
-    result: dict[str, Any] = {"flags": " ".join(flags),
-                              "commands": {name: " ".join(["python", *argv[1:]]) for name, argv in commands.items()}}
+    shown = {launcher: "<tmp>/bin/qinglong-edge"}
+    result: dict[str, Any] = {"flags": " ".join(flags), "commands": {
+        name: " ".join(["python", *(shown.get(a, a) for a in argv[1:])]) for name, argv in commands.items()}}
     bare = _summary(samples["bare"])
     result["bare"] = bare
     bare_modules = set(_modules(flags, "", []))
