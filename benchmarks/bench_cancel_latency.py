@@ -3,16 +3,17 @@
     python benchmarks/bench_cancel_latency.py [--cancels N] [--dir DIR]
 
 For each of N Runs (default 200): ``task.start`` creates the Run, the controller launches
-it, the job (a small Python process) installs a SIGTERM handler and reports ready; then
-the benchmark commits the cancel intent (``local.runs.request_cancellation``, the exact
-transaction the HTTP route runs before answering 202) and calls ``controller.notify()``,
-as the route does after the commit. The job's handler records ``time.monotonic_ns()``
-(CLOCK_MONOTONIC is one clock for every process of the machine) and exits. Measured:
-handler time minus the instant the commit returned.
+it, the job (a small Python process) blocks SIGTERM, reports ready and waits for it in
+``sigwait``; then the benchmark commits the cancel intent
+(``local.runs.request_cancellation``, the exact transaction the HTTP route runs before
+answering 202) and calls ``controller.notify()``, as the route does after the commit. The
+job records ``time.monotonic_ns()`` when sigwait returns (CLOCK_MONOTONIC is one clock for
+every process of the machine) and exits. Measured: that time minus the instant the
+commit returned.
 
 Baseline, in the same run and interleaved with it: the same job started directly by the
 benchmark and signalled with ``os.killpg(pgid, SIGTERM)`` from this process: the floor
-any stop path pays (signal delivery + the job's handler wake-up).
+any stop path pays (signal delivery + the job's wake-up).
 
 The HTTP layer is not on this branch (issue 8); its 202 is written right after the same
 commit, so this measures what the controller adds. Target (issue 9): p99 <= 100 ms.
@@ -53,20 +54,21 @@ from qinglong_edge.local.tasks import create_task  # noqa: E402
 
 TARGET_P99_MS = 100.0
 
-#: The job: handler first, then "ready", then wait. Files: argv[1]/<QINGLONG_RUN_ID>.{stamp,ready}.
+#: The job: block SIGTERM, say "ready", wait for it with sigwait, stamp the time and exit.
+#: Files: argv[1]/<QINGLONG_RUN_ID>.{stamp,ready}. (A handler + ``signal.pause()`` loses a
+#: SIGTERM that lands between Python's signal check and the pause() call -- the classic
+#: pause() race -- and the job then waits forever; sigwait on a blocked signal cannot.)
 JOB = (
     "import os, signal, sys, time\n"
     "base = os.path.join(sys.argv[1], os.environ['QINGLONG_RUN_ID'])\n"
-    "def on_term(signum, frame):\n"
-    "    now = time.monotonic_ns()\n"
-    "    with open(base + '.tmp', 'w') as f:\n"
-    "        f.write(str(now))\n"
-    "    os.rename(base + '.tmp', base + '.stamp')\n"
-    "    os._exit(0)\n"
-    "signal.signal(signal.SIGTERM, on_term)\n"
+    "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
     "open(base + '.ready', 'w').close()\n"
-    "while True:\n"
-    "    signal.pause()\n"
+    "signal.sigwait({signal.SIGTERM})\n"
+    "now = time.monotonic_ns()\n"
+    "with open(base + '.tmp', 'w') as f:\n"
+    "    f.write(str(now))\n"
+    "os.rename(base + '.tmp', base + '.stamp')\n"
+    "os._exit(0)\n"
 )
 
 
@@ -174,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         "units": "ms",
         "cancels": args.cancels,
         "measured": "commit of runs.request_cancellation (what the route does before its 202) + "
-                    "controller.notify() -> SIGTERM handler in the job (CLOCK_MONOTONIC)",
+                    "controller.notify() -> SIGTERM received by the job's sigwait (CLOCK_MONOTONIC)",
         "cgroups": controller.cgroups.available,
         "controller": ours_p,
         "baseline_direct_killpg": base_p,

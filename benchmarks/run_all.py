@@ -16,15 +16,19 @@ stderr tail in the document) and the exit status is 1; missed targets do not fai
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import datetime
 import glob
 import json
 import os
 import platform
+import signal
 import sqlite3
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,6 +50,7 @@ PLAN: dict[str, tuple[list[str], list[str]]] = {
     "envelope": (["--load-seconds", "15"], ["--load-seconds", "5"]),
 }
 TIMEOUT_S = 420
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 @dataclass
@@ -56,6 +61,39 @@ class Outcome:
     result: dict[str, Any] | None = None
     error: str = ""
     sections: list[Section] = field(default_factory=list)
+    leaked: list[str] = field(default_factory=list)
+
+
+def _become_subreaper() -> bool:
+    """Orphans of a benchmark (a job it failed to stop) become our children, so that
+    :func:`_sweep` can name and stop them instead of letting them run on."""
+    try:
+        return int(ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _sweep() -> list[str]:
+    """Kill and reap the processes left behind by the benchmark that just ended (our
+    children now, as subreaper); returns their command lines."""
+    me, found = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as handle:
+                ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
+            if ppid != me:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                found.append(handle.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200])
+            os.kill(int(entry), signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            continue
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    return found
 
 
 def _run(name: str, script: str, args: list[str]) -> Outcome:
@@ -65,18 +103,31 @@ def _run(name: str, script: str, args: list[str]) -> Outcome:
     started = time.monotonic()
     sys.stderr.write(f"bench: {name}: {' '.join(['python', os.path.relpath(script, REPO), *args])}\n")
     sys.stderr.flush()
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        return Outcome(name, argv, time.monotonic() - started, error=f"timed out after {TIMEOUT_S} s")
-    outcome = Outcome(name, argv, time.monotonic() - started)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    # Files, not pipes: a process the benchmark leaves behind may hold its stdout/stderr
+    # open, and a pipe would then never reach end of file.
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=REPO, env=env, start_new_session=True)
+        try:
+            code = proc.wait(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = None
+        outcome = Outcome(name, argv, time.monotonic() - started, leaked=_sweep())
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+    if code is None:
+        outcome.error = f"timed out after {TIMEOUT_S} s: {stderr[-1500:]}"
+        return outcome
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
     try:
         outcome.result = json.loads(lines[-1]) if lines else None
     except ValueError:
         outcome.result = None
-    if proc.returncode != 0 or outcome.result is None:
-        outcome.error = f"exit {proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}"
+    if code != 0 or outcome.result is None:
+        outcome.error = f"exit {code}: {(stderr or stdout)[-1500:]}"
     return outcome
 
 
@@ -175,6 +226,9 @@ def render(outcomes: list[Outcome], info: dict[str, str], total_s: float, quick:
     for outcome in outcomes:
         command = " ".join(["python", os.path.relpath(outcome.argv[1], REPO), *outcome.argv[2:]])
         lines += ["", f"## {outcome.name}", "", f"Command: `{command}` ({outcome.seconds:.0f} s)", ""]
+        if outcome.leaked:
+            lines += [f"**It left {len(outcome.leaked)} process(es) behind** (killed by the runner): "
+                      + "; ".join(f"`{c}`" for c in outcome.leaked[:5]), ""]
         if outcome.error:
             lines += ["**Failed.**", "", "```", outcome.error.strip(), "```"]
             continue
@@ -206,6 +260,7 @@ def main() -> int:
     if args.only:
         named = [(name, script) for name, script in named if name in args.only]
     started = time.monotonic()
+    _become_subreaper()
     info = machine()
     outcomes = []
     for name, script in named:
