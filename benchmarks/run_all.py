@@ -43,10 +43,10 @@ from tables import ADAPTERS, Row, Section, generic  # noqa: E402  (benchmarks/ta
 #: name -> (arguments, arguments with --quick). About 2 minutes on 2 cores in all.
 PLAN: dict[str, tuple[list[str], list[str]]] = {
     "journal": (["--offers", "20", "--repetitions", "7"], ["--offers", "5", "--repetitions", "2"]),
-    "local_api": (["--repeat", "5"], ["--runs", "1000", "--cancels", "60", "--reads", "40", "--repeat", "1"]),
-    "cancel_latency": (["--cancels", "200"], ["--cancels", "20"]),
-    "pull": (["--runs", "25"], ["--runs", "3"]),
-    "startup": (["--runs", "40", "--site"], ["--runs", "5"]),
+    "local_api": (["--repeat", "7"], ["--runs", "1000", "--cancels", "60", "--reads", "40", "--repeat", "1"]),
+    "cancel_latency": (["--cancels", "300"], ["--cancels", "20"]),
+    "pull": (["--runs", "40"], ["--runs", "3"]),
+    "startup": (["--runs", "60", "--site"], ["--runs", "5"]),
     "envelope": (["--load-seconds", "15"], ["--load-seconds", "5"]),
 }
 TIMEOUT_S = 420
