@@ -7,7 +7,8 @@ loopback listener (a port in use is exit 69), start the execution controller whe
 
 SIGTERM or SIGINT starts the drain (local-api.md 2.1): the listener closes, new
 requests get 503 ``server_draining``, requests in flight finish within the profile's
-drain timeout (edge 5 s, standalone 10 s). Then the controller stops and the store
+drain timeout (edge 5 s, standalone 10 s); meanwhile the controller stops running Runs
+(reason ``shutdown``). Then the store
 closes. Exit 0 after a clean drain, 75 when requests were still running at the
 timeout, 70 if the server's poll thread died.
 
@@ -55,30 +56,28 @@ class IntentRelay:
             target(operation_id, run_id)
 
 
-def start_execution_controller(config: Any, store: Any, relay: IntentRelay) -> Callable[[], None] | None:
-    """INTEGRATION POINT for the execution controller (issue 9, ``qinglong_edge.execution``).
+def start_execution_controller(config: Any, store: Any, relay: IntentRelay) -> Callable[[], bool] | None:
+    """Start the execution controller (``qinglong_edge.execution``) when configured.
 
     Called once the store is open and before the listener accepts requests, only when
-    the configuration has an ``execution`` section. The integrator starts the controller
-    thread here (``config.execution``, ``store``), sets ``relay.target`` to the
-    controller's non-blocking wake-up so a new cancel intent or a new queued Run is
-    acted on at once, and returns a callable that stops the controller (called after
-    the HTTP drain, before the store closes). With branch issue-9-execution's API::
-
-        from qinglong_edge.execution.controller import ExecutionController
-        controller = ExecutionController(store, config.execution)
-        controller.start()
-        relay.target = controller.on_intent
-        return controller.stop
+    the configuration has an ``execution`` section. The controller thread launches
+    queued Runs and converges every durable cancel intent and deadline into a verified
+    stop; ``relay.target`` is its non-blocking wake-up, so a new cancel intent or a new
+    queued Run is acted on at once (it also scans on its own interval).
 
     Returns:
-        The stop callable, or None when no controller runs.
+        The controller's stop callable (True when every running Run was stopped and
+        recorded within its timeout), or None when no controller runs.
     """
     if config.execution is None:
         return None
-    _say("the execution section is configured but this build has no execution controller wired in; "
-         "Runs are accepted but not launched or stopped")
-    return None
+    from qinglong_edge.execution.controller import ExecutionController
+
+    controller = ExecutionController(store, config.execution)
+    controller.start()
+    relay.target = controller.on_intent
+    stop: Callable[[], bool] = controller.stop
+    return stop
 
 
 def _say(text: str) -> None:
@@ -111,7 +110,8 @@ def _run(args: argparse.Namespace) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT)
     }
     store = Store.open(local.database_file, profile=config.profile, busy_timeout_ms=local.busy_timeout_ms)
-    stop_controller: Callable[[], None] | None = None
+    stop_controller: Callable[[], bool] | None = None
+    controller_stopped: list[bool] = []
     server: Server | None = None
     clean = False
     try:
@@ -134,13 +134,26 @@ def _run(args: argparse.Namespace) -> int:
                 break
         healthy = server.healthy
         _say("draining")
+        # The controller stops its Runs (reason shutdown) while the HTTP drain runs, so
+        # the whole stop fits one grace period (procd/systemd stop timeouts are short).
+        controller_thread: threading.Thread | None = None
+        if stop_controller is not None:
+            stopper = stop_controller
+            controller_thread = threading.Thread(
+                target=lambda: controller_stopped.append(stopper()), name="qinglong-edge-stop-controller"
+            )
+            controller_thread.start()
+            stop_controller = None
         clean = server.shutdown() and healthy
         server = None
+        if controller_thread is not None:
+            controller_thread.join()
+            clean = clean and all(controller_stopped)
     finally:
         if server is not None:
             server.shutdown(timeout=0)
         if stop_controller is not None:
-            stop_controller()
+            controller_stopped.append(stop_controller())
         store.close()
         for signum, handler in previous.items():
             signal.signal(signum, handler)

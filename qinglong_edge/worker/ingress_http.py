@@ -90,7 +90,7 @@ _INGRESS_PATH = re.compile(
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: ([\t\x20-\x7e\x80-\xff]*))?")
 _FIELD_LINE = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):(.*)", re.DOTALL)
 _FIELD_VALUE = re.compile(rb"[\t\x20-\x7e\x80-\xff]*")
-_JSON_MEDIA_TYPE = re.compile(r"application/json(?:\s*;|$)", re.IGNORECASE)
+_JSON_MEDIA_TYPE = re.compile(r"application/json(?:\s*;|$)", re.IGNORECASE | re.ASCII)
 _DIGITS = re.compile(r"[0-9]+", re.ASCII)
 _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:[\t ]*;[\t\x20-\x7e\x80-\xff]*)?")
 

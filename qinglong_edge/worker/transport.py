@@ -54,9 +54,14 @@ Errors are :class:`~qinglong_edge.errors.TransportError` with the reference's co
 =========================  ================================================================
 
 No message, log line or ``repr`` contains the credential secret, key material or a
-response body. Exceptions that are not network errors (for example one raised by a
-signal handler while the call is blocked, how ``pull`` aborts on SIGTERM) propagate
-unchanged; the connection in use is closed first, so nothing half-used is pooled.
+response body. (Python audit hooks, ``sys.addaudithook``, see every ``http.client``
+send, the ``Authorization`` header included; the agent installs none.)
+
+Exceptions that are not network errors (for example one raised by a signal handler
+while the call is blocked, how ``pull`` aborts on SIGTERM) propagate unchanged; the
+connection in use is closed first, so nothing half-used is pooled. Only ``OSError``
+(which includes ``ssl.SSLError`` and ``TimeoutError``) and ``http.client`` errors are
+mapped to ``request_rejected``.
 """
 
 from __future__ import annotations
@@ -197,7 +202,7 @@ class _Wire:
             data = self.sock.recv(1)
         except ssl.SSLWantReadError:
             return "quiet"  # only TLS records without application data (session tickets)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: the socket is already closed
             return "eof"
         return "data" if data else "eof"
 
@@ -253,8 +258,9 @@ def _check_int(value: object, low: int, high: int, name: str) -> int:
 
 def _open_tcp(origin: Origin, deadline: _Deadline) -> socket.socket:
     """Connect to the first address that answers, each attempt within the budget."""
-    # ASCII bytes, not str: a str host goes through the "idna" codec, which needs
-    # unicodedata (OpenWrt python3-codecs, not among our Depends). Origin hosts are ASCII.
+    # bytes, not str: CPython encodes a str host with the "idna" codec, which needs
+    # unicodedata, absent from OpenWrt's python3-light (packaging.md); our hosts are
+    # ASCII LDH names or IP literals (contracts.origin), so ASCII bytes are exact.
     infos = socket.getaddrinfo(origin.host.encode("ascii"), origin.port, type=socket.SOCK_STREAM)
     last: OSError = OSError("no address to connect to")
     for family, kind, proto, _name, address in infos:
@@ -471,7 +477,10 @@ class IngressTransport:
                     context, material, path, body, max_response_bytes=max_response_bytes, deadline=deadline
                 )
             except TransportError as error:
-                if self._closed and error.code == "request_rejected":
+                if self._closed and error.code in ("request_rejected", "response_rejected") and (
+                    error.http_status in (None, 200)
+                ):
+                    # close() shut the socket under this call: report that, not the EOF.
                     raise TransportError("transport closed during the request", code="closed") from None
                 _debug("worker ingress %s: %s", self._origin.text, error)
                 raise
@@ -506,7 +515,7 @@ class IngressTransport:
     def _handshake(self, raw: socket.socket, context: ssl.SSLContext, deadline: _Deadline) -> ssl.SSLSocket:
         """Wrap ``raw`` and complete the TLS handshake within the budget; closes on failure."""
         try:
-            # bytes for the same reason as in _open_tcp (ssl encodes a str with "idna")
+            # bytes for the same reason as in _open_tcp (SSLContext encodes a str with idna).
             tls = context.wrap_socket(
                 raw, server_hostname=self._origin.host.encode("ascii"), do_handshake_on_connect=False
             )

@@ -35,6 +35,7 @@ PKCS#8 private key; every leaf key is EC P-256 unless named otherwise):
                                leaf, the non-CA issuer, intermediate)
 ``server-rsa1024``             RSA-1024 leaf key (below security level 2)
 ``client.pem`` / ``.key``      client leaf (EKU clientAuth) issued by client-ca
+``client-next.pem`` / ``.key`` a second client leaf of client-ca (CN edge-1-next), for rotation
 ``client-rogue.pem`` / ``.key`` client leaf issued by rogue-ca (another CA)
 =============================  ==========================================================
 """
@@ -196,6 +197,7 @@ def generate(out: pathlib.Path) -> None:
         pki.issue("server-rsa1024", "localhost", extensions="server_leaf", dates=VALID, issuer="intermediate-ca", rsa_bits=1024)
 
         pki.issue("client", "edge-1", extensions="client_leaf", dates=VALID, issuer="client-ca")
+        pki.issue("client-next", "edge-1-next", extensions="client_leaf", dates=VALID, issuer="client-ca")
         pki.issue("client-rogue", "edge-1", extensions="client_leaf", dates=VALID, issuer="rogue-ca")
 
         files: dict[str, str] = {
@@ -206,6 +208,8 @@ def generate(out: pathlib.Path) -> None:
             "server-leaf-only.pem": pki.read("server"),
             "client.pem": pki.read("client"),
             "client.key": pki.read("client", "key"),
+            "client-next.pem": pki.read("client-next"),
+            "client-next.key": pki.read("client-next", "key"),
             "client-rogue.pem": pki.read("client-rogue"),
             "client-rogue.key": pki.read("client-rogue", "key"),
         }

@@ -19,20 +19,33 @@ headers) with any status, body and extra or replaced headers.
 
 Options: the certificate identity the server presents (``identity="server-expired"``
 loads ``server-expired.pem``/``.key``), the TLS versions (``"1.3"``, ``"1.2"``, ``"1.1"``,
-``"1.0"``; the old ones with ``@SECLEVEL=0``; :func:`legacy_tls_supported` says whether
-this OpenSSL can still speak them), and the CA a client certificate must come from
-(``client_ca="client-ca"``; None: no client certificate requested).
+``"1.0"``; the old ones with ``@SECLEVEL=0``; :func:`legacy_tls_server` raises
+RuntimeError, for the caller to skip with, when this OpenSSL cannot speak them, and
+:func:`probe_tls_version` checks any server), and the CA a client certificate must
+come from (``client_ca="client-ca"``; None: no client certificate requested).
 
 Other peers: :class:`PlainHTTPServer` (plaintext HTTP on the port a client expects TLS
 on: answers ``400`` like Node), :class:`SilentPeer` (accepts TCP, never speaks),
+:class:`UnacceptingPeer` (a full accept queue: ``connect()`` itself hangs),
 :class:`TricklePeer` (accepts TCP, sends one byte per interval, forever), and
 :class:`OpenSSLServer` (``openssl s_server`` with given arguments, for TLS stacks and
 versions other than this Python's).
 
 Recorded: ``requests`` (every :class:`Request`), ``connections`` (accepted TCP
 connections), ``handshakes`` (completed TLS handshakes), ``handshake_errors`` (the
-server-side reasons), ``sni`` (server names received, None for no SNI) and
-``peer_closed`` (connections the client closed; :meth:`wait_for` waits on any of these).
+server-side reasons), ``sni`` (server names received, None for no SNI), ``peer_names``
+(the client certificate's CN per handshake) and ``peer_closed`` (connections the client
+closed); :meth:`wait_for` waits for a condition over any of these.
+
+Example (the cluster double builds on this)::
+
+    def handler(request: Request) -> bytes | Action:
+        if request.header("authorization") != expected:
+            return http_response(401, b'{"code":"worker_authentication_required"}')
+        return http_response(200, b'{"schema":...}')
+
+    with TLSServer(handler) as server:
+        transport = IngressTransport(server.origin(), ...)
 """
 
 from __future__ import annotations
@@ -197,6 +210,8 @@ class _LoopbackServer:
     def stop(self) -> None:
         self._stop.set()
         with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() on Linux
+        with contextlib.suppress(OSError):
             self._listener.close()
         with self._lock:
             sockets = list(self._sockets)
@@ -290,6 +305,7 @@ class TLSServer(_LoopbackServer):
         self.handshakes = 0
         self.handshake_errors: list[str] = []
         self.sni: list[str | None] = []
+        self.peer_names: list[str] = []
         self.context = self._make_context(identity, certificate, client_ca, tls_version)
 
     def _make_context(
@@ -325,6 +341,9 @@ class TLSServer(_LoopbackServer):
             return
         with self._lock:
             self._sockets.append(tls)
+        peer = tls.getpeercert() or {}
+        subject = dict(item[0] for item in peer.get("subject", ()))
+        self._note("peer_names", subject.get("commonName", ""))
         self._note("handshakes")
         buffer = bytearray()
         try:
@@ -438,6 +457,42 @@ class TricklePeer(_LoopbackServer):
         while not self._stop.wait(self.interval_s if offset else 0):
             conn.sendall(self.data[offset % len(self.data) : offset % len(self.data) + 1])
             offset += 1
+
+
+class UnacceptingPeer:
+    """A listener that never accepts, its one-slot accept queue already full: Linux then
+    drops further SYNs, so a client's ``connect()`` never completes (a connect timeout)."""
+
+    def __init__(self) -> None:
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(0)
+        self.port: int = self._listener.getsockname()[1]
+        self._filler = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+
+    def __enter__(self) -> UnacceptingPeer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._filler.close()
+        self._listener.close()
+
+    def origin(self, host: str = "127.0.0.1") -> str:
+        return f"https://{host}:{self.port}"
+
+    def connect_blocks(self) -> bool:
+        """True when a plain connect really hangs here (proves the fixture works)."""
+        probe = socket.socket()
+        probe.settimeout(0.3)
+        try:
+            probe.connect(("127.0.0.1", self.port))
+        except TimeoutError:
+            return True
+        except OSError:
+            return False
+        finally:
+            probe.close()
+        return False
 
 
 @dataclass
