@@ -22,7 +22,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from qinglong_edge.errors import EX_SOFTWARE, EX_USAGE, EdgeError, exit_status_for
+from qinglong_edge.errors import EX_SOFTWARE, EX_UNAVAILABLE, EX_USAGE, EdgeError, exit_status_for
 
 __all__ = ["build_parser", "main"]
 
@@ -58,14 +58,14 @@ def _requested_command(argv: Sequence[str]) -> str | None:
     """The command named in ``argv`` (skipping the global options), or None."""
     index = 0
     while index < len(argv):
-        token = argv[index]
-        if token == "--":
+        arg = argv[index]
+        if arg == "--":
             return None
-        if token == "--config":
+        if arg == "--config":
             index += 2
             continue
-        if not token.startswith("-"):
-            return token if token in COMMAND_MODULES else None
+        if not arg.startswith("-"):
+            return arg if arg in COMMAND_MODULES else None
         index += 1
     return None
 
@@ -152,6 +152,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = exit_status_for(exc)
         _print_error(json_mode, exc.code, exc.message, status)
         return status
+    except ModuleNotFoundError as exc:
+        # A router whose Python lacks a split package (python3-sqlite3, python3-openssl...):
+        # name the module, so the operator knows what to install.
+        if os.environ.get("QINGLONG_EDGE_DEBUG") == "1":
+            raise
+        name = exc.name or "?"
+        _print_error(json_mode, "module_missing",
+                     f"the Python module {name!r} is not installed (on OpenWrt: opkg install the "
+                     "python3 package that provides it; `qinglong-edge doctor` checks the rest)",
+                     EX_UNAVAILABLE)
+        return EX_UNAVAILABLE
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

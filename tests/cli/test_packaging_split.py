@@ -302,3 +302,12 @@ def test_tls_client_with_a_text_server_hostname_needs_python3_codecs() -> None:
     assert ("unicodedata", "python3-codecs") in result.refused
     with_codecs = run_code_under_split(code, installed=(*DEPENDS, "python3-codecs"))
     assert with_codecs.stdout.splitlines() == ["bytes ok", "str ok"]
+
+
+def test_a_missing_split_package_is_named_not_a_traceback(tmp_path: pathlib.Path) -> None:
+    """Without python3-sqlite3 `admin init` says which module is missing (exit 69)."""
+    without_sqlite = tuple(p for p in DEPENDS if p != "python3-sqlite3")
+    result = run_cli_under_split(_admin_init(tmp_path), installed=without_sqlite)
+    assert result.status == 69, result.stderr
+    assert "module_missing" in result.stderr and "'sqlite3'" in result.stderr
+    assert "Traceback" not in result.stderr
