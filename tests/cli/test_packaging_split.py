@@ -126,7 +126,7 @@ PENDING_CASES: dict[str, str] = {}
 #: Long-running commands whose real run under the blocker lives in another test file
 #: (name -> (file, a marker that file must contain)).
 COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
-    "serve": ("tests/cli/test_serve_execution.py", "bootstrap_code()"),
+    "serve": ("tests/cli/test_serve_execution.py", "split_entry()"),
 }
 
 
