@@ -78,12 +78,19 @@ class Entry:
         prefix: the argv before the command (interpreter, flags, script or ``-c`` code).
         env: the child's environment (complete: nothing else is inherited).
         cwd: the child's working directory.
+        user: run the child as this uid (and gid, no supplementary groups); None: as we are.
     """
 
     name: str
     prefix: tuple[str, ...]
     env: Mapping[str, str] = field(repr=False)
     cwd: str
+    user: int | None = None
+
+    def _identity(self) -> dict[str, Any]:
+        if self.user is None:
+            return {}
+        return {"user": self.user, "group": self.user, "extra_groups": []}
 
     def argv(self, *args: str) -> list[str]:
         return [*self.prefix, *args]
@@ -94,13 +101,13 @@ class Entry:
     def run(self, *args: str, env: Mapping[str, str] | None = None, timeout: float = 60,
             input_bytes: bytes | None = None) -> Result:
         proc = subprocess.run(self.argv(*args), capture_output=True, env=self.environment(env), cwd=self.cwd,
-                              timeout=timeout, input=input_bytes, check=False)
+                              timeout=timeout, input=input_bytes, check=False, **self._identity())
         return Result(proc.returncode, proc.stdout.decode(), proc.stderr.decode())
 
     def popen(self, *args: str, env: Mapping[str, str] | None = None, stdout: int | IO[Any] | None = None,
               stderr: int | IO[Any] | None = None) -> subprocess.Popen[bytes]:
         return subprocess.Popen(self.argv(*args), stdout=stdout, stderr=stderr, env=self.environment(env),
-                                cwd=self.cwd)
+                                cwd=self.cwd, **self._identity())
 
 
 def _without_agent_variables(environ: Mapping[str, str]) -> dict[str, str]:

@@ -273,21 +273,23 @@ def start_running(site: LocalSite) -> StartedRun:
     return StartedRun(run_id, pid, escapee)
 
 
-def cancel_and_verify(site: LocalSite, run: StartedRun) -> None:
+def cancel_and_verify(site: LocalSite, run: StartedRun, *, escapee_dies: bool | None = None) -> None:
     """POST cancellation (202, reason ``user``) -> ``cancelled`` -> the job is gone, SIGTERM
-    came first, and the setsid escapee is gone too where a cgroup v2 hierarchy exists."""
+    came first, and the setsid escapee is gone too where the agent has a per-Run cgroup
+    (``escapee_dies``; default: a cgroup v2 hierarchy exists, which an agent running as
+    root can use)."""
     status, accepted = site.cancel(run.run_id)
     assert status == 202 and accepted["status"] == "accepted" and accepted["cancelReason"] == "user", accepted
     site.wait_run_status(run.run_id, "cancelled")
     assert not alive(run.pid)
     # The escapee left the process group; only the per-Run cgroup catches it.
-    if cgroup_v2_available():
+    if cgroup_v2_available() if escapee_dies is None else escapee_dies:
         wait_for(lambda: not alive(run.escapee), 5, "the setsid escapee to die")
     assert site.job_saw_sigterm()  # SIGTERM came first
 
 
-def start_and_cancel(site: LocalSite) -> StartedRun:
+def start_and_cancel(site: LocalSite, *, escapee_dies: bool | None = None) -> StartedRun:
     """:func:`start_running` then :func:`cancel_and_verify`; returns the (now cancelled) Run."""
     run = start_running(site)
-    cancel_and_verify(site, run)
+    cancel_and_verify(site, run, escapee_dies=escapee_dies)
     return run
