@@ -55,7 +55,7 @@ def test_pull_cycle_and_inbox_from_a_read_only_zipapp(pyz: pathlib.Path, workdir
     assert inbox[line["offerId"]]["state"] == "accepted"
     assert device.claim() is None
     assert_agent_loaded_from(outcome.stderr, pyz, {"qinglong_edge.cli", "qinglong_edge.commands.pull",
-                                              "qinglong_edge.worker.transport", "qinglong_edge.worker.journal"})
+                                                   "qinglong_edge.worker.transport", "qinglong_edge.worker.journal"})
 
     listed = device.cli("inbox", "list", "--json")
     assert listed.status == 0, listed.stderr[-4000:]
@@ -74,8 +74,8 @@ def test_admin_serve_and_cancel_from_a_read_only_zipapp(pyz: pathlib.Path, workd
         start_and_cancel(site)
         assert serve.stop() == 0, serve.stderr()[-4000:]
         assert_agent_loaded_from(serve.stderr(), pyz, {"qinglong_edge.commands.serve", "qinglong_edge.local.server",
-                                                  "qinglong_edge.execution.controller",
-                                                  "qinglong_edge.execution.spawn"})
+                                                       "qinglong_edge.execution.controller",
+                                                       "qinglong_edge.execution.spawn"})
     finally:
         site.close()
 
