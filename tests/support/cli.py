@@ -129,10 +129,11 @@ def isolated_entry(script: str | os.PathLike[str], *, cwd: str | os.PathLike[str
                    python: str | None = None, name: str = "isolated") -> Entry:
     """``python -I [FLAGS] SCRIPT``: a zipapp or an installed launcher, run as a user would.
 
-    ``-I`` ignores ``PYTHON*`` variables and puts neither the working directory nor the
-    script's directory first on the path for a plain ``-c``; the environment is only
-    ``PATH`` and ``LANG``. (``-I`` still processes site-packages: see the zipapp tests for
-    how they prove nothing came from the checkout.)
+    ``-I`` ignores ``PYTHON*`` variables and the user site directory and puts neither the
+    working directory nor a script's directory on ``sys.path`` (a zipapp's archive still
+    goes first); the environment is only ``PATH`` and ``LANG``. ``-I`` still processes
+    site-packages: :func:`assert_agent_loaded_from` is how the zipapp tests prove that
+    nothing came from this checkout.
     """
     return Entry(name, (python or sys.executable, "-I", *flags, os.fspath(script)), _minimal_env(), os.fspath(cwd))
 
