@@ -183,6 +183,6 @@ def test_installed_launcher_under_the_split_is_refused_what_depends_lacks(unpack
     site = LocalSite(tmp_path, installed_entry(unpacked.root, cwd=tmp_path, report=str(report), installed=(
         "python3-light", "python3-openssl", "python3-urllib", "python3-logging")))
     result = site.entry.run("--config", str(site.config), "admin", "init")
-    assert result.status == 70
-    assert "ModuleNotFoundError" in result.stderr
+    assert result.status == 69
+    assert "module_missing" in result.stderr and "'sqlite3'" in result.stderr
     assert "sqlite3\tpython3-sqlite3" in report.read_text().splitlines()
