@@ -23,6 +23,7 @@ between cycles the process sleeps in the foreground.
 
 from __future__ import annotations
 
+import random as _random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from qinglong_edge.config import WorkerConfig
 from qinglong_edge.errors import SessionError
 from qinglong_edge.worker.ingress_http import DEFAULT_MAX_REQUEST_BYTES
 from qinglong_edge.worker.journal import Journal, JournalOptions
-from qinglong_edge.worker.pull import AbortSignal, PullCoordinator, PullResult, SessionAuthority, uniform_random
+from qinglong_edge.worker.pull import AbortSignal, PullCoordinator, PullResult, SessionAuthority
 from qinglong_edge.worker.session import SessionKeeper, SessionOutcome, local_capabilities
 from qinglong_edge.worker.transport import IngressTransport, TransportResponse
 
@@ -127,7 +128,7 @@ def run_pull(
     abort: AbortSignal | None = None,
     clock_ms: Callable[[], int] = wall_ms,
     sleep: Callable[[float], None] = time.sleep,
-    random: Callable[[], float] = uniform_random,
+    random: Callable[[], float] = _random.random,
     transport: IngressTransport | None = None,
 ) -> Iterator[CycleReport]:
     """Run one cycle, or cycles at ``worker.pull_interval_ms`` for ``duration_s`` seconds.
@@ -138,6 +139,7 @@ def run_pull(
     process holds no lock.
 
     Args:
+        random: uniform [0, 1) for the splay and the backoff jitter (seedable in tests).
         abort: tripped by the caller's signal handler (see :class:`AbortSignal`);
             network calls and sleeps are interrupted, journal writes finish first,
             and no cycle starts after it tripped.

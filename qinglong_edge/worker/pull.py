@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -74,7 +75,6 @@ __all__ = [
     "PullResult",
     "SessionAuthority",
     "backoff_delay_ms",
-    "uniform_random",
 ]
 
 #: Full-jitter ceiling (section 3.7): base x 2^(attempt-1), capped at 60 s.
@@ -204,15 +204,6 @@ class PullResult:
         return out
 
 
-def uniform_random() -> float:
-    """A uniform float in [0, 1) from ``os.urandom`` (53 bits, like ``random.random``).
-
-    The pull path does not import :mod:`random` (it costs a cron run CPU time and
-    memory for one number per cycle; see benchmarks/bench_pull.py).
-    """
-    return (int.from_bytes(os.urandom(7), "big") >> 3) / 9007199254740992
-
-
 def backoff_delay_ms(attempt_count: int, base_ms: int, r: float) -> int:
     """Full-jitter delay of section 3.7: ``floor(r * min(60000, base * 2^max(0, n-1)))``.
 
@@ -245,7 +236,7 @@ class PullCoordinator:
         *,
         backoff_base_ms: int = 1000,
         clock_ms: Callable[[], int],
-        random: Callable[[], float] = uniform_random,
+        random: Callable[[], float] = random.random,
         random_bytes: Callable[[int], bytes] = os.urandom,
     ) -> None:
         if not 100 <= backoff_base_ms <= 60_000:

@@ -23,7 +23,7 @@ the answer is lost: ``drop`` (close, no answer), ``error_500`` (answer 500
 ``internal_error`` instead), ``delay`` (answer after ``delay_s``, past the client's
 timeout), ``hang`` (never answer; wait for the client to leave), ``mid_body`` (the
 head and half the body, then close), ``garbage`` (200 with a body that is not the
-contract). ``Fault.status(429, code, retry_after="30")`` answers a status without
+contract). ``Fault.status_answer(429, code, retry_after="30")`` answers a status without
 processing the request (``commit=False``), as the authentication shield or a fence
 does.
 
