@@ -181,3 +181,21 @@ def test_oversize_config_is_rejected(tmp_path: pathlib.Path) -> None:
     path = _write(tmp_path, b" " * (64 * 1024 + 1))
     with pytest.raises(ConfigError, match="too_large"):
         load_config(str(path))
+
+
+@pytest.mark.parametrize(("value", "expected"), [("16", 16), ("0", None)], ids=["cap", "zero_is_no_cap"])
+def test_max_run_pids_from_uci(value: str, expected: int | None) -> None:
+    from qinglong_edge.commands.config import render_uci_text
+
+    dump = (
+        "qinglong-edge.main=agent\nqinglong-edge.main.enabled='1'\n"
+        "qinglong-edge.main.state_directory='/var/lib/qe'\n"
+        "qinglong-edge.api=local_api\nqinglong-edge.api.enabled='1'\nqinglong-edge.api.host='127.0.0.1'\n"
+        "qinglong-edge.api.port='5700'\n"
+        "qinglong-edge.execution=execution\nqinglong-edge.execution.enabled='1'\n"
+        f"qinglong-edge.execution.max_run_pids='{value}'\n"
+    )
+    document = json.loads(render_uci_text(dump))
+    assert document["execution"]["maxRunPids"] == int(value)
+    config = parse_config(document)
+    assert config.execution is not None and config.execution.max_run_pids == expected

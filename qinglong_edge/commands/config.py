@@ -40,7 +40,7 @@ agent's default applies, or the key is reported as required)::
     config execution 'execution'                 execution   (rendered only when enabled=1)
         enabled          0|1
         max_concurrent_runs  terminate_grace_ms  kill_grace_ms  control_interval_ms
-        max_log_bytes            execution.<camelCase>, integers
+        max_log_bytes  max_run_pids  execution.<camelCase>, integers
         log_directory            execution.logDirectory
         cgroups                  execution.cgroups
 
@@ -170,6 +170,7 @@ UCI_SCHEMA: tuple[UciSectionType, ...] = (
         _text("log_directory", "logDirectory"),
         _int("max_log_bytes", "maxLogBytes"),
         _text("cgroups", "cgroups"),
+        _int("max_run_pids", "maxRunPids"),
     )),
 )
 _BY_TYPE = {section.type: section for section in UCI_SCHEMA}
