@@ -76,22 +76,26 @@ def _become_subreaper() -> bool:
 def _sweep() -> list[str]:
     """Kill and reap the processes left behind by the benchmark that just ended (our
     children now, as subreaper); returns their command lines."""
-    me, found = os.getpid(), []
+    me, found, killed = os.getpid(), [], []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as handle:
-                ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
-            if ppid != me:
-                continue
+                state, ppid_text = handle.read().rsplit(")", 1)[1].split()[:2]
+            if int(ppid_text) != me or state in ("Z", "X"):
+                continue  # not ours, or already dead (reaped below)
             with open(f"/proc/{entry}/cmdline", "rb") as handle:
                 found.append(handle.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200])
             os.kill(int(entry), signal.SIGKILL)
+            killed.append(int(entry))
         except (OSError, ValueError, IndexError):
             continue
+    for pid in killed:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
     with contextlib.suppress(ChildProcessError):
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:  # zombies that were already dead
             pass
     return found
 

@@ -187,7 +187,9 @@ class Scenario:
         else:
             facts = prepare_plain(self.root, package, self.args.no_isolation_reason or "not requested")
         outer = json.loads(self.args.outer_namespaces) if self.args.outer_namespaces else {}
-        facts["seen"] = verify(self.root, ["/", "/tmp", str(REPO)], outer)
+        # Write probes only where writes are expected to fail (never litter the real /).
+        probes = ["/", "/tmp", str(REPO)] if self.args.isolated else []
+        facts["seen"] = verify(self.root, probes, outer)
         self.report["isolation"] = facts
 
     def prove(self) -> None:
@@ -285,11 +287,14 @@ class Scenario:
         sampler = Sampler()
         sampler.watch_value("envelope_tasks", lambda: _read_int(os.path.join(self.envelope.pids, "pids.current")))
         sampler.watch_value("agent_tasks", lambda: _read_int(os.path.join(self.agent.pids, "pids.current")))
-        sampler.watch_value("envelope_memory", lambda: self.envelope.stats()["memory_current"])
+        usage = os.path.join(self.envelope.memory,
+                             "memory.current" if args.backend == "v2" else "memory.usage_in_bytes")
+        sampler.watch_value("envelope_memory", lambda: _read_int(usage))
         own = os.path.join(self.agent.pids, "cgroup.threads" if args.backend == "v2" else "tasks")
         sampler.watch_value("agent_own_tasks", lambda: len((_read_text(own) or "").split()))
         runs_parent = os.path.join(self.agent.pids, "qinglong-edge")
-        sampler.watch_value("run_cgroups", lambda: len(os.listdir(runs_parent)) if os.path.isdir(runs_parent) else 0)
+        sampler.watch_value("run_cgroups", lambda: sum(
+            entry.is_dir() for entry in os.scandir(runs_parent)) if os.path.isdir(runs_parent) else 0)
         sampler.start()
         try:
             tasks = self.provision()

@@ -129,5 +129,5 @@ def verify(root: str, probe_dirs: list[str], outer: dict[str, str]) -> dict[str,
             outside = errno.errorcode.get(exc.errno or 0, type(exc).__name__) if exc.errno else type(exc).__name__
     return {"writes": writes, "interfaces": interfaces, "connect_192.0.2.1": outside,
             "namespaces": namespaces(), "outer_namespaces": outer,
-            "mount_ns_private": namespaces()["mnt"] != outer.get("mnt"),
-            "net_ns_private": namespaces()["net"] != outer.get("net")}
+            "mount_ns_private": namespaces()["mnt"] != outer["mnt"] if outer else None,
+            "net_ns_private": namespaces()["net"] != outer["net"] if outer else None}
