@@ -366,7 +366,7 @@ class Scenario:
         self.report["leftover_cgroups"] = [d for d in self.agent.descendants() if d != "qinglong-edge"]
 
     def bomb(self, task: dict[str, Any], load: LoadClients) -> dict[str, Any]:
-        """Start the fork bomb, let it hit its cap for 2 s while the readers run, cancel it."""
+        """Start the fork bomb, let it hold its cap for 3 s while the readers run, cancel it."""
         assert self.agent is not None
         client = Client(self.port, self.token)
         status, body = load.start_task(client, "bomb", task)
