@@ -95,16 +95,17 @@ def _leaf(run: Runner, name: str, common_name: str, issuer: str, section: str) -
          "-extensions", section, "-out", f"{name}.pem"])
 
 
-def make_pki(root: pathlib.Path, worker_id: str, run: Runner) -> Pki:
-    """Create ``root`` (0700) and the whole PKI in it with ``run`` (cwd = ``root``).
+def make_pki(root: pathlib.Path, worker_id: str, run: Runner, wrote: Callable[[pathlib.Path], None]) -> Pki:
+    """Make the whole PKI in ``root`` (an existing directory, set to 0700) with ``run``
+    (cwd = ``root``); ``wrote`` is told about the extensions file written first.
 
     Raises:
         whatever ``run`` raises when an openssl command fails.
     """
-    root.mkdir(mode=0o700, parents=True)
     root.chmod(0o700)
     pki = Pki(root)
     pki.extensions.write_text(EXTENSIONS)
+    wrote(pki.extensions)
     _ca(run, "cluster-ca", "qinglong-edge demo cluster CA")
     _leaf(run, "server", "localhost", "cluster-ca", "server")
     _ca(run, "client-ca", "qinglong-edge demo client CA")

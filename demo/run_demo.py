@@ -130,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     if status == 0:
         console.banner("demo finished: every step gave what it should (exit 0)", [
             f"Everything it made is under ./{demo.show_root}/ (logs in {demo.show_root}/logs/);",
-            f"`make demo` replaces it, `rm -rf {demo.show_root}` removes it.",
+            f"`make demo` replaces it, `rm -rf {demo.show_root}` removes it. Look around, e.g.:",
+            f"  export PYTHONPATH=$PWD QINGLONG_EDGE_CONFIG=$PWD/{demo.show_root}/agent/config.json",
+            "  python3 -m qinglong_edge inbox list; python3 -m qinglong_edge admin runs list --project demo",
             "Next: README.md (install on a router or a Pi, configuration, the Local API with curl).",
         ])
     return status

@@ -66,7 +66,8 @@ class WorkerSteps(DemoBase):
             cluster's certificate against the CA it was given, and shows a client certificate
             the cluster's client CA issued. Here both CAs are made on the spot (EC P-256 keys,
             valid 7 days) with the openssl CLI.""")
-        c.command(f"mkdir -m 0700 {self.rel(self.pki)} && cd {self.rel(self.pki)}")
+        self.shell.run(f"mkdir -m 0700 {self.rel(self.pki)}")
+        c.command(f"cd {self.rel(self.pki)}")
 
         def run(argv: Any) -> None:
             line = shlex.join(argv)
@@ -76,7 +77,11 @@ class WorkerSteps(DemoBase):
                 c.output(proc.stderr.decode("utf-8", "replace"))
                 raise DemoError(f"`{line}` failed ({proc.returncode})")
 
-        make_pki(self.pki, WORKER_ID, run)
+        def wrote(path: pathlib.Path) -> None:
+            c.info(f"wrote {path.name}: the certificate extensions (CA; serverAuth with subjectAltName "
+                   "DNS:localhost, IP:127.0.0.1; clientAuth)")
+
+        make_pki(self.pki, WORKER_ID, run, wrote)
         c.command("cd -")
         c.result("cluster-ca.pem + server.pem (localhost, 127.0.0.1); client-ca.pem + worker.pem "
                  f"(CN={WORKER_ID}); private keys 0600")
@@ -172,7 +177,8 @@ class WorkerSteps(DemoBase):
         claim = self.claim()
         if claim is None:
             raise DemoError("no pending claim in the journal after the lost response")
-        c.result("exit 75 (temporary failure): the claim is kept, nothing is lost")
+        c.result("exit 75 (temporary failure; request_rejected is the transport's code for \"no answer\"): "
+                 "the claim is kept, nothing is lost")
         c.info(f"the journal's pending claim ({self.rel(self.state / 'worker' / 'pending-claim.json')}, "
                "read by the demo; the lease token is a capability, so not shown):")
         c.output(f"offerId {claim['offerId']}  attemptCount {claim['attemptCount']}  "

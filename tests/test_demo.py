@@ -76,7 +76,7 @@ def _path_without_curl(tmp_path: pathlib.Path) -> str:
     """A PATH with every tool the demo uses except curl."""
     bindir = tmp_path / "bin-no-curl"
     bindir.mkdir()
-    for tool in ("openssl", "install", "tail", "head", "python3"):
+    for tool in ("openssl", "install", "mkdir", "tail", "head", "python3"):
         found = sys.executable if tool == "python3" else shutil.which(tool)
         assert found, tool
         (bindir / tool).symlink_to(found)

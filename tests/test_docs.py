@@ -310,6 +310,7 @@ def test_readme_walkthrough_runs(tmp_path: pathlib.Path) -> None:
     assert "doctor: all required checks passed" in out
     assert '"status":"accepted","projectId":"demo","taskId":"counter"' in out
     assert "HTTP/1.1 202 Accepted" in out
+    assert "HTTP/1.1 200 OK" in out and '"status":"already_terminal"' in out  # the replay
     gets = re.findall(r'^\{"run":.*$', out, re.M)
     assert json.loads(gets[0])["run"]["status"] == "running"
     final = json.loads(gets[-1])["run"]
