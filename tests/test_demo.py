@@ -129,8 +129,10 @@ def test_demo_runs_end_to_end(tmp_path: pathlib.Path, http_client: str) -> None:
 @pytest.mark.slow
 def test_ctrl_c_stops_every_process_the_demo_started(tmp_path: pathlib.Path) -> None:
     root = tmp_path / "demo"
+    # Its own process group, signalled as a whole: what a terminal's Ctrl-C does (the
+    # demo and any command it is running in the foreground get SIGINT).
     proc = subprocess.Popen([sys.executable, str(DEMO), "--root", str(root)], cwd=REPO, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     assert proc.stdout is not None
     seen = []
     try:
@@ -141,7 +143,7 @@ def test_ctrl_c_stops_every_process_the_demo_started(tmp_path: pathlib.Path) -> 
         else:
             pytest.fail("the demo ended before serve started:\n" + "".join(seen))
         assert _processes_mentioning(str(root)), "nothing running to stop"
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)
         rest, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
