@@ -22,7 +22,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from qinglong_edge.errors import EX_SOFTWARE, EX_USAGE, EdgeError, exit_status_for
+from qinglong_edge.errors import EX_SOFTWARE, EX_UNAVAILABLE, EX_USAGE, EdgeError, exit_status_for
 
 __all__ = ["build_parser", "main"]
 
@@ -54,8 +54,31 @@ class _ArgumentError(Exception):
         self.usage = usage
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Build the full parser (imports only the light command modules)."""
+def _requested_command(argv: Sequence[str]) -> str | None:
+    """The command named in ``argv`` (skipping the global options), or None."""
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        if arg == "--":
+            return None
+        if arg == "--config":
+            index += 2
+            continue
+        if not arg.startswith("-"):
+            return arg if arg in COMMAND_MODULES else None
+        index += 1
+    return None
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """Build the parser (imports only the light command modules).
+
+    With ``argv`` naming a command, only that command's sub-parser is built in full;
+    the others get empty stubs so argparse still knows every name. Building all of
+    them (``admin`` alone has dozens of sub-commands) costs a cron-run ``pull`` tens
+    of milliseconds on a router for nothing. Without a command (``--help``, a typo)
+    every sub-parser is built, for the full help and the list of choices.
+    """
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--config",
@@ -78,7 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    wanted = None if argv is None else _requested_command(argv)
     for name in COMMAND_MODULES:
+        if wanted is not None and name != wanted:
+            subparsers.add_parser(name, add_help=False)
+            continue
         module = importlib.import_module(f"qinglong_edge.commands.{name}")
         module.register(subparsers, common)
     return parser
@@ -98,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     json_mode = "--json" in args_list
     try:
-        parser = build_parser()
+        parser = build_parser(args_list)
         args = parser.parse_args(args_list)
         # Defaults are applied here, not with set_defaults: argparse shares the
         # parent's action objects with every sub-parser, so a default set on one
@@ -125,6 +152,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = exit_status_for(exc)
         _print_error(json_mode, exc.code, exc.message, status)
         return status
+    except ModuleNotFoundError as exc:
+        # A router whose Python lacks a split package (python3-sqlite3, python3-openssl...):
+        # name the module, so the operator knows what to install.
+        if os.environ.get("QINGLONG_EDGE_DEBUG") == "1":
+            raise
+        name = exc.name or "?"
+        _print_error(json_mode, "module_missing",
+                     f"the Python module {name!r} is not installed (on OpenWrt: opkg install the "
+                     "python3 package that provides it; `qinglong-edge doctor` checks the rest)",
+                     EX_UNAVAILABLE)
+        return EX_UNAVAILABLE
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

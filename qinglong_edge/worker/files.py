@@ -132,8 +132,11 @@ def open_private_directory(name: str, *, dir_fd: int | None, what: str, create: 
             if dir_fd is None:
                 # Missing parents of an absolute root are created too (0700, umask applies).
                 os.makedirs(os.path.dirname(name) or "/", 0o700, exist_ok=True)
-            os.mkdir(name, 0o700, dir_fd=dir_fd)
-            created = True
+            try:
+                os.mkdir(name, 0o700, dir_fd=dir_fd)
+                created = True
+            except FileExistsError:
+                pass  # another process (a concurrent pull) created it first: check it as existing
             before = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         if stat.S_ISLNK(before.st_mode):
             raise unsafe(f"{what}: is a symlink")

@@ -46,3 +46,15 @@ def test_probe_can_see_a_heavy_import() -> None:
         capture_output=True, cwd=REPO, check=False, text=True,
     )
     assert '"ssl"' in proc.stderr
+
+
+def test_a_named_command_builds_only_its_own_parser() -> None:
+    """`pull` under cron must not pay for building `admin`'s dozens of sub-parsers."""
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c",
+         "import sys; from qinglong_edge.cli import build_parser\n"
+         "build_parser(['--config', '/x', 'version'])\n"
+         "print(sorted(m for m in sys.modules if m.startswith('qinglong_edge.commands.')))"],
+        capture_output=True, cwd=REPO, check=True, text=True,
+    )
+    assert proc.stdout.strip() == "['qinglong_edge.commands._output', 'qinglong_edge.commands.version']"

@@ -6,10 +6,10 @@ python3 split package missing from `Depends:` fails to import
 new command is covered as soon as it exists: its `--help` here, and a real run once it
 has an entry in SPLIT_CASES.
 
-For the integrator: `pull` and `serve`/cancel need real runs here (a pull cycle against
-the TLS cluster double, a cancel through the Local API): add a SplitCase whose
-`prepare` starts the double and returns the argv, then drop the command from
-`PENDING_CASES`.
+`pull` runs a real cycle against the TLS cluster double here; `serve` (long-running)
+runs with a real cancel under the blocker in tests/cli/test_serve_execution.py
+(COVERED_ELSEWHERE), and both run from the installed ipk and tarball trees under the
+blocker in tests/packaging/ (test_ipk_unpack.py, test_tarball_install.py).
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ PENDING_CASES: dict[str, str] = {}
 #: Long-running commands whose real run under the blocker lives in another test file
 #: (name -> (file, a marker that file must contain)).
 COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
-    "serve": ("tests/cli/test_serve_execution.py", "bootstrap_code()"),
+    "serve": ("tests/cli/test_serve_execution.py", "split_entry()"),
 }
 
 
@@ -302,3 +302,12 @@ def test_tls_client_with_a_text_server_hostname_needs_python3_codecs() -> None:
     assert ("unicodedata", "python3-codecs") in result.refused
     with_codecs = run_code_under_split(code, installed=(*DEPENDS, "python3-codecs"))
     assert with_codecs.stdout.splitlines() == ["bytes ok", "str ok"]
+
+
+def test_a_missing_split_package_is_named_not_a_traceback(tmp_path: pathlib.Path) -> None:
+    """Without python3-sqlite3 `admin init` says which module is missing (exit 69)."""
+    without_sqlite = tuple(p for p in DEPENDS if p != "python3-sqlite3")
+    result = run_cli_under_split(_admin_init(tmp_path), installed=without_sqlite)
+    assert result.status == 69, result.stderr
+    assert "module_missing" in result.stderr and "'sqlite3'" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -7,14 +7,19 @@ in a child process, exactly as ``make dist`` does, with a fixed SOURCE_DATE_EPOC
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+
+from tests.support.cluster_double import ClusterDouble
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PACKAGING = REPO / "packaging"
@@ -110,3 +115,37 @@ def unpack_ipk(busybox: str, ipk: pathlib.Path, where: pathlib.Path) -> Unpacked
     busybox_unpack(busybox, outer / "control.tar.gz", control)
     busybox_unpack(busybox, outer / "data.tar.gz", root)
     return Unpacked(outer, control, root)
+
+
+def snapshot(directory: pathlib.Path) -> dict[str, tuple[int, int, int]]:
+    """name -> (size, mtime_ns, mode) of every entry: compare before/after to prove no write."""
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns, p.stat().st_mode) for p in directory.iterdir()}
+
+
+@contextlib.contextmanager
+def read_only_copy(pyz: pathlib.Path) -> Iterator[pathlib.Path]:
+    """A 0444 copy of ``pyz`` in a fresh 0555 directory under /tmp (traversable by any user)."""
+    directory = pathlib.Path(tempfile.mkdtemp(prefix="qle-ro-"))
+    try:
+        copy = directory / "qinglong-edge.pyz"
+        shutil.copyfile(pyz, copy)
+        copy.chmod(0o444)
+        directory.chmod(0o555)
+        yield copy
+    finally:
+        directory.chmod(0o755)
+        shutil.rmtree(directory)
+
+
+@pytest.fixture(scope="session")
+def shared_cluster() -> Iterator[ClusterDouble]:
+    """One cluster double (TLS 1.3 mTLS) for the packaging end-to-end tests."""
+    with ClusterDouble() as double:
+        yield double
+
+
+@pytest.fixture
+def cluster(shared_cluster: ClusterDouble) -> ClusterDouble:
+    """The shared double, reset: fresh credential and state, one ``shell`` task queued."""
+    shared_cluster.reset(tasks=("shell",))
+    return shared_cluster

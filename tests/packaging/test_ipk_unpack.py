@@ -1,5 +1,8 @@
 """Unpack the .ipk with busybox gzip/tar (what OpenWrt runs) into an offline root and
-run the installed launcher there, isolated (`python3 -I`), with only that tree on the path."""
+run the installed launcher there, isolated (`python3 -I`), with only that tree on the path:
+`--help`, `doctor`, `config render-uci`, and (issue 11) a real pull cycle and a real
+serve + cancel configured through the root's UCI file, under the OpenWrt split
+simulation (tests/packaging/installed.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,11 @@ import sys
 import pytest
 
 from tests.packaging.conftest import Dist, Unpacked, unpack_ipk
+from tests.packaging.installed import installed_entry, local_options, render_from_uci, worker_options
+from tests.support.cli import assert_agent_loaded_from
+from tests.support.cluster_double import ClusterDouble
+from tests.support.local_site import LocalSite, start_and_cancel
+from tests.support.pull_env import PullEnv
 from tests.support.uci import install_fake_uci, uci_file_to_show
 
 
@@ -119,3 +127,62 @@ def test_unpacked_launcher_renders_the_shipped_uci_defaults(unpacked: Unpacked, 
                      env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
     assert result.returncode == 0, result.stderr
     assert json.loads((out_dir / "config.json").read_text())["stateDirectory"] == "/etc/qinglong-edge/state"
+
+
+# ---- a real pull cycle and a real cancel from the installed tree, under the OpenWrt split ------------
+
+LIBRARY = "usr/lib/qinglong-edge"
+
+
+def test_installed_ipk_pulls_an_offer_configured_through_uci(unpacked: Unpacked, cluster: ClusterDouble,
+                                                             tmp_path: pathlib.Path) -> None:
+    """UCI -> `config render-uci` -> `pull` -> `inbox list`, all by /usr/bin/qinglong-edge of the root,
+    with only the modules of the Depends packages importable."""
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
+    device = PullEnv(tmp_path, cluster, entry=installed_entry(unpacked.root, cwd=workdir))
+    render_from_uci(device.entry, unpacked.root, worker_options(device), device.config_path)
+    outcome = device.pull("--json")
+    assert outcome.status == 0, outcome.stdout + outcome.stderr[-4000:]
+    line = outcome.last()
+    assert (line["status"], line["reason"]) == ("accepted", "new_claim")
+    assert list(device.inbox()) == [line["offerId"]] == list(cluster.state.leases_by_offer())
+    assert "OpenWrt package" not in outcome.stderr
+    assert_agent_loaded_from(outcome.stderr, unpacked.root / LIBRARY,
+                             {"qinglong_edge.commands.pull", "qinglong_edge.worker.transport"})
+    listed = device.cli("inbox", "list", "--json")
+    assert listed.status == 0, listed.stderr[-4000:]
+    assert [row["offerId"] for row in json.loads(listed.stdout)["offers"]] == [line["offerId"]]
+    assert list(workdir.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_installed_ipk_serves_and_cancels_configured_through_uci(unpacked: Unpacked, tmp_path: pathlib.Path) -> None:
+    """UCI -> render -> admin provisioning -> serve -> task.start -> cancel, the job really gone."""
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
+    site = LocalSite(tmp_path, installed_entry(unpacked.root, cwd=workdir))
+    render_from_uci(site.entry, unpacked.root, local_options(site), site.config)
+    try:
+        site.provision()
+        serve = site.serve()
+        start_and_cancel(site)
+        assert serve.stop() == 0, serve.stderr()[-4000:]
+        assert "OpenWrt package" not in serve.stderr()
+        assert_agent_loaded_from(serve.stderr(), unpacked.root / LIBRARY,
+                                 {"qinglong_edge.local.server", "qinglong_edge.execution.controller"})
+    finally:
+        site.close()
+    assert list(workdir.iterdir()) == []
+
+
+def test_installed_launcher_under_the_split_is_refused_what_depends_lacks(unpacked: Unpacked,
+                                                                          tmp_path: pathlib.Path) -> None:
+    """The blocker reaches the installed tree: without python3-sqlite3, `admin init` fails."""
+    report = tmp_path / "refused.tsv"
+    site = LocalSite(tmp_path, installed_entry(unpacked.root, cwd=tmp_path, report=str(report), installed=(
+        "python3-light", "python3-openssl", "python3-urllib", "python3-logging")))
+    result = site.entry.run("--config", str(site.config), "admin", "init")
+    assert result.status == 69
+    assert "module_missing" in result.stderr and "'sqlite3'" in result.stderr
+    assert "sqlite3\tpython3-sqlite3" in report.read_text().splitlines()

@@ -4,7 +4,6 @@ OpenWrt's /lib/functions.sh and procd (tests/support/openwrt_stubs.py)."""
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import shutil
 import subprocess
@@ -12,9 +11,10 @@ import sys
 
 import pytest
 
+from qinglong_edge.config import load_config
 from tests.packaging.conftest import PACKAGING, Dist, Unpacked, unpack_ipk
-from tests.support.openwrt_stubs import PROCD_SH, make_root, read_log, write_logging_stub
-from tests.support.uci import install_fake_uci, uci_file_to_show
+from tests.packaging.installed import STOP_MARGIN_S, Router, serve_stop_seconds
+from tests.support.openwrt_stubs import make_root, read_log, write_logging_stub
 
 INFO = "usr/lib/opkg/info"
 LIB = "usr/lib/qinglong-edge"
@@ -219,64 +219,6 @@ def test_boilerplate_does_nothing_without_functions_sh(busybox: str, device: Dev
 
 # ---- the procd init script ---------------------------------------------------------------------
 
-class Router:
-    """The init script, with its OpenWrt paths moved into a temp root, under stub procd."""
-
-    def __init__(self, unpacked: Unpacked, root: pathlib.Path, path: str) -> None:
-        self.path = path
-        self.root = make_root(root)
-        shutil.copytree(unpacked.root, root, dirs_exist_ok=True, symlinks=True)
-        self.rundir = root / "var/etc/qinglong-edge"
-        self.state = root / "etc/qinglong-edge/state"
-        self.logs = root / "tmp/qinglong-edge/logs"
-        self.log = root / "stub.log"
-        init = (root / "etc/init.d/qinglong-edge").read_text()
-        for old, new in (("/usr/bin/qinglong-edge", str(root / "usr/bin/qinglong-edge")),
-                         ("/usr/bin/python3", sys.executable),
-                         ("/var/etc/qinglong-edge", str(self.rundir))):
-            assert old in init, old
-            init = init.replace(old, new)
-        self.init = root / "init-under-test"
-        self.init.write_text(init)
-        (root / "lib/procd.sh").write_text(PROCD_SH)
-        self.uci = root / "etc/config/qinglong-edge"
-        self.set_uci()
-
-    def set_uci(self, **changes: str) -> None:
-        """The shipped UCI file with paths moved into the root and ``option=value`` edits."""
-        text = self.uci.read_text() if self.uci.exists() else ""
-        text = text.replace("'/etc/qinglong-edge/state'", f"'{self.state}'")
-        text = text.replace("'/tmp/qinglong-edge/logs'", f"'{self.logs}'")
-        for key, value in changes.items():
-            section, option = key.split("__")
-            lines = text.splitlines()
-            current = None
-            for index, line in enumerate(lines):
-                words = line.split()
-                if words[:1] == ["config"]:
-                    current = words[2].strip("'") if len(words) > 2 else None
-                elif current == section and words[:2] == ["option", option]:
-                    lines[index] = f"\toption {option} '{value}'"
-            text = "\n".join(lines) + "\n"
-        self.uci.write_text(text)
-        dump = self.root / "uci-show.txt"
-        dump.write_text(uci_file_to_show(text, "qinglong-edge"))
-        install_fake_uci(self.root / "bin", "qinglong-edge", dump)
-
-    def call(self, busybox: str, function: str) -> subprocess.CompletedProcess[str]:
-        if self.log.exists():
-            self.log.unlink()
-        script = (f'. "$QLE_STUB_ROOT/lib/functions.sh"; . "$QLE_STUB_ROOT/lib/procd.sh"; '
-                  f'. "{self.init}"; {function}')
-        env = {"PATH": f"{self.root / 'bin'}{os.pathsep}{self.path}",
-               "QLE_STUB_ROOT": str(self.root), "QLE_STUB_LOG": str(self.log)}
-        return subprocess.run([busybox, "sh", "-c", script], env=env, capture_output=True, text=True,
-                              check=False, timeout=120)
-
-    def procd(self) -> list[str]:
-        return [line for line in read_log(self.log) if line.startswith("procd_")]
-
-
 @pytest.fixture
 def router(unpacked: Unpacked, tmp_path: pathlib.Path, busybox_path: str) -> Router:
     return Router(unpacked, tmp_path / "root", busybox_path)
@@ -309,7 +251,7 @@ def test_start_when_enabled_runs_serve_under_procd(busybox: str, router: Router)
         "procd_set_param stdout 1",
         "procd_set_param stderr 1",
         f"procd_set_param file {config}",
-        "procd_set_param term_timeout 15",
+        f"procd_set_param term_timeout {serve_stop_seconds(load_config(str(config))) + STOP_MARGIN_S}",
         "procd_close_instance",
     ]
     assert (router.rundir / "pull.enabled").exists()  # the cron pull is switched on

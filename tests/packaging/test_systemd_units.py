@@ -1,16 +1,21 @@
 """systemd units for Debian / Raspberry Pi OS: the 128 MiB / 64-task budget, sandboxing,
-a dedicated user, and `systemd-analyze verify` when it is installed."""
+a dedicated user, what `serve` and `pull` need (stop handling, writable paths, the
+shipped config), and `systemd-analyze verify` when it is installed."""
 
 from __future__ import annotations
 
 import configparser
+import os
 import pathlib
+import re
 import shutil
 import subprocess
 
 import pytest
 
+from qinglong_edge.config import load_config
 from tests.packaging.conftest import PACKAGING, Dist
+from tests.packaging.installed import STOP_MARGIN_S, serve_stop_seconds
 
 UNITS = PACKAGING / "files" / "systemd"
 
@@ -48,6 +53,59 @@ def test_serve_and_pull_commands() -> None:
     timer = _unit("qinglong-edge-pull.timer")
     assert timer["Timer"]["OnCalendar"] == "*-*-* *:*:00"
     assert timer["Install"]["WantedBy"] == "timers.target"
+
+
+def test_serve_stop_leaves_the_runs_to_the_controller() -> None:
+    """KillMode=mixed: SIGTERM reaches serve only, whose controller stops the Runs and records
+    them cancelled (reason shutdown); control-group mode would SIGTERM them behind its back."""
+    service = _unit("qinglong-edge.service")["Service"]
+    assert service["KillMode"] == "mixed"
+    assert "SendSIGKILL" not in service  # what is left after the timeout still gets SIGKILL
+
+
+def _seconds(value: str) -> float:
+    """A systemd time span (``15s``, ``1min 30s``, ``20``) in seconds."""
+    units = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "ms": 0.001}
+    parts = re.findall(r"(\d+)\s*([a-z]*)", value)
+    assert parts and "".join(n + u for n, u in parts) == value.replace(" ", ""), value
+    return sum(int(number) * units[unit] for number, unit in parts)
+
+
+def test_stop_timeout_covers_the_drain_and_the_controller_stop() -> None:
+    service = _unit("qinglong-edge.service")["Service"]
+    config = load_config(str(UNITS / "config.json"))
+    assert config.execution is not None  # the controller's stop counts
+    assert _seconds(service["TimeoutStopSec"]) >= serve_stop_seconds(config) + STOP_MARGIN_S
+
+
+def test_seconds_parser() -> None:
+    assert [_seconds(v) for v in ("15s", "1min 30s", "20", "500ms")] == [15, 90, 20, 0.5]
+
+
+def _writable(service: configparser.SectionProxy) -> list[str]:
+    paths = service["ReadWritePaths"].split()
+    paths += [f"/var/lib/{name}" for name in service.get("StateDirectory", "").split()]
+    return paths
+
+
+def _below(path: str, roots: list[str]) -> bool:
+    return any(os.path.normpath(path) == root or os.path.normpath(path).startswith(root + "/") for root in roots)
+
+
+def test_shipped_config_lets_serve_start_and_write_only_where_the_unit_allows() -> None:
+    """serve needs localApi (else exit 78) and writes the database (and its journal files
+    beside it), the pepper keyring (admin init), the Run logs and the Runs' work directory
+    beside them; ProtectSystem=strict makes everything else read-only."""
+    config = load_config(str(UNITS / "config.json"))
+    assert config.local_api is not None and config.execution is not None
+    serve = _unit("qinglong-edge.service")["Service"]
+    for path in (config.state_directory, os.path.dirname(config.local_api.database_file),
+                 config.local_api.pepper_keyring_directory, config.execution.log_directory,
+                 os.path.dirname(os.path.normpath(config.execution.log_directory))):
+        assert _below(path, _writable(serve)), path
+    pull = _unit("qinglong-edge-pull.service")["Service"]
+    assert _below(config.state_directory, _writable(pull))  # the journal defaults to <state>/worker
+    assert not _below("/etc/qinglong-edge", _writable(serve) + _writable(pull))  # credentials stay read-only
 
 
 def test_dist_ships_the_units_unchanged(dist: Dist) -> None:

@@ -1,5 +1,6 @@
 """The package-manager-independent tarball: install.sh / uninstall.sh under busybox sh,
-staged into a temporary root with --destdir (OpenWrt 25.x, systemd, plain)."""
+staged into a temporary root with --destdir (OpenWrt 25.x, systemd, plain), and a real
+pull cycle from the staged install."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ from collections.abc import Callable
 import pytest
 
 from tests.packaging.conftest import Dist, busybox_unpack
+from tests.packaging.installed import installed_entry, render_from_uci, worker_options
+from tests.support.cli import assert_agent_loaded_from
+from tests.support.cluster_double import ClusterDouble
 from tests.support.openwrt_stubs import make_root
+from tests.support.pull_env import PullEnv
 
 
 @pytest.fixture(scope="module")
@@ -214,3 +219,21 @@ def test_help_describes_the_options(sh: Shell, unpacked_tarball: pathlib.Path) -
     result = sh(unpacked_tarball / "install.sh", "--help")
     assert result.returncode == 0
     assert "--destdir" in result.stdout and "--prefix" in result.stdout and "set -eu" not in result.stdout
+
+
+def test_staged_install_runs_a_real_pull_cycle(sh: Shell, unpacked_tarball: pathlib.Path, cluster: ClusterDouble,
+                                               tmp_path: pathlib.Path) -> None:
+    """OpenWrt 25.x: install.sh --destdir, then the staged /usr/bin/qinglong-edge renders the
+    staged UCI file and pulls an offer, under the OpenWrt split simulation."""
+    root = _openwrt_root(tmp_path)
+    assert sh(unpacked_tarball / "install.sh", "--destdir", str(root), cwd=tmp_path).returncode == 0
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
+    device = PullEnv(tmp_path / "device", cluster, entry=installed_entry(root, cwd=workdir))
+    render_from_uci(device.entry, root, worker_options(device), device.config_path)
+    outcome = device.pull("--json")
+    assert outcome.status == 0, outcome.stdout + outcome.stderr[-4000:]
+    assert (outcome.last()["status"], outcome.last()["reason"]) == ("accepted", "new_claim")
+    assert list(device.inbox()) == [outcome.last()["offerId"]] == list(cluster.state.leases_by_offer())
+    assert_agent_loaded_from(outcome.stderr, root / "usr/lib/qinglong-edge", {"qinglong_edge.worker.pull"})
+    assert list(workdir.iterdir()) == []

@@ -3,7 +3,6 @@ and never writes next to itself (packaging.md 7)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pathlib
@@ -11,13 +10,11 @@ import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 import zipfile
-from collections.abc import Iterator
 
 import pytest
 
-from tests.packaging.conftest import EPOCH, REPO, Dist
+from tests.packaging.conftest import EPOCH, REPO, Dist, read_only_copy, snapshot
 from tests.support.cli import unprivileged_python
 
 
@@ -39,25 +36,6 @@ def test_archive_layout(dist: Dist) -> None:
     assert stat.S_IMODE(dist.pyz.stat().st_mode) == 0o755
 
 
-def _snapshot(directory: pathlib.Path) -> dict[str, tuple[int, int, int]]:
-    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns, p.stat().st_mode) for p in directory.iterdir()}
-
-
-@contextlib.contextmanager
-def _read_only_copy(dist: Dist) -> Iterator[pathlib.Path]:
-    """A 0444 copy of the pyz in a 0555 directory under /tmp (traversable by any user)."""
-    directory = pathlib.Path(tempfile.mkdtemp(prefix="qle-ro-"))
-    try:
-        copy = directory / "qinglong-edge.pyz"
-        shutil.copyfile(dist.pyz, copy)
-        copy.chmod(0o444)
-        directory.chmod(0o555)
-        yield copy
-    finally:
-        directory.chmod(0o755)
-        shutil.rmtree(directory)
-
-
 def _doctor_config(tmp_path: pathlib.Path) -> pathlib.Path:
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
@@ -72,8 +50,8 @@ def _doctor_config(tmp_path: pathlib.Path) -> pathlib.Path:
 def test_runs_isolated_from_a_read_only_copy_and_writes_nothing_next_to_it(
         dist: Dist, tmp_path: pathlib.Path) -> None:
     config = _doctor_config(tmp_path)
-    with _read_only_copy(dist) as pyz:
-        before = _snapshot(pyz.parent)
+    with read_only_copy(dist.pyz) as pyz:
+        before = snapshot(pyz.parent)
         env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8"}
         runs = {
             "help": ["--help"],
@@ -85,20 +63,20 @@ def test_runs_isolated_from_a_read_only_copy_and_writes_nothing_next_to_it(
             proc = subprocess.run([sys.executable, "-I", str(pyz), *args], capture_output=True, text=True,
                                   cwd=pyz.parent, env=env, check=False, timeout=60)
             assert proc.returncode == 0, f"{name}: {proc.stdout}{proc.stderr}"
-        assert _snapshot(pyz.parent) == before
+        assert snapshot(pyz.parent) == before
         assert os.access(pyz, os.W_OK) is (os.geteuid() == 0)  # root could write: the snapshot is the proof
 
 
 def test_runs_as_an_unprivileged_user_from_a_read_only_copy(dist: Dist) -> None:
     python = unprivileged_python()
-    with _read_only_copy(dist) as pyz:
-        before = _snapshot(pyz.parent)
+    with read_only_copy(dist.pyz) as pyz:
+        before = snapshot(pyz.parent)
         for args in (["--help"], ["version"]):
             proc = subprocess.run([python, "-I", str(pyz), *args], capture_output=True, text=True,
                                   cwd=pyz.parent, env={"PATH": "/usr/bin:/bin"}, check=False, timeout=60,
                                   user=65534, group=65534, extra_groups=[])
             assert proc.returncode == 0, proc.stderr
-        assert _snapshot(pyz.parent) == before
+        assert snapshot(pyz.parent) == before
 
 
 def test_runs_through_its_shebang(dist: Dist, tmp_path: pathlib.Path) -> None:

@@ -1,10 +1,14 @@
 """A worker device for end-to-end pull tests: a cluster double, the worker's files, a
-config file, and the real CLI (``python -m qinglong_edge pull``) run as child processes.
+config file, and the real CLI (``qinglong-edge pull``) run as child processes.
 
 :class:`PullEnv` owns one :class:`~tests.support.cluster_double.ClusterDouble` and one
 state directory. ``env.pull("--json")`` runs a cycle to completion; ``env.spawn(...)``
 starts one to signal it. Journal helpers read the files as a fresh process would
 (``claim()``, ``inbox()``, ``abandoned()``) without taking the owner lock.
+
+The CLI is started through an :class:`~tests.support.cli.Entry` (default: ``python -m
+qinglong_edge`` from this checkout); the packaging tests pass the zipapp or an
+installed launcher instead, so the same cycle runs through each artefact.
 
 Defaults keep the suite fast: ``requestTimeoutMs`` 1000 (the minimum), ``backoffBaseMs``
 100, ``pullIntervalMs`` 200, no splay. ``worker_overrides`` replace any key.
@@ -17,11 +21,11 @@ import os
 import pathlib
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from tests.support.cli import Entry, repo_entry
 from tests.support.cluster_double import ClusterDouble
 
 REPO = pathlib.Path(__file__).resolve().parent.parent.parent
@@ -63,9 +67,11 @@ class Outcome:
 class PullEnv:
     """One worker device against one cluster double (see the module docstring)."""
 
-    def __init__(self, root: pathlib.Path, cluster: ClusterDouble, **worker_overrides: Any) -> None:
+    def __init__(self, root: pathlib.Path, cluster: ClusterDouble, *, entry: Entry | None = None,
+                 **worker_overrides: Any) -> None:
         self.root = root
         self.cluster = cluster
+        self.entry = entry or repo_entry()
         self.files = cluster.provision(root / "device")
         self.state_dir = root / "state"
         self.state_dir.mkdir(mode=0o700)
@@ -80,17 +86,21 @@ class PullEnv:
     # -- running the CLI -----------------------------------------------------------------------
 
     def argv(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "qinglong_edge", "pull", "--config", str(self.config_path), "--no-splay",
-                *args]
+        return self.entry.argv("pull", "--config", str(self.config_path), "--no-splay", *args)
 
     def pull(self, *args: str, env: dict[str, str] | None = None, timeout: float = 30) -> Outcome:
-        proc = subprocess.run(self.argv(*args), capture_output=True, env=child_env(env), cwd=REPO,
-                              timeout=timeout, check=False)
+        proc = subprocess.run(self.argv(*args), capture_output=True, env=self.entry.environment(env),
+                              cwd=self.entry.cwd, timeout=timeout, check=False)
         return Outcome(proc.returncode, proc.stdout.decode(), proc.stderr.decode())
 
     def spawn(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         return subprocess.Popen(self.argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=child_env(env), cwd=REPO)
+                                env=self.entry.environment(env), cwd=self.entry.cwd)
+
+    def cli(self, *args: str) -> Outcome:
+        """Another command (``inbox list``...) with this device's config, through the same entry."""
+        result = self.entry.run("--config", str(self.config_path), *args)
+        return Outcome(result.status, result.stdout, result.stderr)
 
     @staticmethod
     def finish(proc: subprocess.Popen[bytes], timeout: float = 30) -> Outcome:

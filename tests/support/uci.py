@@ -10,16 +10,19 @@ every value single-quoted with ``'\\''`` escapes, list items space-separated; se
 
 :func:`install_fake_uci` writes an executable ``uci`` that answers
 ``uci -q show <package>`` from a prepared dump, for code that runs the real command.
+:func:`set_uci_options` edits the file text as ``uci set`` would (tests that configure
+an installed package).
 """
 
 from __future__ import annotations
 
 import pathlib
 import shlex
+from collections.abc import Mapping, Sequence
 
 from qinglong_edge.contracts.uci import UciSection, format_show
 
-__all__ = ["install_fake_uci", "uci_file_to_show"]
+__all__ = ["install_fake_uci", "set_uci_options", "uci_file_to_show"]
 
 
 def uci_file_to_show(text: str, package: str) -> str:
@@ -65,3 +68,47 @@ def install_fake_uci(bin_dir: pathlib.Path, package: str, dump: pathlib.Path) ->
     )
     script.chmod(0o755)
     return script
+
+
+def set_uci_options(text: str, section: str, options: Mapping[str, str | Sequence[str]]) -> str:
+    """Edit ``/etc/config`` text as ``uci set``/``uci add_list`` would: in the named section
+    ``section``, every option given is set (a ``str``: ``option NAME 'VALUE'``) or its list
+    replaced (a sequence: one ``list NAME 'ITEM'`` line each), where it stood or else at
+    the end of the section; everything else is kept as is.
+
+    Raises:
+        ValueError: no ``config <type> '<section>'`` line, or a value containing ``'``.
+    """
+
+    def words(line: str) -> list[str]:
+        return shlex.split(line, comments=True)
+
+    def rendered(name: str) -> list[str]:
+        value = options[name]
+        values = [value] if isinstance(value, str) else list(value)
+        if any("'" in item for item in values):
+            raise ValueError(f"{name}: quotes are not supported by this helper")
+        keyword = "option" if isinstance(value, str) else "list"
+        return [f"\t{keyword} {name} '{item}'" for item in values]
+
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if words(line)[:1] == ["config"] and words(line)[2:3] == [section]),
+                 None)
+    if start is None:
+        raise ValueError(f"no section {section!r}")
+    end = next((i for i in range(start + 1, len(lines)) if words(lines[i])[:1] == ["config"]), len(lines))
+    body: list[str] = []
+    done: set[str] = set()
+    for line in lines[start + 1:end]:
+        name = words(line)[1] if len(words(line)) > 1 else ""
+        if name not in options:
+            body.append(line)
+        elif name not in done:
+            body += rendered(name)
+            done.add(name)
+    while body and not body[-1].strip():
+        body.pop()
+    for name in options:
+        if name not in done:
+            body += rendered(name)
+    return "\n".join([*lines[:start + 1], *body, "", *lines[end:]]).rstrip("\n") + "\n"

@@ -251,3 +251,23 @@ def test_errno_mapping(errno_value: int, code: str) -> None:
     error = files.journal_error(OSError(errno_value, os.strerror(errno_value)), "x")
     assert error.code == code
     assert isinstance(error, OSError)
+
+
+def test_directory_created_by_a_concurrent_opener_is_accepted(tmp_path: pathlib.Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: two pulls started together both found the journal root missing; the
+    loser's mkdir got EEXIST, which surfaced as unsafe_storage (exit 73)."""
+    target = tmp_path / "worker"
+    real_mkdir = os.mkdir
+
+    def racing_mkdir(path: str, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+        real_mkdir(path, 0o700, dir_fd=dir_fd)  # the other process wins the race here
+        real_mkdir(path, mode, dir_fd=dir_fd)   # ours then fails with EEXIST
+
+    monkeypatch.setattr(os, "mkdir", racing_mkdir)
+    fd, created = files.open_private_directory(str(target), dir_fd=None, what=str(target), create=True)
+    try:
+        assert created is False
+        assert stat.S_IMODE(os.fstat(fd).st_mode) == 0o700
+    finally:
+        os.close(fd)

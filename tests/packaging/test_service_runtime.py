@@ -1,0 +1,256 @@
+"""The OpenWrt service as it really runs: the init script's ``start_service`` (busybox sh,
+stub procd) prepares the directories and the rendered config, then the commands procd
+and busybox crond would start run as the unprivileged service user.
+
+No ``qinglong`` user exists here, so uid/gid 65534 stands in for it: the stub procd's
+``chown qinglong:qinglong DIR`` really chowns DIR to 65534, and ``serve``, ``admin`` and
+the crontab's ``pull`` run with ``user=65534``. Everything lives in a directory under
+/tmp that the user can traverse (pytest's own tmp_path is root's 0700 tree), with an
+interpreter the user can execute (:func:`tests.support.cli.unprivileged_python`).
+
+What this proves against the shipped files: every directory ``serve`` (database,
+pepper keyring, Run logs, the Runs' work directory) and ``pull`` (journal) write
+exists and belongs to the service user after ``start_service``; procd's stop timeout
+covers ``serve``'s drain; the crontab line runs a real pull only while
+``worker.enabled`` is 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+
+from qinglong_edge.config import load_config
+from tests.packaging.conftest import Dist, Unpacked, unpack_ipk
+from tests.packaging.installed import STOP_MARGIN_S, Router, serve_stop_seconds, worker_options
+from tests.support.cli import Entry, unprivileged_python
+from tests.support.cluster_double import ClusterDouble
+from tests.support.local_site import FAST_EXECUTION, LocalSite, start_and_cancel
+from tests.support.openwrt_stubs import read_log
+from tests.support.pull_env import PullEnv
+
+#: Stands in for the `qinglong` user (uid/gid) the package creates on a router.
+SERVICE_UID = 65534
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown, running as another user)")
+
+
+@pytest.fixture(scope="module")
+def unpacked(dist: Dist, busybox: str, tmp_path_factory: pytest.TempPathFactory) -> Unpacked:
+    return unpack_ipk(busybox, dist.ipk, tmp_path_factory.mktemp("ipk"))
+
+
+@pytest.fixture
+def base() -> Iterator[pathlib.Path]:
+    """A fresh 0755 directory under /tmp, traversable by the service user."""
+    directory = pathlib.Path(tempfile.mkdtemp(prefix="qle-svc-"))
+    directory.chmod(0o755)
+    yield directory
+    shutil.rmtree(directory)
+
+
+def _real_chown(router: Router) -> Router:
+    # The stub procd only logs chown; here it also really chowns to the stand-in user.
+    with open(router.root / "lib/procd.sh", "a") as handle:
+        handle.write(f'chown() {{ qle_stub_log "chown $*"; command chown {SERVICE_UID}:{SERVICE_UID} "$2"; }}\n')
+    return router
+
+
+@pytest.fixture
+def router(unpacked: Unpacked, base: pathlib.Path, busybox_path: str) -> Router:
+    return _real_chown(Router(unpacked, base / "root", busybox_path))
+
+
+@pytest.fixture
+def service_router(unpacked: Unpacked, base: pathlib.Path, busybox_path: str) -> Router:
+    """The init script with user nobody:nogroup (uid/gid 65534) and a Python it can run."""
+    return _real_chown(Router(unpacked, base / "root", busybox_path, python=unprivileged_python(),
+                              user=("nobody", "nogroup")))
+
+
+def _service_entry(router: Router, python: str) -> Entry:
+    """What procd starts (``python3 -u /usr/bin/qinglong-edge ...``), as the service user."""
+    return Entry("procd", (python, "-u", str(router.root / "usr/bin/qinglong-edge")),
+                 {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}, "/", user=SERVICE_UID)
+
+
+def _init_admin_entry(router: Router, busybox: str) -> Entry:
+    """``/etc/init.d/qinglong-edge admin ARGS`` run by root, as an operator does: it takes
+    the argv a LocalSite gives its entry (``--config FILE admin ARGS``) and passes ARGS on
+    (the script uses its own rendered config)."""
+    return Entry("init.d admin", (busybox, "sh", "-c", router.script('shift 3; admin "$@"'), "sh"), router.env(),
+                 "/")
+
+
+def _owned_private(path: pathlib.Path) -> bool:
+    info = path.lstat()
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == SERVICE_UID and stat.S_IMODE(info.st_mode) == 0o700
+
+
+def _chown_tree(top: pathlib.Path) -> None:
+    for directory, _, names in os.walk(top):
+        os.chown(directory, SERVICE_UID, SERVICE_UID)
+        for name in names:
+            os.chown(os.path.join(directory, name), SERVICE_UID, SERVICE_UID)
+
+
+# ---- procd's stop timeout ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("edits", [
+    pytest.param({}, id="edge_defaults"),
+    pytest.param({"main": {"profile": "standalone"}}, id="standalone_drain"),
+    pytest.param({"execution": {"enabled": "0"}}, id="no_controller"),
+    pytest.param({"execution": {"terminate_grace_ms": "30000", "kill_grace_ms": "2500"}}, id="long_graces"),
+    pytest.param({"execution": {"terminate_grace_ms": "1", "kill_grace_ms": "1"}}, id="short_graces"),
+])
+def test_term_timeout_covers_the_drain_and_the_controller_stop(busybox: str, router: Router,
+                                                               edits: dict[str, dict[str, str]]) -> None:
+    router.edit_uci({"main": {"enabled": "1"}, "local_api": {"enabled": "1"}, "execution": {"enabled": "1"}})
+    router.edit_uci(edits)
+    result = router.call(busybox, "start_service")
+    assert result.returncode == 0, result.stderr
+    config = load_config(str(router.rundir / "config.json"))
+    assert router.procd_param("term_timeout") == [str(serve_stop_seconds(config) + STOP_MARGIN_S)]
+
+
+# ---- directories the agent writes ----------------------------------------------------------------------
+
+def test_start_creates_the_agents_directories_outside_the_state_directory(busybox: str, router: Router,
+                                                                          base: pathlib.Path) -> None:
+    shared = base / "shared"
+    shared.mkdir(mode=0o1777)
+    shared.chmod(0o1777)
+    router.edit_uci({
+        "main": {"enabled": "1"},
+        "worker": {"enabled": "1", "origin": "https://cluster.example", "worker_id": "edge-1",
+                   "journal_directory": str(base / "ram/journal")},
+        "local_api": {"enabled": "1", "database_file": str(base / "flash/db/local.db"),
+                      "pepper_keyring_directory": str(base / "flash/pepper")},
+        "execution": {"enabled": "1", "log_directory": str(shared / "logs")},
+    })
+    result = router.call(busybox, "start_service")
+    assert result.returncode == 0, result.stderr
+    for directory in (router.state, base / "ram/journal", base / "flash/db", base / "flash/pepper",
+                      shared / "logs", shared / "work"):
+        assert _owned_private(directory), directory
+    # An existing shared directory is never taken over.
+    assert shared.stat().st_uid == 0 and stat.S_IMODE(shared.stat().st_mode) == 0o1777
+
+
+def test_rejects_a_symlink_for_an_agent_directory(busybox: str, router: Router, base: pathlib.Path) -> None:
+    (base / "elsewhere").mkdir()
+    (base / "keyring").symlink_to(base / "elsewhere")
+    router.edit_uci({"main": {"enabled": "1"}, "local_api": {"enabled": "1", "pepper_keyring_directory":
+                                                             str(base / "keyring")}})
+    result = router.call(busybox, "start_service")
+    assert result.returncode != 0
+    assert router.procd() == []
+    assert (base / "elsewhere").stat().st_uid == 0
+    assert any(f"{base / 'keyring'} is not a directory" in line for line in read_log(router.log))
+
+
+# ---- serve as procd starts it ------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_serve_runs_as_the_service_user_with_the_shipped_defaults(busybox: str, service_router: Router,
+                                                                  base: pathlib.Path) -> None:
+    """start_service with the shipped UCI defaults plus the three switches; provisioning
+    with `/etc/init.d/qinglong-edge admin ...`; serve (the exact procd command line),
+    task.start and a cancel, all as the service user."""
+    router = service_router
+    site_root = base / "site"
+    site_root.mkdir()
+    serve_entry = _service_entry(router, unprivileged_python())
+    site = LocalSite(site_root, _init_admin_entry(router, busybox))
+    os.chown(site_root, SERVICE_UID, SERVICE_UID)  # the job writes its pid files here
+    router.edit_uci({"main": {"enabled": "1"}, "local_api": {"enabled": "1", "port": str(site.port)},
+                     "execution": {"enabled": "1", **{k: str(v) for k, v in {
+                         "terminate_grace_ms": FAST_EXECUTION["terminateGraceMs"],
+                         "kill_grace_ms": FAST_EXECUTION["killGraceMs"],
+                         "control_interval_ms": FAST_EXECUTION["controlIntervalMs"]}.items()}}})
+    result = router.call(busybox, "start_service")
+    assert result.returncode == 0, result.stderr
+    site.config = router.rundir / "config.json"
+    assert router.procd_param("command") == serve_entry.argv("--config", str(site.config), "serve")
+    assert router.procd_param("user") == ["nobody"]
+    for directory in (router.state, router.logs, router.logs.parent / "work"):
+        assert _owned_private(directory), directory
+    try:
+        site.provision()  # as root, through the init script, which drops to the service user
+        assert (router.state / "local.db").stat().st_uid == SERVICE_UID
+        assert _owned_private(router.state / "pepper")
+        site.entry = serve_entry
+        serve = site.serve()
+        # The service user cannot create cgroups: the setsid escapee is not caught here.
+        start_and_cancel(site, escapee_dies=False)
+        assert serve.stop() == 0, serve.stderr()[-4000:]
+    finally:
+        site.close()
+
+
+def test_admin_without_a_rendered_config_says_to_start_first(busybox: str, router: Router) -> None:
+    result = router.call(busybox, "admin init")
+    assert result.returncode == 78
+    assert "start the service first" in result.stderr
+    assert not router.state.exists()
+
+
+# ---- the cron pull ------------------------------------------------------------------------------------------
+
+def _crontab_command(router: Router, python: str) -> str:
+    (line,) = [line for line in (router.root / "etc/crontabs/qinglong").read_text().splitlines()
+               if line.strip() and not line.startswith("#")]
+    command = line.split(maxsplit=5)[5]
+    for old, new in (("/var/etc/qinglong-edge", str(router.rundir)),
+                     ("/usr/bin/qinglong-edge", f"{python} {router.root / 'usr/bin/qinglong-edge'}")):
+        assert old in command, old
+        command = command.replace(old, new)
+    return command
+
+
+def test_crontab_line_pulls_as_the_service_user_only_while_enabled(busybox: str, service_router: Router,
+                                                                   base: pathlib.Path, cluster: ClusterDouble) -> None:
+    router = service_router
+    python = unprivileged_python()
+    applets = base / "busybox-bin"  # busybox_path lives in root's 0700 tmp tree
+    applets.mkdir()
+    for applet in ("cat", "sh", "test"):
+        (applets / applet).symlink_to(busybox)
+    device = PullEnv(base / "device", cluster)
+    _chown_tree(base / "device")  # the operator's part (docs/packaging.md): the worker's files are the user's
+    router.edit_uci(worker_options(device))
+    assert router.call(busybox, "start_service").returncode == 0
+    assert (router.rundir / "pull.enabled").exists()
+    logger = base / "bin/logger"
+    logger.parent.mkdir()
+    logger.write_text(f'#!/bin/sh\ncat >> {base / "syslog"}\n')
+    logger.chmod(0o755)
+    (base / "syslog").touch(mode=0o666)
+    (base / "syslog").chmod(0o666)
+
+    def cron() -> subprocess.CompletedProcess[str]:
+        # busybox crond runs the line with /bin/sh -c as the crontab's user.
+        return subprocess.run([busybox, "sh", "-c", _crontab_command(router, python)], capture_output=True,
+                              text=True, env={"PATH": f"{logger.parent}:{applets}"}, cwd="/",
+                              user=SERVICE_UID, group=SERVICE_UID, extra_groups=[], check=False, timeout=60)
+
+    ran = cron()
+    assert ran.returncode == 0, ran.stderr
+    assert (base / "syslog").read_text() == ""  # pull's stderr goes to the log: nothing went wrong
+    inbox = device.inbox()
+    assert len(inbox) == 1 and list(inbox) == list(cluster.state.leases_by_offer())
+    assert _owned_private(device.journal)
+
+    seen = len(cluster.exchanges)
+    assert router.call(busybox, "stop_service").returncode == 0
+    cron()
+    assert len(cluster.exchanges) == seen  # worker switched off: the line does nothing
+    assert json.loads((router.rundir / "config.json").read_text())["worker"]["workerId"] == cluster.worker_id
