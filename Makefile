@@ -17,7 +17,7 @@ $(STAMP): requirements-dev.txt pyproject.toml
 test: $(STAMP) lint typecheck unit
 
 lint: $(STAMP)
-	$(BIN)/ruff check qinglong_edge tests packaging
+	$(BIN)/ruff check qinglong_edge tests packaging demo benchmarks
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict qinglong_edge
