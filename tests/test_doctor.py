@@ -99,3 +99,15 @@ def test_filesystem_without_hard_links_fails(tmp_path: pathlib.Path) -> None:
         # exFAT has no Unix permissions either: every file shows 0777.
         assert lines["state_dir"].startswith("FAIL")
         assert "0777" in lines["state_dir"]
+
+
+def test_missing_directories_name_the_command_that_makes_them(tmp_path: pathlib.Path) -> None:
+    # Before `admin init` nothing exists: every remedy must be something to run.
+    data = run_cli("--config", str(_config(tmp_path, tmp_path / "state")), "doctor", "--json").json()
+    checks = _checks(data)
+    assert "qinglong-edge admin init" in str(checks["pepper_dir"]["remedy"])
+    for name in ("state_dir", "sqlite_write"):
+        remedy = str(checks[name]["remedy"])
+        assert f"mkdir -p -m 0700 {tmp_path / 'state'}" in remedy
+        assert "qinglong-edge admin init" in remedy
+    assert not any("the command that creates it" in str(c["remedy"]) for c in checks.values())
