@@ -63,14 +63,38 @@ def loopback_up() -> None:
         fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sh", b"lo", flags | _IFF_UP))
 
 
+def _world_readable(tree: str) -> bool:
+    """Every directory of ``tree`` searchable and every file readable by other users."""
+    for directory, _, files in os.walk(tree):
+        if os.stat(directory).st_mode & 0o005 != 0o005:
+            return False
+        if any(os.stat(os.path.join(directory, name)).st_mode & 0o004 == 0 for name in files):
+            return False
+    return True
+
+
+def _copy_package(package: str, lib: str) -> None:
+    """A copy the agent user can read (root-owned, so it cannot change it)."""
+    shutil.copytree(package, lib, ignore=shutil.ignore_patterns("__pycache__"))
+    for directory, _, files in os.walk(os.path.dirname(lib)):
+        os.chmod(directory, 0o755)  # noqa: S103 -- read-only code for the agent user
+        for name in files:
+            os.chmod(os.path.join(directory, name), 0o644)
+
+
 def prepare_isolated(root: str, package: str, *, tmpfs_size: str = "64m") -> dict[str, Any]:
     """Set up the namespaces' view (see the module docstring); returns what was done."""
     _mount("-t", "tmpfs", "-o", f"size={tmpfs_size},mode=0755,nosuid,nodev", "qinglong-envelope", root)
     lib = os.path.join(root, "lib", "qinglong_edge")
-    os.makedirs(lib, mode=0o755)
-    os.chmod(os.path.join(root, "lib"), 0o755)  # noqa: S103 -- the agent user imports from here
-    _mount("--bind", package, lib)
-    _mount("-o", "remount,bind,ro", lib)
+    if _world_readable(package):
+        os.makedirs(lib, mode=0o755)
+        os.chmod(os.path.join(root, "lib"), 0o755)  # noqa: S103 -- the agent user imports from here
+        _mount("--bind", package, lib)
+        _mount("-o", "remount,bind,ro", lib)
+        how = "bind-mounted read-only"
+    else:  # a checkout made with umask 077: the agent user could not read it
+        _copy_package(package, lib)
+        how = "copied (the checkout is not readable by other users)"
     readonly, already, failed = [], [], []
     for point, is_readonly in mount_points().items():
         if point in (root, lib) or _below(point, _KEEP_WRITABLE):
@@ -84,18 +108,14 @@ def prepare_isolated(root: str, package: str, *, tmpfs_size: str = "64m") -> dic
         except OSError as exc:
             failed.append(f"{point}: {exc}")
     loopback_up()
-    return {"mode": "namespaces", "tmpfs": root, "package": lib, "readonly_mounts": readonly,
+    return {"mode": "namespaces", "tmpfs": root, "package": f"{lib} ({how})", "readonly_mounts": readonly,
             "already_readonly": already, "readonly_failures": failed, "writable": [root, *_KEEP_WRITABLE]}
 
 
 def prepare_plain(root: str, package: str, reason: str) -> dict[str, Any]:
     """No namespaces: a plain directory and a copy of the package."""
     lib = os.path.join(root, "lib", "qinglong_edge")
-    shutil.copytree(package, lib, ignore=shutil.ignore_patterns("*.pyc", "__pycache__"))
-    for directory, _, files in os.walk(os.path.join(root, "lib")):
-        os.chmod(directory, 0o755)  # noqa: S103 -- read-only code for the agent user
-        for name in files:
-            os.chmod(os.path.join(directory, name), 0o644)
+    _copy_package(package, lib)
     os.chmod(root, 0o755)  # noqa: S103 -- the agent user must reach its state
     return {"mode": "plain", "reason": reason, "tmpfs": None, "package": lib}
 
