@@ -143,8 +143,8 @@ class ExecutionConfig:
     log_directory: str
     max_log_bytes: int
     cgroups: str
-    #: Per-Run ``pids.max`` (tasks: processes and threads); ``None``: no cap.
-    max_run_pids: int | None = None
+    #: Per-Run ``pids.max`` (tasks: processes and threads); 0: no cap.
+    max_run_pids: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,7 +325,7 @@ def _parse_execution(sec: _Section, state_dir: str, profile: str) -> ExecutionCo
         log_directory=sec.path_value("logDirectory", os.path.join(state_dir, "logs")),
         max_log_bytes=sec.integer("maxLogBytes", 1024, 64 * 1024 * 1024, 1024 * 1024),
         cgroups=sec.choice("cgroups", ("auto", "off"), "auto"),
-        max_run_pids=sec.integer("maxRunPids", 0, 4_194_304, 24 if profile == "edge" else 28) or None,
+        max_run_pids=sec.integer("maxRunPids", 0, 4_194_304, 24 if profile == "edge" else 28),
     )
     sec.done()
     return config

@@ -61,7 +61,7 @@ def start_execution_controller(config: Any, store: Any, relay: IntentRelay) -> C
 
     Called once the store is open and before the listener accepts requests, only when
     the configuration has an ``execution`` section (``execution.maxRunPids`` becomes each
-    Run's ``pids.max``). The controller thread launches
+    Run's ``pids.max``; 0: none). The controller thread launches
     queued Runs and converges every durable cancel intent and deadline into a verified
     stop; ``relay.target`` is its non-blocking wake-up, so a new cancel intent or a new
     queued Run is acted on at once (it also scans on its own interval).
@@ -74,7 +74,7 @@ def start_execution_controller(config: Any, store: Any, relay: IntentRelay) -> C
         return None
     from qinglong_edge.execution.controller import ExecutionController
 
-    controller = ExecutionController(store, config.execution, pids_max=config.execution.max_run_pids)
+    controller = ExecutionController(store, config.execution, pids_max=config.execution.max_run_pids or None)
     controller.start()
     relay.target = controller.on_intent
     stop: Callable[[], bool] = controller.stop
