@@ -16,6 +16,7 @@ import errno
 import fcntl
 import os
 import secrets
+import shlex
 import stat
 import sys
 import time
@@ -157,7 +158,7 @@ def check_directory(directory: str, name: str, required: bool) -> Check:
     except FileNotFoundError:
         return Check(
             name, False, required, f"{directory}: missing",
-            f"mkdir -p -m 0700 {directory} (or run the command that creates it)",
+            f"mkdir -p -m 0700 {shlex.quote(directory)} (or run the command that creates it)",
         )
     except OSError as exc:
         return Check(name, False, required, f"{directory}: {exc.strerror}", "check the path")
@@ -173,7 +174,7 @@ def check_directory(directory: str, name: str, required: bool) -> Check:
     if problems:
         return Check(
             name, False, required, f"{directory}: {'; '.join(problems)}",
-            f"chown {os.geteuid()} {directory} && chmod 0700 {directory}",
+            f"chown {os.geteuid()} {shlex.quote(directory)} && chmod 0700 {shlex.quote(directory)}",
         )
     return Check(name, True, required, f"{directory}: mode {stat.S_IMODE(st.st_mode):04o}, owner ok")
 
