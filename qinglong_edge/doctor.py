@@ -151,15 +151,20 @@ def check_sqlite_journal(directory: str, profile: str, required: bool) -> list[C
     return results
 
 
-def check_directory(directory: str, name: str, required: bool) -> Check:
-    """Exists, is a real directory owned by us, with no group/other permission bits."""
+#: What makes a missing directory, for the remedy (``admin init`` makes the Local API's).
+_ADMIN_INIT = "qinglong-edge admin init"
+
+
+def check_directory(directory: str, name: str, required: bool, *, creator: str = "") -> Check:
+    """Exists, is a real directory owned by us, with no group/other permission bits.
+
+    ``creator``: the remedy when it is missing (default ``mkdir -p -m 0700 DIR``).
+    """
     try:
         st = os.lstat(directory)
     except FileNotFoundError:
-        return Check(
-            name, False, required, f"{directory}: missing",
-            f"mkdir -p -m 0700 {shlex.quote(directory)} (or run the command that creates it)",
-        )
+        return Check(name, False, required, f"{directory}: missing",
+                     creator or f"mkdir -p -m 0700 {shlex.quote(directory)}")
     except OSError as exc:
         return Check(name, False, required, f"{directory}: {exc.strerror}", "check the path")
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
@@ -338,8 +343,8 @@ def check_readable(path: str, name: str) -> Check:
     return Check(name, ok, True, f"{path}: {size} bytes", "" if ok else "1 byte to 1 MiB expected")
 
 
-def _storage_checks(directory: str, label: str, required: bool) -> Iterator[Check]:
-    yield check_directory(directory, f"{label}_dir", required)
+def _storage_checks(directory: str, label: str, required: bool, creator: str = "") -> Iterator[Check]:
+    yield check_directory(directory, f"{label}_dir", required, creator=creator)
     if not _exists(directory):
         return
     probes: list[Callable[[str, bool], Check]] = [
@@ -355,7 +360,12 @@ def run_checks(config: EdgeConfig) -> list[Check]:
     """Run every check that applies to ``config``'s roles, in a stable order."""
     worker, local = config.worker, config.local_api
     checks = [check_python(), check_tls13(worker is not None), check_sqlite(local is not None)]
-    checks.extend(_storage_checks(config.state_directory, "state", True))
+    # `admin init` opens the database first, which creates its directory 0700.
+    made_by_init = local is not None and os.path.dirname(local.database_file) == config.state_directory
+    state_creator = f"mkdir -p -m 0700 {shlex.quote(config.state_directory)}" + (
+        f" (or run '{_ADMIN_INIT}', which creates it)" if made_by_init else ""
+    )
+    checks.extend(_storage_checks(config.state_directory, "state", True, state_creator))
     if worker is not None:
         if worker.journal_directory != config.state_directory and _exists(worker.journal_directory):
             checks.extend(_storage_checks(worker.journal_directory, "journal", True))
@@ -369,10 +379,14 @@ def run_checks(config: EdgeConfig) -> list[Check]:
         if _exists(db_dir):
             checks.extend(check_sqlite_journal(db_dir, config.profile, True))
         else:
-            checks.append(
-                Check("sqlite_write", False, True, f"{db_dir}: missing", f"mkdir -p -m 0700 {db_dir}")
-            )
-        checks.append(check_directory(local.pepper_keyring_directory, "pepper_dir", True))
+            checks.append(Check(
+                "sqlite_write", False, True, f"{db_dir}: missing",
+                f"mkdir -p -m 0700 {shlex.quote(db_dir)} (or run '{_ADMIN_INIT}', which creates it)",
+            ))
+        checks.append(check_directory(
+            local.pepper_keyring_directory, "pepper_dir", True,
+            creator=f"run '{_ADMIN_INIT}' as the agent's user (it creates the keyring 0700 and its first key)",
+        ))
     if config.execution is not None:
         checks.append(check_cgroups())
     checks.append(check_clock())

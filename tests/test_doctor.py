@@ -61,12 +61,12 @@ def test_world_writable_state_directory_fails(tmp_path: pathlib.Path) -> None:
 def test_remedies_quote_paths_with_spaces(tmp_path: pathlib.Path) -> None:
     # The remedy is a command to copy and paste: a path with a space must stay one argument.
     state = tmp_path / "my state"
+    missing = _checks(run_cli("--config", str(_config(tmp_path, state)), "doctor", "--json").json())
+    assert str(missing["state_dir"]["remedy"]).startswith(f"mkdir -p -m 0700 '{state}'")
     state.mkdir()
     state.chmod(0o755)
-    data = run_cli("--config", str(_config(tmp_path, state)), "doctor", "--json").json()
-    checks = _checks(data)
-    assert checks["pepper_dir"]["remedy"] == f"mkdir -p -m 0700 '{state}/pepper' (or run the command that creates it)"
-    assert checks["state_dir"]["remedy"] == f"chown {os.geteuid()} '{state}' && chmod 0700 '{state}'"
+    loose = _checks(run_cli("--config", str(_config(tmp_path, state)), "doctor", "--json").json())
+    assert loose["state_dir"]["remedy"] == f"chown {os.geteuid()} '{state}' && chmod 0700 '{state}'"
 
 
 @contextlib.contextmanager
@@ -110,3 +110,15 @@ def test_filesystem_without_hard_links_fails(tmp_path: pathlib.Path) -> None:
         # exFAT has no Unix permissions either: every file shows 0777.
         assert lines["state_dir"].startswith("FAIL")
         assert "0777" in lines["state_dir"]
+
+
+def test_missing_directories_name_the_command_that_makes_them(tmp_path: pathlib.Path) -> None:
+    # Before `admin init` nothing exists: every remedy must be something to run.
+    data = run_cli("--config", str(_config(tmp_path, tmp_path / "state")), "doctor", "--json").json()
+    checks = _checks(data)
+    assert "qinglong-edge admin init" in str(checks["pepper_dir"]["remedy"])
+    for name in ("state_dir", "sqlite_write"):
+        remedy = str(checks[name]["remedy"])
+        assert f"mkdir -p -m 0700 {tmp_path / 'state'}" in remedy
+        assert "qinglong-edge admin init" in remedy
+    assert not any("the command that creates it" in str(c["remedy"]) for c in checks.values())

@@ -119,7 +119,9 @@ def _open_directory(directory: str) -> Iterator[int]:
     try:
         info = os.lstat(directory)
     except FileNotFoundError:
-        raise PepperError(f"{directory}: the pepper keyring directory is missing") from None
+        raise PepperError(
+            f"{directory}: the pepper keyring directory is missing (run 'qinglong-edge admin init' first)"
+        ) from None
     except OSError as exc:
         raise PepperError(f"{directory}: cannot inspect the pepper keyring ({exc.strerror})") from None
     _check_directory_stat(directory, info, euid)

@@ -195,9 +195,24 @@ def read_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         raise
 
 
+def _other_owner(what: str, uid: int, euid: int) -> StoreError:
+    # An operator who runs `admin` as root beside a service user would otherwise leave
+    # files the service cannot open (SQLITE_CANTOPEN later, far from the cause).
+    return StoreError(
+        f"{what} is owned by uid {uid}, not by this user (uid {euid}): run qinglong-edge as the user that owns it",
+        code="unsafe_storage",
+    )
+
+
 def _prepare_file(path: str) -> None:
-    """Create the parent directory (0700) and an empty database file (0600) if missing."""
+    """Create the parent directory (0700) and an empty database file (0600) if missing.
+
+    The file, or the directory it would be created in, must belong to the effective
+    user (as the journal and the pepper keyring require): ``unsafe_storage`` otherwise,
+    with nothing created.
+    """
     directory = os.path.dirname(path) or "."
+    euid = os.geteuid()
     try:
         if not os.path.isdir(directory):
             os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -209,7 +224,12 @@ def _prepare_file(path: str) -> None:
         if info is not None:
             if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
                 raise StoreError(f"{path}: database path is not a regular file", code="unsafe_storage")
+            if info.st_uid != euid:
+                raise _other_owner(f"{path}: the database", info.st_uid, euid)
             return
+        directory_uid = os.stat(directory).st_uid
+        if directory_uid != euid:
+            raise _other_owner(f"{directory}: the database directory", directory_uid, euid)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except FileExistsError:

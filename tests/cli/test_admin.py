@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
 import stat
@@ -214,3 +215,21 @@ def test_admin_help_imports_no_sqlite() -> None:
     )
     proc = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True, cwd=REPO, check=False)
     assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout + proc.stderr
+
+
+@pytest.mark.root
+def test_rejects_admin_as_another_user_than_the_state_owner(tmp_path: pathlib.Path) -> None:
+    # README: run `admin` as the service user. Run as root by mistake, it must say so and
+    # leave nothing behind that the service user could not open.
+    if os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    os.chown(state, 65534, 65534)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"schema": "qinglong/edge-agent@v1", "stateDirectory": str(state),
+                                  "localApi": {"listener": {"host": "127.0.0.1", "port": 5700}}}))
+    result = run_cli("--config", str(config), "admin", "init")
+    assert result.status == 73, result.stderr
+    assert "unsafe_storage" in result.stderr and "uid 65534" in result.stderr
+    assert list(state.iterdir()) == []

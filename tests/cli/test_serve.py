@@ -139,3 +139,13 @@ def test_rejects_a_missing_keyring(site: pathlib.Path) -> None:
     result = run_cli("--config", str(write_config(site, free_port())), "serve")
     assert result.status == 78, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_rejects_a_missing_keyring_and_names_the_command_that_makes_it(tmp_path: pathlib.Path) -> None:
+    # A new user's first `serve` before `admin init` (found while following the README):
+    # the message must say what to run, not only what is missing.
+    (tmp_path / "state").mkdir(mode=0o700)
+    result = run_cli("--config", str(write_config(tmp_path, free_port())), "serve")
+    assert result.status == 78, result.stderr
+    assert "pepper_unavailable" in result.stderr
+    assert "qinglong-edge admin init" in result.stderr

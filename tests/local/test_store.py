@@ -497,3 +497,38 @@ def test_file_probed_but_not_yet_migrated_is_ours(tmp_path: pathlib.Path) -> Non
         assert versions == [m.version for m in schema.MIGRATIONS]
     finally:
         store.close()
+
+
+# -- ownership (found following the README: `admin` run as root beside a service user) -----
+
+
+@pytest.fixture
+def root_only() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+
+
+@pytest.mark.root
+def test_rejects_a_database_owned_by_another_user(root_only: None, tmp_path: pathlib.Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    with Store.open(str(state / "local.db")):
+        pass
+    os.chown(state / "local.db", 65534, 65534)
+    with pytest.raises(StoreError) as info:
+        Store.open(str(state / "local.db"))
+    assert info.value.code == "unsafe_storage"
+    assert "owned by uid 65534" in info.value.message
+    assert sorted(p.name for p in state.iterdir()) == ["local.db"]  # no journal file of ours beside it
+
+
+@pytest.mark.root
+def test_rejects_creating_a_database_in_another_users_directory(root_only: None, tmp_path: pathlib.Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    os.chown(state, 65534, 65534)
+    with pytest.raises(StoreError) as info:
+        Store.open(str(state / "local.db"))
+    assert info.value.code == "unsafe_storage"
+    assert "uid 65534" in info.value.message
+    assert list(state.iterdir()) == []  # nothing planted that the owner could not open
