@@ -135,7 +135,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 setattr(args, name, default)
         handler = getattr(args, "handler", None)
         if handler is None:
-            parser.print_help()
+            if json_mode:  # --json promises one JSON line, not the help text
+                _print_error(True, "usage", "a command is required", EX_USAGE)
+            else:
+                parser.print_help()
             return EX_USAGE
         status: int = handler(args)
         return status

@@ -16,6 +16,7 @@ import errno
 import fcntl
 import os
 import secrets
+import shlex
 import stat
 import sys
 import time
@@ -162,7 +163,8 @@ def check_directory(directory: str, name: str, required: bool, *, creator: str =
     try:
         st = os.lstat(directory)
     except FileNotFoundError:
-        return Check(name, False, required, f"{directory}: missing", creator or f"mkdir -p -m 0700 {directory}")
+        return Check(name, False, required, f"{directory}: missing",
+                     creator or f"mkdir -p -m 0700 {shlex.quote(directory)}")
     except OSError as exc:
         return Check(name, False, required, f"{directory}: {exc.strerror}", "check the path")
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
@@ -177,7 +179,7 @@ def check_directory(directory: str, name: str, required: bool, *, creator: str =
     if problems:
         return Check(
             name, False, required, f"{directory}: {'; '.join(problems)}",
-            f"chown {os.geteuid()} {directory} && chmod 0700 {directory}",
+            f"chown {os.geteuid()} {shlex.quote(directory)} && chmod 0700 {shlex.quote(directory)}",
         )
     return Check(name, True, required, f"{directory}: mode {stat.S_IMODE(st.st_mode):04o}, owner ok")
 
@@ -360,7 +362,7 @@ def run_checks(config: EdgeConfig) -> list[Check]:
     checks = [check_python(), check_tls13(worker is not None), check_sqlite(local is not None)]
     # `admin init` opens the database first, which creates its directory 0700.
     made_by_init = local is not None and os.path.dirname(local.database_file) == config.state_directory
-    state_creator = f"mkdir -p -m 0700 {config.state_directory}" + (
+    state_creator = f"mkdir -p -m 0700 {shlex.quote(config.state_directory)}" + (
         f" (or run '{_ADMIN_INIT}', which creates it)" if made_by_init else ""
     )
     checks.extend(_storage_checks(config.state_directory, "state", True, state_creator))
@@ -379,7 +381,7 @@ def run_checks(config: EdgeConfig) -> list[Check]:
         else:
             checks.append(Check(
                 "sqlite_write", False, True, f"{db_dir}: missing",
-                f"mkdir -p -m 0700 {db_dir} (or run '{_ADMIN_INIT}', which creates it)",
+                f"mkdir -p -m 0700 {shlex.quote(db_dir)} (or run '{_ADMIN_INIT}', which creates it)",
             ))
         checks.append(check_directory(
             local.pepper_keyring_directory, "pepper_dir", True,

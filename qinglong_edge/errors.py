@@ -247,6 +247,8 @@ EXIT_STATUS_BY_CODE: dict[str, int] = {
     "unsafe_pepper": EX_CANTCREAT,
     "store_busy": EX_TEMPFAIL,
     "not_found": EX_DATAERR,
+    "task_not_found": EX_DATAERR,  # an operator naming a task that does not exist, not an I/O error
+    "run_not_found": EX_DATAERR,
     "listener_unavailable": EX_UNAVAILABLE,
     "input_unreadable": 66,  # EX_NOINPUT: an input file named on the command line cannot be read
     "unsupported_platform": EX_UNAVAILABLE,  # no cluster architecture for this machine (worker session)

@@ -58,6 +58,17 @@ def test_world_writable_state_directory_fails(tmp_path: pathlib.Path) -> None:
     assert _checks(data)["state_dir"]["ok"] is False
 
 
+def test_remedies_quote_paths_with_spaces(tmp_path: pathlib.Path) -> None:
+    # The remedy is a command to copy and paste: a path with a space must stay one argument.
+    state = tmp_path / "my state"
+    missing = _checks(run_cli("--config", str(_config(tmp_path, state)), "doctor", "--json").json())
+    assert str(missing["state_dir"]["remedy"]).startswith(f"mkdir -p -m 0700 '{state}'")
+    state.mkdir()
+    state.chmod(0o755)
+    loose = _checks(run_cli("--config", str(_config(tmp_path, state)), "doctor", "--json").json())
+    assert loose["state_dir"]["remedy"] == f"chown {os.geteuid()} '{state}' && chmod 0700 '{state}'"
+
+
 @contextlib.contextmanager
 def _exfat_mount(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
     if os.geteuid() != 0:

@@ -51,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
         help="provision the Local store: database, pepper keys, projects, identities, tasks",
         description="Operator commands for the Local API store (needs the localApi configuration section).",
     )
-    admin.set_defaults(handler=lambda _args: _print_help(admin))
+    admin.set_defaults(handler=lambda args: _print_help(admin, args))
     groups = admin.add_subparsers(dest="admin_group", metavar="GROUP", parser_class=type(admin))
 
     init = groups.add_parser("init", parents=[common], help="create the database, keyring and first pepper key")
@@ -132,7 +132,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
     runs_list.set_defaults(handler=_runs_list)
 
 
-def _print_help(parser: argparse.ArgumentParser) -> int:
+def _print_help(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.json:  # --json promises one JSON line, not the help text
+        from qinglong_edge.errors import UsageError
+
+        raise UsageError("admin needs a group: init, pepper, project, subject, credential, role, task or runs")
     parser.print_help()
     return 64
 

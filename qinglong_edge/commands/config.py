@@ -435,6 +435,11 @@ def write_atomically(path: str, data: bytes, mode: int = 0o644) -> None:
 def _run_render(args: argparse.Namespace) -> int:
     data = render_uci_text(_read_input(args.input))
     if args.output is None:
+        if args.json:  # one machine-readable line, like every other --json output
+            import json
+
+            print_json({"ok": True, "config": json.loads(data)})
+            return 0
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
         return 0

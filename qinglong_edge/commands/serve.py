@@ -117,9 +117,11 @@ def _run(args: argparse.Namespace) -> int:
     clean = False
     try:
         relay = IntentRelay()
-        stop_controller = start_execution_controller(config, store, relay)
         api = LocalApi(store, local.pepper_keyring_directory, on_intent=relay)
         limits = ServerLimits.for_profile(config.profile)
+        # Bind first: a second `serve` (the port is taken by the running service) must
+        # fail here, before its controller's restart recovery adopts the live service's
+        # processes and its exit path stops them as a "shutdown".
         try:
             server = Server(api, host=local.listener.host, port=local.listener.port, limits=limits)
         except OSError as exc:
@@ -127,6 +129,7 @@ def _run(args: argparse.Namespace) -> int:
                 f"cannot listen on {local.listener.host}:{local.listener.port} ({exc.strerror})",
                 code="listener_unavailable",
             ) from None
+        stop_controller = start_execution_controller(config, store, relay)
         server.start()
         _say(f"serving the Local API on {local.listener.host}:{server.address[1]} (profile {config.profile})")
         while not stop.wait(1.0):

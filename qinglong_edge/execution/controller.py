@@ -32,6 +32,11 @@ and pidfd are in the same ``selectors`` set), at the nearest deadline, and at le
    stopped); adopted processes by identity (exit status unknown: ``lost``).
 3. Launches while fewer than ``execution.maxConcurrentRuns`` Runs are active.
 
+One controller per database: :meth:`ExecutionController.start` takes an exclusive ``flock``
+on ``<database>.controller.lock`` (``already_owned`` otherwise) and the thread releases it
+when it ends, so a second ``serve`` on the same database can never adopt, and then "shut
+down", the Runs of the one that is running.
+
 Restart recovery (first thing on the thread): every active attempt is reloaded. One with a
 handle whose identity still runs is adopted (the pass stops it if its Run has an intent);
 one whose process is gone is reconciled: ``cancelled``/``timed_out`` if it has an intent,
@@ -55,6 +60,7 @@ drain cannot finish within ``timeout_s`` keeps its intent; the next start conver
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import selectors
@@ -145,6 +151,7 @@ class ExecutionController:
         self._woken = False
         self._launcher: Launcher | None = None
         self._recovered = False
+        self._authority_fd = -1
         #: Completed passes (for tests and diagnostics).
         self.passes = 0
 
@@ -165,11 +172,16 @@ class ExecutionController:
         """
         if self._thread is not None:
             return
-        for directory in (self.config.log_directory, self.work_directory):
-            try:
-                os.makedirs(directory, mode=0o700, exist_ok=True)
-            except OSError as exc:
-                raise EdgeError(f"{directory}: {exc.strerror}", code="log_unavailable") from None
+        self._take_authority()
+        try:
+            for directory in (self.config.log_directory, self.work_directory):
+                try:
+                    os.makedirs(directory, mode=0o700, exist_ok=True)
+                except OSError as exc:
+                    raise EdgeError(f"{directory}: {exc.strerror}", code="log_unavailable") from None
+        except EdgeError:
+            self._release_authority()
+            raise
         if not self.cgroups.available:
             _log.warning("per-Run cgroups are not used: %s", self.cgroups.reason)
         self._launcher = Launcher(
@@ -179,6 +191,39 @@ class ExecutionController:
         )
         self._thread = threading.Thread(target=self._main, name="qinglong-edge-execution", daemon=True)
         self._thread.start()
+
+    def _take_authority(self) -> None:
+        """Hold ``<database>.controller.lock`` (``flock``, never unlinked) while the thread
+        may signal: ADR-0372 decision 6 gives process authority to *one* controller. A
+        second one on the same database (another ``serve``) would adopt the first one's
+        processes in its restart recovery and stop them as a "shutdown" when it exits.
+
+        Raises:
+            EdgeError: ``already_owned`` (another process runs a controller on this
+                database), ``log_unavailable`` (the lock file cannot be opened).
+        """
+        path = getattr(self.store, "path", "")
+        if not isinstance(path, str) or not path or path == ":memory:":
+            return
+        lock_path = path + ".controller.lock"
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise EdgeError(f"{lock_path}: {exc.strerror}", code="log_unavailable") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise EdgeError(
+                f"{lock_path}: another process runs the execution controller on this database",
+                code="already_owned",
+            ) from None
+        self._authority_fd = fd
+
+    def _release_authority(self) -> None:
+        fd, self._authority_fd = self._authority_fd, -1
+        if fd >= 0:
+            os.close(fd)
 
     def notify(self) -> None:
         """Wake the thread now (a cancel intent or a new Run committed). Never blocks."""
@@ -258,6 +303,7 @@ class ExecutionController:
                 os.close(self._wake_w)
                 os.close(self._wake_r)
                 self._wake_w = self._wake_r = -1
+            self._release_authority()
 
     def _next_timeout(self) -> float:
         if self._woken:

@@ -26,6 +26,10 @@ Failure handling (5.1 "Worker status handling", and our reporting):
   session is then abandoned by the pull coordinator (``stale_session``);
 * the credential, certificate or key files break their rules -> ``credentials_unavailable``
   (the CLI exits 78: a configuration problem on the device);
+* a 429/503 with ``Retry-After``: no session call before that time has passed (spec
+  README: never retry sooner than it says; at most 1 h, kept for this process, i.e. a
+  ``pull --duration`` loop): the stored session stays usable while its lease runs
+  (``stale``), else ``session_unavailable``;
 * a response that breaks the contract -> ``invalid_response``; any other transport
   failure -> ``session_unavailable``. A heartbeat that fails this way while the stored
   lease is still running leaves the session usable for this cycle (the offer pull
@@ -93,6 +97,8 @@ MAX_RECORD_BYTES = 4096
 #: A lease that ends within this margin is treated as already over (our clock and the
 #: cluster's differ a little; re-registering is cheaper than a refused heartbeat).
 LEASE_MARGIN_MS = 2000
+#: Longest Retry-After of a session call we honour (the pull coordinator's cap).
+MAX_RETRY_AFTER_MS = 3_600_000
 
 
 class _Transport(Protocol):
@@ -242,6 +248,9 @@ class SessionKeeper:
         self._random_bytes = random_bytes
         caps = local_capabilities() if capabilities is None else capabilities
         self._capabilities_json, self._capabilities_hash = capabilities_snapshot(caps)
+        # (set at, not before) in wall ms from a 429/503 Retry-After of a session call;
+        # kept for this process (a `pull --duration` loop), never trusted across a step back.
+        self._retry_after: tuple[int, int] | None = None
 
     @property
     def capabilities_hash(self) -> str:
@@ -274,9 +283,12 @@ class SessionKeeper:
         slots = max(0, min(available_slots, self._max_runs))
         record = self.current()
         now = self._clock_ms()
+        waiting = self._retry_after is not None and self._retry_after[0] <= now < self._retry_after[1]
         if record is not None and record.lease_expires_at_ms - LEASE_MARGIN_MS > now:
             if now - record.heartbeat_at_ms < self._heartbeat_ms and now >= record.heartbeat_at_ms:
                 return SessionOutcome(record, "current")
+            if waiting:  # README: never sooner than the cluster's Retry-After
+                return SessionOutcome(record, "stale", detail="retry_after")
             try:
                 return SessionOutcome(self._heartbeat(record, slots), "heartbeat")
             except SessionError as exc:
@@ -286,6 +298,9 @@ class SessionKeeper:
                 if exc.code in ("credential_rejected", "credentials_unavailable", "invalid_configuration"):
                     raise
                 return SessionOutcome(record, "stale", detail=exc.code)
+        if waiting:
+            raise SessionError("the cluster asked to retry the session call later (Retry-After)",
+                               code="session_unavailable")
         replaced = record is not None or self._store.read_session_record() is not None
         return SessionOutcome(self._register(slots), "registered", replaced=replaced)
 
@@ -299,6 +314,9 @@ class SessionKeeper:
                 path, body, max_response_bytes=MAX_SESSION_RESPONSE_BYTES, max_request_bytes=limit
             )
         except TransportError as exc:
+            if exc.retry_after_ms is not None and exc.retry_after_ms > 0:
+                now = self._clock_ms()
+                self._retry_after = (now, now + min(exc.retry_after_ms, MAX_RETRY_AFTER_MS))
             if exc.code in ("credentials_unavailable", "invalid_configuration"):
                 raise SessionError(f"{operation}: {exc.message}", code=exc.code) from None
             if exc.http_status in (401, 403):

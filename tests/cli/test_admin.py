@@ -183,6 +183,8 @@ def test_task_create_list_and_runs_list(site: pathlib.Path) -> None:
                       "--shell", "x"), 65, id="timeout_too_small"),
         pytest.param(("task", "create", "--project", "default", "--id", "t", "--name", "T"), 64, id="no_command"),
         pytest.param(("runs", "list", "--project", "default", "--limit", "65"), 64, id="limit_too_large"),
+        pytest.param(("task", "disable", "--project", "default", "--id", "ghost"), 65, id="unknown_task_disable"),
+        pytest.param(("task", "enable", "--project", "default", "--id", "ghost"), 65, id="unknown_task_enable"),
     ],
 )
 def test_rejects_bad_input_with_a_clear_status(site: pathlib.Path, args: tuple[str, ...], status: int) -> None:

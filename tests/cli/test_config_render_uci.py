@@ -93,6 +93,14 @@ def test_without_output_prints_the_document(tmp_path: pathlib.Path) -> None:
     assert json.loads(result.stdout) == EXPECTED
 
 
+def test_without_output_in_json_mode_prints_one_line(tmp_path: pathlib.Path) -> None:
+    dump = tmp_path / "uci.txt"
+    dump.write_text(REALISTIC)
+    result = run_cli("config", "render-uci", "--input", str(dump), "--json")
+    assert result.status == 0, result.stderr
+    assert result.json() == {"ok": True, "config": EXPECTED}
+
+
 def test_reads_stdin(tmp_path: pathlib.Path) -> None:
     result = run_cli("config", "render-uci", "--input", "-", input_bytes=REALISTIC.encode())
     assert result.status == 0, result.stderr

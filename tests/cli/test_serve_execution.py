@@ -46,3 +46,22 @@ def test_cancel_over_http_stops_the_real_process_and_survives_restart(site: Loca
     types = [event["type"] for event in events["events"]]
     assert types[:2] == ["run.created", "run.queued"]
     assert "run.cancel_requested" in types and types[-1] == "run.cancelled"
+
+
+def test_a_second_serve_on_a_busy_port_leaves_the_running_runs_alone(tmp_path: pathlib.Path) -> None:
+    # A confused operator starts `serve` again while the service runs: the second process
+    # must fail on its listener (69) before it takes process authority, never adopt and
+    # "shut down" the first one's Runs.
+    site = LocalSite(tmp_path)
+    site.provision()
+    try:
+        site.serve()
+        run = start_running(site)
+        second = site.entry.run("--config", str(site.config), "serve", timeout=60)
+        assert second.status == 69, second.stderr
+        assert "listener_unavailable" in second.stderr
+        assert alive(run.pid)
+        assert site.run_status(run.run_id) == "running"
+        cancel_and_verify(site, run)
+    finally:
+        site.close()

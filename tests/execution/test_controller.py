@@ -334,3 +334,29 @@ def test_shutdown_drain_stops_every_run_at_once(env: Env) -> None:
     assert not any(alive(p) for p in pids) and not descendants_by_marker("100038")
     assert [env.run_row(r)["cancel_reason"] for r, _ in runs] == ["shutdown", "shutdown"]
     assert [env.status(r) for r, _ in runs] == ["cancelled", "cancelled"]
+
+
+def test_a_second_controller_on_the_same_database_is_refused(env: Env) -> None:
+    # ADR-0372 decision 6: one controller holds process authority. A second one (another
+    # `serve` on the same database) would adopt the first one's processes in its restart
+    # recovery and stop them as a "shutdown" when it exits.
+    from qinglong_edge.errors import EdgeError
+    from qinglong_edge.execution.controller import ExecutionController
+
+    env.task("t-hold", "sleep 30", timeout_ms=600_000)
+    run_id, attempt_id = env.start("t-hold")
+    with env.controller() as first:
+        first.notify()
+        assert env.wait_status(run_id, "running") == "running"
+        second = ExecutionController(env.store, env.config(), work_directory=env.root)
+        with pytest.raises(EdgeError) as refused:
+            second.start()
+        assert refused.value.code == "already_owned"
+        second.stop(5)
+        assert env.status(run_id) == "running" and alive(_pid(env, attempt_id))
+        env.cancel(run_id)
+        first.notify()
+        assert env.wait_status(run_id, "cancelled") == "cancelled"
+    third = ExecutionController(env.store, env.config(), work_directory=env.root)
+    third.start()  # the lock went with the first controller's stop
+    third.stop(5)

@@ -38,6 +38,10 @@ class App:
         if target == "/echo":
             body = ex.read_body(ex.head.content_length or 0)
             return Response(200, {"size": len(body)})
+        if target == "/slow-admission":  # admission waited on a busy store past the request timeout
+            time.sleep(0.8)
+            body = ex.read_body(ex.head.content_length or 0)
+            return Response(200, {"size": len(body)})
         if target == "/deny":
             return Response(401, {"code": "authentication_required"})
         if target == "/boom":
@@ -188,6 +192,18 @@ def test_slow_body_gets_408() -> None:
             sock.sendall(request_bytes("POST", "/echo", headers=[("Content-Length", "100")]) + b"abc")
             response = ResponseReader(sock).read()
         assert response is not None and response.status == 408
+
+
+def test_body_already_received_is_read_after_a_slow_admission() -> None:
+    # The client sent head and body at once; the server's own wait (a busy store during
+    # admission, busyTimeoutMs up to 30 s) must not turn into a 408 for the client.
+    with running(fast(request_timeout_s=0.5)) as (server, _):
+        response = exchange(server.address, request_bytes("POST", "/slow-admission", body=b"x" * 75))
+        assert response is not None and (response.status, response.json()) == (200, {"size": 75})
+        with socket.create_connection(server.address) as sock:  # a missing body still times out
+            sock.sendall(request_bytes("POST", "/slow-admission", headers=[("Content-Length", "100")]) + b"abc")
+            late = ResponseReader(sock).read()
+        assert late is not None and late.status == 408
 
 
 def test_slow_head_gets_408_and_idle_connections_close() -> None:

@@ -150,6 +150,37 @@ def test_transient_heartbeat_failure_keeps_the_running_session(journal: Journal,
     assert (outcome.action, outcome.detail, outcome.session) == ("stale", "session_unavailable", old)
 
 
+def test_retry_after_on_a_heartbeat_is_honoured(journal: Journal, ingress: DirectIngress, clock: Clock) -> None:
+    # spec README: 429/503 with Retry-After never retry sooner than it says (a `pull
+    # --duration` loop cycles every 2 s; field-lessons 7: no 429 loops).
+    keeper = _keeper(journal, ingress, clock)
+    old = keeper.ensure(1).session
+    clock.now += HEARTBEAT_MS
+    ingress.script.append(TransportError("busy", code="response_rejected", http_status=429, retry_after_ms=30_000))
+    assert keeper.ensure(1).action == "stale"
+    calls = len(ingress.calls)
+    clock.now += 29_999
+    outcome = keeper.ensure(1)
+    assert (outcome.action, outcome.session) == ("stale", old)
+    assert len(ingress.calls) == calls  # no request before Retry-After has passed
+    clock.now += 1
+    assert keeper.ensure(1).action == "heartbeat"
+
+
+def test_retry_after_on_a_registration_is_honoured(journal: Journal, ingress: DirectIngress, clock: Clock) -> None:
+    keeper = _keeper(journal, ingress, clock)
+    ingress.script.append(TransportError("busy", code="response_rejected", http_status=503, retry_after_ms=20_000))
+    with pytest.raises(SessionError):
+        keeper.ensure(1)
+    clock.now += 10_000
+    with pytest.raises(SessionError) as info:
+        keeper.ensure(1)
+    assert info.value.code == "session_unavailable"
+    assert len(ingress.calls) == 1
+    clock.now += 10_000
+    assert keeper.ensure(1).action == "registered"
+
+
 @pytest.mark.parametrize("case", [
     ("register", 401, "credential_rejected"),
     ("register", 403, "credential_rejected"),
