@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
-import hmac
 import re
 from dataclasses import dataclass, field
 
+from qinglong_edge.contracts.digest import hmac_sha256_hex, sha256_hex
 from qinglong_edge.contracts.errors import ContractError
 
 __all__ = [
@@ -167,15 +166,15 @@ def worker_credential_digest(pepper: bytes, credential_id: str, secret: str) -> 
         secret: the canonical 43-character secret text.
     """
     message = WORKER_DIGEST_PREFIX + credential_id.encode("utf-8") + b"\x00" + decode_secret(secret)
-    return hmac.new(pepper, message, hashlib.sha256).hexdigest()
+    return hmac_sha256_hex(pepper, message)
 
 
 def api_credential_digest(pepper: bytes, credential_id: str, secret: str) -> str:
     """local-api.md 3.2: HMAC-SHA256(pepper, ``qinglong-api-credential-v1`` NUL id NUL secret)."""
     message = API_DIGEST_PREFIX + credential_id.encode("utf-8") + b"\x00" + decode_secret(secret)
-    return hmac.new(pepper, message, hashlib.sha256).hexdigest()
+    return hmac_sha256_hex(pepper, message)
 
 
 def pepper_material_digest(file_bytes: bytes) -> str:
     """local-api.md 3.3: SHA-256(``qinglong.local-owner-pepper.summary.v1`` NUL file bytes)."""
-    return hashlib.sha256(PEPPER_SUMMARY_PREFIX + file_bytes).hexdigest()
+    return sha256_hex(PEPPER_SUMMARY_PREFIX + file_bytes)

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import re
 from typing import Any, NoReturn
 
@@ -51,6 +50,7 @@ from qinglong_edge.contracts._shape import (
     utf8_length,
 )
 from qinglong_edge.contracts.collation import icu_sort_key
+from qinglong_edge.contracts.digest import sha256_hex
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.fields import MAX_INT32, string
 from qinglong_edge.contracts.placement import effective_placement
@@ -284,7 +284,7 @@ def revision_content_digest(normalized: dict[str, Any]) -> str:
     environment order are hashed as given.
     """
     immutable = {k: v for k, v in normalized.items() if k not in ("createdAtMs", "contentDigest")}
-    return hashlib.sha256(DIGEST_PREFIX + dumps(immutable).encode("utf-8")).hexdigest()
+    return sha256_hex(DIGEST_PREFIX + dumps(immutable).encode("utf-8"))
 
 
 def normalize_execution_revision(
@@ -371,7 +371,7 @@ def normalize_execution_revision(
     # ',"createdAtMs":<n>' (createdAtMs is the last key), without serializing twice.
     if len(immutable) + _CREATED_AT_KEY_BYTES + len(str(created_at_ms)) > MAX_REVISION_BYTES:
         raise ContractError("budget", path, f"revision exceeds {MAX_REVISION_BYTES} bytes")
-    digest = hashlib.sha256(DIGEST_PREFIX + immutable).hexdigest()
+    digest = sha256_hex(DIGEST_PREFIX + immutable)
     if verify_digest:
         received = source["contentDigest"]
         received_path = child(path, "contentDigest")

@@ -15,11 +15,11 @@ rejected: a deliberate tightening (spec README, "Strictness").
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from qinglong_edge.contracts.digest import sha256_hex as _sha256_hex
 from qinglong_edge.contracts.errors import ContractError
 
 __all__ = [
@@ -134,4 +134,4 @@ def dispatch_id(value: object, path: str) -> str:
 def sha256_hex(data: str | bytes) -> str:
     """Lowercase hex SHA-256 of ``data`` (UTF-8 for text)."""
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    return hashlib.sha256(raw).hexdigest()
+    return _sha256_hex(raw)

@@ -25,12 +25,12 @@ lacks ``remote-worker``).
 
 from __future__ import annotations
 
-import hashlib
 import re
 from typing import Any
 
 from qinglong_edge.contracts._shape import child, exact_keys, int_value, object_value
 from qinglong_edge.contracts.collation import icu_sort_key, js_own_key_order
+from qinglong_edge.contracts.digest import sha256_hex
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.fields import string
 from qinglong_edge.contracts.strictjson import dumps
@@ -360,4 +360,4 @@ def canonical_capabilities(value: object, path: str = "$.capabilities") -> tuple
     """
     capabilities = normalize_capabilities(value, path)
     text = dumps(capabilities)
-    return capabilities, text, hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return capabilities, text, sha256_hex(text.encode("utf-8"))

@@ -33,12 +33,12 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import secrets
 import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from qinglong_edge.contracts.digest import random_hex
 from qinglong_edge.errors import ExecutionError
 from qinglong_edge.execution.identity import read_proc_stat
 
@@ -317,7 +317,7 @@ class RunCgroup:
 
 def _probe(parent: str) -> bool:
     """Can we create (and remove) a cgroup in ``parent``, creating ``parent`` if needed?"""
-    probe = os.path.join(parent, f".probe-{secrets.token_hex(4)}")
+    probe = os.path.join(parent, f".probe-{random_hex(4)}")
     try:
         os.makedirs(parent, mode=0o755, exist_ok=True)
         os.mkdir(probe)

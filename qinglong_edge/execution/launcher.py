@@ -33,13 +33,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import secrets
 import sqlite3
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from qinglong_edge.contracts.digest import random_hex
 from qinglong_edge.contracts.ids import new_uuid4
 from qinglong_edge.errors import EdgeError, ExecutionError, StoreError
 from qinglong_edge.execution.cgroups import CgroupManager, RunCgroup
@@ -75,7 +75,7 @@ _log = logging.getLogger("qinglong_edge.execution")
 
 def new_log_artifact_id() -> str:
     """``local-`` + 30 lowercase hex (the reference's log artifact id grammar)."""
-    return "local-" + secrets.token_hex(15)
+    return "local-" + random_hex(15)
 
 
 def record_running(

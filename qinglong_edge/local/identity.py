@@ -30,12 +30,12 @@ then the state and lifetime checks.
 
 from __future__ import annotations
 
-import hmac
 import re
 import sqlite3
 from dataclasses import dataclass, field
 
 from qinglong_edge.contracts.credentials import ApiToken, api_credential_digest
+from qinglong_edge.contracts.digest import constant_time_equal
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.fields import MAX_INT32, MAX_SAFE_INTEGER, has_control
 from qinglong_edge.contracts.ids import CREDENTIAL_ID, HEX64, UUID4, new_uuid4
@@ -279,7 +279,7 @@ def register_pepper_key(
     with write_transaction(conn):
         current = get_pepper_key(conn, material.key_id)
         if current is not None:
-            if current.material_digest is None or not hmac.compare_digest(
+            if current.material_digest is None or not constant_time_equal(
                 current.material_digest, material.material_digest
             ):
                 raise StoreError(f"pepper key {material.key_id} is registered with other material", code="conflict")
@@ -413,7 +413,7 @@ def issue_credential(
         key = active_pepper_key(conn)
         if key is None or key.pepper_key_id != pepper.key_id or key.material_digest is None:
             raise StoreError(f"pepper key {pepper.key_id} is not the active key", code="conflict")
-        if not hmac.compare_digest(key.material_digest, pepper.material_digest):
+        if not constant_time_equal(key.material_digest, pepper.material_digest):
             raise StoreError(f"pepper key {pepper.key_id} file does not match the catalog", code="conflict")
         version = int(conn.execute(
             'SELECT coalesce(max(version), 0) + 1 FROM "QingLong3ApiCredentials" WHERE credential_id = ?',
@@ -534,13 +534,13 @@ def _authenticate_token(
         material = read_pepper(keyring_directory, fence_key_id)
     except PepperError as exc:
         raise AuthenticationUnavailable(f"pepper key {fence_key_id}: {exc.code}") from None
-    if not hmac.compare_digest(material.material_digest, key.material_digest):
+    if not constant_time_equal(material.material_digest, key.material_digest):
         raise AuthenticationUnavailable(f"pepper key {fence_key_id} file does not match the catalog")
     try:
         presented = api_credential_digest(material.pepper, token.credential_id, token.secret)
     except ContractError:
         return None  # non-canonical secret: the digest cannot be computed, a mismatch
-    if not hmac.compare_digest(presented, stored_digest):
+    if not constant_time_equal(presented, stored_digest):
         return None
     now = _now(now_ms)
     if state != "active" or subject_status != "active" or not_before > now or expires <= now:

@@ -33,12 +33,12 @@ import contextlib
 import errno
 import os
 import re
-import secrets
 import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from qinglong_edge.contracts.credentials import decode_secret, encode_secret, pepper_material_digest
+from qinglong_edge.contracts.digest import random_hex
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.ids import CREDENTIAL_ID
 from qinglong_edge.errors import StoreError
@@ -230,7 +230,7 @@ def create_pepper(
     directory: str,
     key_id: str,
     *,
-    random_bytes: Callable[[int], bytes] = secrets.token_bytes,
+    random_bytes: Callable[[int], bytes] = os.urandom,
 ) -> PepperMaterial:
     """Generate a new 32-byte pepper and publish its key file atomically.
 
@@ -249,7 +249,7 @@ def create_pepper(
     with _open_directory(directory) as dir_fd:
         if _exists(name, dir_fd):
             raise PepperError(f"{where}: pepper key file already exists", code="conflict")
-        temp = f".{name}.{secrets.token_hex(8)}.tmp"
+        temp = f".{name}.{random_hex(8)}.tmp"
         try:
             fd = os.open(
                 temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd

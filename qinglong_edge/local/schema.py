@@ -49,8 +49,9 @@ builds enable JSON1).
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
+
+from qinglong_edge.contracts.digest import sha256
 
 __all__ = [
     "APPLICATION_ID",
@@ -80,7 +81,7 @@ class Migration:
     @property
     def checksum(self) -> str:
         """SHA-256 (hex) of the name and statements, recorded when applied."""
-        digest = hashlib.sha256(self.name.encode("utf-8"))
+        digest = sha256(self.name.encode("utf-8"))
         for statement in self.statements:
             digest.update(b"\x00" + statement.strip().encode("utf-8"))
         return digest.hexdigest()

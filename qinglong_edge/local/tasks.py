@@ -35,13 +35,13 @@ and :class:`TaskNotFound` (``task_not_found``, HTTP 404).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
+from qinglong_edge.contracts.digest import sha256_hex
 from qinglong_edge.contracts.fields import MAX_INT32, MAX_SAFE_INTEGER, has_control
 from qinglong_edge.contracts.ids import API_ID, HEX64
 from qinglong_edge.errors import StoreError
@@ -198,7 +198,7 @@ def canonical_definition(definition: dict[str, Any]) -> str:
 
 def content_digest(definition: dict[str, Any]) -> str:
     """SHA-256 (hex) of :func:`canonical_definition`."""
-    return hashlib.sha256(canonical_definition(definition).encode("utf-8")).hexdigest()
+    return sha256_hex(canonical_definition(definition).encode("utf-8"))
 
 
 def revision_ref(revision: int, digest: str) -> str:
@@ -238,7 +238,7 @@ def execution_revision_digest(project_id: str, task_id: str, ref: str, definitio
         "definition": definition,
     }
     text = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return sha256_hex(text.encode("utf-8"))
 
 
 @dataclass(frozen=True, slots=True)
