@@ -63,13 +63,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
 
+from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.origin import Origin, parse_origin
 from qinglong_edge.contracts.strictjson import StrictJsonError, loads
 from qinglong_edge.errors import ConfigError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",
@@ -90,9 +93,29 @@ MAX_CONFIG_BYTES = 64 * 1024
 _WORKER_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerConfig:
+class WorkerConfig(Frozen):
     """Remote Worker role (ADR-0110). Times in ms, sizes in entries."""
+
+    __slots__ = (  # noqa: RUF023 (field order)
+        "origin",
+        "worker_id",
+        "credential_file",
+        "certificate_file",
+        "private_key_file",
+        "trust_anchor_files",
+        "journal_directory",
+        "request_timeout_ms",
+        "inbox_maximum_entries",
+        "inbox_retention_ms",
+        "abandoned_maximum_entries",
+        "ownership_stale_ms",
+        "backoff_base_ms",
+        "session_lease_duration_ms",
+        "heartbeat_interval_ms",
+        "pull_interval_ms",
+        "splay_max_ms",
+        "max_concurrent_runs",
+    )
 
     origin: Origin
     worker_id: str
@@ -113,28 +136,92 @@ class WorkerConfig:
     splay_max_ms: int
     max_concurrent_runs: int
 
+    def __init__(  # noqa: PLR0917 (the dataclass signature)
+        self,
+        origin: Origin,
+        worker_id: str,
+        credential_file: str,
+        certificate_file: str,
+        private_key_file: str,
+        trust_anchor_files: tuple[str, ...],
+        journal_directory: str,
+        request_timeout_ms: int,
+        inbox_maximum_entries: int,
+        inbox_retention_ms: int,
+        abandoned_maximum_entries: int,
+        ownership_stale_ms: int,
+        backoff_base_ms: int,
+        session_lease_duration_ms: int,
+        heartbeat_interval_ms: int,
+        pull_interval_ms: int,
+        splay_max_ms: int,
+        max_concurrent_runs: int,
+    ) -> None:
+        _set = object.__setattr__
+        _set(self, "origin", origin)
+        _set(self, "worker_id", worker_id)
+        _set(self, "credential_file", credential_file)
+        _set(self, "certificate_file", certificate_file)
+        _set(self, "private_key_file", private_key_file)
+        _set(self, "trust_anchor_files", trust_anchor_files)
+        _set(self, "journal_directory", journal_directory)
+        _set(self, "request_timeout_ms", request_timeout_ms)
+        _set(self, "inbox_maximum_entries", inbox_maximum_entries)
+        _set(self, "inbox_retention_ms", inbox_retention_ms)
+        _set(self, "abandoned_maximum_entries", abandoned_maximum_entries)
+        _set(self, "ownership_stale_ms", ownership_stale_ms)
+        _set(self, "backoff_base_ms", backoff_base_ms)
+        _set(self, "session_lease_duration_ms", session_lease_duration_ms)
+        _set(self, "heartbeat_interval_ms", heartbeat_interval_ms)
+        _set(self, "pull_interval_ms", pull_interval_ms)
+        _set(self, "splay_max_ms", splay_max_ms)
+        _set(self, "max_concurrent_runs", max_concurrent_runs)
 
-@dataclass(frozen=True, slots=True)
-class ListenerConfig:
+
+class ListenerConfig(Frozen):
     """Loopback listener of the Local API (local-api.md section 2.1)."""
+
+    __slots__ = ("host", "port")
 
     host: str
     port: int
 
+    def __init__(self, host: str, port: int) -> None:
+        object.__setattr__(self, "host", host)
+        object.__setattr__(self, "port", port)
 
-@dataclass(frozen=True, slots=True)
-class LocalApiConfig:
+
+class LocalApiConfig(Frozen):
     """Local API role (ADR-0372)."""
+
+    __slots__ = ("listener", "database_file", "pepper_keyring_directory", "busy_timeout_ms")  # noqa: RUF023 (field order)
 
     listener: ListenerConfig
     database_file: str
     pepper_keyring_directory: str
     busy_timeout_ms: int
 
+    def __init__(self, listener: ListenerConfig, database_file: str, pepper_keyring_directory: str,
+                 busy_timeout_ms: int) -> None:
+        object.__setattr__(self, "listener", listener)
+        object.__setattr__(self, "database_file", database_file)
+        object.__setattr__(self, "pepper_keyring_directory", pepper_keyring_directory)
+        object.__setattr__(self, "busy_timeout_ms", busy_timeout_ms)
 
-@dataclass(frozen=True, slots=True)
-class ExecutionConfig:
+
+class ExecutionConfig(Frozen):
     """Execution controller (local-api.md section 7). Times in ms, sizes in bytes."""
+
+    __slots__ = (  # noqa: RUF023 (field order)
+        "max_concurrent_runs",
+        "terminate_grace_ms",
+        "kill_grace_ms",
+        "control_interval_ms",
+        "log_directory",
+        "max_log_bytes",
+        "cgroups",
+        "max_run_pids",
+    )
 
     max_concurrent_runs: int
     terminate_grace_ms: int
@@ -144,22 +231,46 @@ class ExecutionConfig:
     max_log_bytes: int
     cgroups: str
     #: Per-Run ``pids.max`` (tasks: processes and threads); 0: no cap.
-    max_run_pids: int = 0
+    max_run_pids: int
+
+    def __init__(self, max_concurrent_runs: int, terminate_grace_ms: int, kill_grace_ms: int,  # noqa: PLR0917 (the dataclass signature)
+                 control_interval_ms: int, log_directory: str, max_log_bytes: int, cgroups: str,
+                 max_run_pids: int = 0) -> None:
+        _set = object.__setattr__
+        _set(self, "max_concurrent_runs", max_concurrent_runs)
+        _set(self, "terminate_grace_ms", terminate_grace_ms)
+        _set(self, "kill_grace_ms", kill_grace_ms)
+        _set(self, "control_interval_ms", control_interval_ms)
+        _set(self, "log_directory", log_directory)
+        _set(self, "max_log_bytes", max_log_bytes)
+        _set(self, "cgroups", cgroups)
+        _set(self, "max_run_pids", max_run_pids)
 
 
-@dataclass(frozen=True, slots=True)
-class EdgeConfig:
+class EdgeConfig(Frozen):
     """A validated ``qinglong/edge-agent@v1`` configuration.
 
     A role whose section is absent is ``None`` and disabled.
     """
+
+    __slots__ = ("profile", "state_directory", "worker", "local_api", "execution", "source")  # noqa: RUF023 (field order)
 
     profile: str
     state_directory: str
     worker: WorkerConfig | None
     local_api: LocalApiConfig | None
     execution: ExecutionConfig | None
-    source: str = ""
+    source: str
+
+    def __init__(self, profile: str, state_directory: str, worker: WorkerConfig | None,  # noqa: PLR0917 (the dataclass signature)
+                 local_api: LocalApiConfig | None, execution: ExecutionConfig | None, source: str = "") -> None:
+        _set = object.__setattr__
+        _set(self, "profile", profile)
+        _set(self, "state_directory", state_directory)
+        _set(self, "worker", worker)
+        _set(self, "local_api", local_api)
+        _set(self, "execution", execution)
+        _set(self, "source", source)
 
 
 class _Section:

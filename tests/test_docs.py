@@ -105,16 +105,17 @@ def _attribute(config: EdgeConfig, key: str) -> Any:
 
 
 def _camel_keys(value: Any, prefix: str) -> set[str]:
-    """Every config key the parsed dataclasses hold, as dotted camelCase paths."""
+    """Every config key the parsed config classes hold, as dotted camelCase paths (their
+    fields are their ``__slots__``: plain classes since the pull path dropped dataclasses)."""
     keys = set()
-    for name in value.__dataclass_fields__:
+    for name in value.__slots__:
         if name == "source":
             continue
         camel = re.sub(r"_([a-z])", lambda m: m.group(1).upper(), name)
         path = f"{prefix}{camel}"
         keys.add(path)
         child = getattr(value, name)
-        if hasattr(child, "__dataclass_fields__") and type(child).__name__.endswith("Config"):
+        if hasattr(child, "__slots__") and type(child).__name__.endswith("Config"):
             keys |= _camel_keys(child, path + ".")
     return keys
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from dataclasses import dataclass, field
 
+from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.contracts.digest import hmac_sha256_hex, sha256_hex
 from qinglong_edge.contracts.errors import ContractError
 
@@ -69,12 +69,18 @@ def encode_secret(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerToken:
+class WorkerToken(Frozen):
     """A parsed ``ql3w_<credentialId>_<secret>`` token. ``repr`` hides the secret."""
 
+    __slots__ = ("credential_id", "secret")
+    _repr_hidden = ("secret",)
+
     credential_id: str
-    secret: str = field(repr=False)
+    secret: str
+
+    def __init__(self, credential_id: str, secret: str) -> None:
+        object.__setattr__(self, "credential_id", credential_id)
+        object.__setattr__(self, "secret", secret)
 
     @property
     def text(self) -> str:
@@ -88,12 +94,18 @@ class WorkerToken:
         return f"ql3w_{self.credential_id}_<redacted>"
 
 
-@dataclass(frozen=True, slots=True)
-class ApiToken:
+class ApiToken(Frozen):
     """A parsed ``ql3c_<credentialId>_<secret>`` Bearer token. ``repr`` hides the secret."""
 
+    __slots__ = ("credential_id", "secret")
+    _repr_hidden = ("secret",)
+
     credential_id: str
-    secret: str = field(repr=False)
+    secret: str
+
+    def __init__(self, credential_id: str, secret: str) -> None:
+        object.__setattr__(self, "credential_id", credential_id)
+        object.__setattr__(self, "secret", secret)
 
     @property
     def text(self) -> str:

@@ -18,19 +18,22 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Any, Protocol
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
+if TYPE_CHECKING:
+    from typing import Any, Protocol
+
+    class _Hash(Protocol):
+        def update(self, data: bytes, /) -> None: ...
+
+        def digest(self) -> bytes: ...
+
+        def hexdigest(self) -> str: ...
+
 
 __all__ = ["constant_time_equal", "hmac_sha256_hex", "random_hex", "sha256", "sha256_hex"]
 
 _BLOCK = 64
-
-
-class _Hash(Protocol):
-    def update(self, data: bytes, /) -> None: ...
-
-    def digest(self) -> bytes: ...
-
-    def hexdigest(self) -> str: ...
 
 
 def _constructor() -> Any:

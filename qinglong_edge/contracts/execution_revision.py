@@ -39,7 +39,6 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from typing import Any, NoReturn
 
 from qinglong_edge.contracts._shape import (
     child,
@@ -55,6 +54,10 @@ from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.fields import MAX_INT32, string
 from qinglong_edge.contracts.placement import effective_placement
 from qinglong_edge.contracts.strictjson import StrictJsonError, dumps, loads
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 __all__ = [
     "DIGEST_PREFIX",

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping
-from typing import Any
 
 from qinglong_edge.contracts.digest import sha256_hex as _sha256_hex
 from qinglong_edge.contracts.errors import ContractError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "MAX_INT32",

@@ -42,11 +42,7 @@ lease), ``invalid_transition`` (state not allowed, a set optional field changed)
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-from typing import Any
-
-from qinglong_edge.contracts._shape import child, exact_keys, int_value, is_int, object_value, utf8_length
+from qinglong_edge.contracts._shape import Frozen, child, exact_keys, int_value, is_int, object_value, utf8_length
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.fields import MAX_INT32, MAX_SAFE_INTEGER, has_control
 from qinglong_edge.contracts.ids import HEX64
@@ -57,6 +53,10 @@ from qinglong_edge.contracts.offer import (
     same_offer_authority,
 )
 from qinglong_edge.contracts.strictjson import dumps, loads
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "ABANDON_REASONS",
@@ -200,31 +200,74 @@ def _check_claim(values: dict[str, Any]) -> None:
         raise ContractError("claim_conflict", "$.lastAttemptAtMs", "must be null or createdAtMs..updatedAtMs")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PendingClaim:
+class PendingClaim(Frozen):
     """``pending-claim.json`` (section 3.3): at most one outstanding claim.
 
-    Validated on construction (so :func:`dataclasses.replace` re-checks a new revision).
-    ``repr`` never shows the lease token.
+    Validated on construction (so :meth:`replace` re-checks a new revision). Keyword
+    arguments only. ``repr`` never shows the lease token.
 
     Raises:
         ContractError: codes in the module docstring.
     """
 
-    schema_version: int = 1
+    __slots__ = (  # noqa: RUF023 (field order)
+        "schema_version",
+        "revision",
+        "worker_id",
+        "worker_session_id",
+        "worker_generation",
+        "offer_id",
+        "lease_token",
+        "attempt_count",
+        "created_at_ms",
+        "updated_at_ms",
+        "last_attempt_at_ms",
+        "next_attempt_at_ms",
+    )
+    _repr_hidden = ("lease_token",)
+
+    schema_version: int
     revision: int
     worker_id: str
     worker_session_id: str
     worker_generation: int
     offer_id: str
-    lease_token: str = field(repr=False)
+    lease_token: str
     attempt_count: int
     created_at_ms: int
     updated_at_ms: int
     last_attempt_at_ms: int | None
     next_attempt_at_ms: int
 
-    def __post_init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        schema_version: int = 1,
+        revision: int,
+        worker_id: str,
+        worker_session_id: str,
+        worker_generation: int,
+        offer_id: str,
+        lease_token: str,
+        attempt_count: int,
+        created_at_ms: int,
+        updated_at_ms: int,
+        last_attempt_at_ms: int | None,
+        next_attempt_at_ms: int,
+    ) -> None:
+        _set = object.__setattr__
+        _set(self, "schema_version", schema_version)
+        _set(self, "revision", revision)
+        _set(self, "worker_id", worker_id)
+        _set(self, "worker_session_id", worker_session_id)
+        _set(self, "worker_generation", worker_generation)
+        _set(self, "offer_id", offer_id)
+        _set(self, "lease_token", lease_token)
+        _set(self, "attempt_count", attempt_count)
+        _set(self, "created_at_ms", created_at_ms)
+        _set(self, "updated_at_ms", updated_at_ms)
+        _set(self, "last_attempt_at_ms", last_attempt_at_ms)
+        _set(self, "next_attempt_at_ms", next_attempt_at_ms)
         _check_claim(self.to_dict())
 
     @classmethod
@@ -250,8 +293,11 @@ class PendingClaim:
                               self.lease_token)
 
     def replace(self, **changes: Any) -> PendingClaim:
-        """A validated copy with ``changes`` (snake_case field names)."""
-        return dataclasses.replace(self, **changes)
+        """A validated copy with ``changes`` (snake_case field names), as
+        :func:`dataclasses.replace` did: an unknown name is a ``TypeError``."""
+        values: dict[str, Any] = {name: getattr(self, name) for name in self.__slots__}
+        values.update(changes)
+        return self.__class__(**values)
 
     def to_dict(self) -> dict[str, Any]:
         """The 12 keys in file order."""
@@ -449,9 +495,24 @@ def check_inbox_update(old: dict[str, Any], new: dict[str, Any], *, compare_deli
             raise ContractError("invalid_transition", child("$", key), "a set optional field may not change")
 
 
-@dataclass(frozen=True, slots=True)
-class AbandonedClaim:
+class AbandonedClaim(Frozen):
     """A parsed ``abandoned/<offerId>.json``: the claim minus its token, plus why and when."""
+
+    __slots__ = (  # noqa: RUF023 (field order)
+        "reason",
+        "abandoned_at_ms",
+        "offer_id",
+        "worker_id",
+        "worker_session_id",
+        "worker_generation",
+        "lease_token_digest",
+        "revision",
+        "attempt_count",
+        "created_at_ms",
+        "updated_at_ms",
+        "last_attempt_at_ms",
+        "next_attempt_at_ms",
+    )
 
     reason: str
     abandoned_at_ms: int
@@ -466,6 +527,37 @@ class AbandonedClaim:
     updated_at_ms: int
     last_attempt_at_ms: int | None
     next_attempt_at_ms: int
+
+    def __init__(  # noqa: PLR0917 (the dataclass signature)
+        self,
+        reason: str,
+        abandoned_at_ms: int,
+        offer_id: str,
+        worker_id: str,
+        worker_session_id: str,
+        worker_generation: int,
+        lease_token_digest: str,
+        revision: int,
+        attempt_count: int,
+        created_at_ms: int,
+        updated_at_ms: int,
+        last_attempt_at_ms: int | None,
+        next_attempt_at_ms: int,
+    ) -> None:
+        _set = object.__setattr__
+        _set(self, "reason", reason)
+        _set(self, "abandoned_at_ms", abandoned_at_ms)
+        _set(self, "offer_id", offer_id)
+        _set(self, "worker_id", worker_id)
+        _set(self, "worker_session_id", worker_session_id)
+        _set(self, "worker_generation", worker_generation)
+        _set(self, "lease_token_digest", lease_token_digest)
+        _set(self, "revision", revision)
+        _set(self, "attempt_count", attempt_count)
+        _set(self, "created_at_ms", created_at_ms)
+        _set(self, "updated_at_ms", updated_at_ms)
+        _set(self, "last_attempt_at_ms", last_attempt_at_ms)
+        _set(self, "next_attempt_at_ms", next_attempt_at_ms)
 
 
 def _abandon_reason(reason: object) -> str:

@@ -46,15 +46,16 @@ Error codes (``ContractError.code``; ``path`` is the JSON path of the offending 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
-from qinglong_edge.contracts._shape import child, exact_keys, int_value, is_int, object_value
+from qinglong_edge.contracts._shape import Frozen, child, exact_keys, int_value, is_int, object_value
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.execution_revision import EXECUTOR_TYPE, normalize_execution_revision
 from qinglong_edge.contracts.fields import MAX_SAFE_INTEGER, dispatch_id, sha256_hex, string
 from qinglong_edge.contracts.ids import HEX64, JOURNAL_OFFER_ID, LEASE_TOKEN, SESSION_ID, WORKER_ID
 from qinglong_edge.contracts.strictjson import dumps, dumps_bytes, loads
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "CANDIDATE_KEYS",
@@ -140,8 +141,7 @@ def check_authority_fields(
     string(lease_token, child(path, "leaseToken"), min_length=32, max_length=128, pattern=LEASE_TOKEN)
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimAuthority:
+class ClaimAuthority(Frozen):
     """The five values a worker claims an offer with (``RemoteExecutionOfferClaimAuthority``).
 
     Validated on construction (ADR-0110 1.3): ``worker_id`` workerId grammar,
@@ -154,13 +154,23 @@ class ClaimAuthority:
             ``$.workerId``, ``$.workerSessionId``, ... (the pending-claim key names).
     """
 
+    __slots__ = ("worker_id", "worker_session_id", "worker_generation", "offer_id", "lease_token")  # noqa: RUF023 (field order)
+    _repr_hidden = ("lease_token",)
+
     worker_id: str
     worker_session_id: str
     worker_generation: int
     offer_id: str
-    lease_token: str = field(repr=False)
+    lease_token: str
 
-    def __post_init__(self) -> None:
+    def __init__(self, worker_id: str, worker_session_id: str, worker_generation: int,
+                 offer_id: str, lease_token: str) -> None:
+        _set = object.__setattr__
+        _set(self, "worker_id", worker_id)
+        _set(self, "worker_session_id", worker_session_id)
+        _set(self, "worker_generation", worker_generation)
+        _set(self, "offer_id", offer_id)
+        _set(self, "lease_token", lease_token)
         check_authority_fields(
             self.worker_id, self.worker_session_id, self.worker_generation, self.offer_id, self.lease_token
         )
@@ -198,17 +208,22 @@ def offers_path(worker_id: str, session_id: str) -> str:
     return f"/api/v3/worker-ingress/workers/{worker_id}/sessions/{session_id}/offers"
 
 
-@dataclass(frozen=True, slots=True)
-class IdleResponse:
+class IdleResponse(Frozen):
     """A valid idle answer: this claim got no work (section 2.1)."""
+
+    __slots__ = ("reason", "stats", "truncated")
 
     reason: str
     stats: dict[str, int]
     truncated: bool
 
+    def __init__(self, reason: str, stats: dict[str, int], truncated: bool) -> None:
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "stats", stats)
+        object.__setattr__(self, "truncated", truncated)
 
-@dataclass(frozen=True, slots=True)
-class OfferedResponse:
+
+class OfferedResponse(Frozen):
     """A valid offered answer.
 
     Attributes:
@@ -218,9 +233,17 @@ class OfferedResponse:
             It holds the lease token: never log it; ``repr`` omits it.
     """
 
-    offer: dict[str, Any] = field(repr=False)
+    __slots__ = ("offer", "stats", "truncated")
+    _repr_hidden = ("offer",)  # and __repr__ below names the offer without its token
+
+    offer: dict[str, Any]
     stats: dict[str, int]
     truncated: bool
+
+    def __init__(self, offer: dict[str, Any], stats: dict[str, int], truncated: bool) -> None:
+        object.__setattr__(self, "offer", offer)
+        object.__setattr__(self, "stats", stats)
+        object.__setattr__(self, "truncated", truncated)
 
     @property
     def offer_id(self) -> str:

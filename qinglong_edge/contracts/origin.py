@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass
 
+from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.contracts.errors import ContractError
 
 __all__ = ["Origin", "parse_origin"]
@@ -23,8 +23,7 @@ _ORIGIN = re.compile(
 _LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?", re.ASCII)
 
 
-@dataclass(frozen=True, slots=True)
-class Origin:
+class Origin(Frozen):
     """A validated ``https`` origin.
 
     Attributes:
@@ -34,10 +33,18 @@ class Origin:
         text: canonical ``https://host[:port]`` form, for messages and the Host header.
     """
 
+    __slots__ = ("host", "port", "is_ip", "text")  # noqa: RUF023 (field order)
+
     host: str
     port: int
     is_ip: bool
     text: str
+
+    def __init__(self, host: str, port: int, is_ip: bool, text: str) -> None:
+        object.__setattr__(self, "host", host)
+        object.__setattr__(self, "port", port)
+        object.__setattr__(self, "is_ip", is_ip)
+        object.__setattr__(self, "text", text)
 
     @property
     def host_header(self) -> str:

@@ -26,7 +26,6 @@ lacks ``remote-worker``).
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from qinglong_edge.contracts._shape import child, exact_keys, int_value, object_value
 from qinglong_edge.contracts.collation import icu_sort_key, js_own_key_order
@@ -34,6 +33,10 @@ from qinglong_edge.contracts.digest import sha256_hex
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.fields import string
 from qinglong_edge.contracts.strictjson import dumps
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "ARCHITECTURES",

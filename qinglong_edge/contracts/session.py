@@ -32,10 +32,7 @@ capability codes of :mod:`qinglong_edge.contracts.placement`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
-from qinglong_edge.contracts._shape import exact_keys, int_value, object_value, utf8_length
+from qinglong_edge.contracts._shape import Frozen, exact_keys, int_value, object_value, utf8_length
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.fields import string
 from qinglong_edge.contracts.ids import HEX64, SESSION_ID, WORKER_ID
@@ -46,6 +43,10 @@ from qinglong_edge.contracts.placement import (
     support_tier_for,
 )
 from qinglong_edge.contracts.strictjson import StrictJsonError, dumps_bytes, loads
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "ARCHITECTURES",
@@ -220,9 +221,18 @@ def transition_request_body(*, generation: int, expected_version: int, status: s
     }, MAX_SESSION_REQUEST_BYTES)
 
 
-@dataclass(frozen=True, slots=True)
-class SessionProjection:
+class SessionProjection(Frozen):
     """A validated session response (the cluster's wire projection of the session row)."""
+
+    __slots__ = (  # noqa: RUF023 (field order)
+        "worker_id",
+        "session_id",
+        "generation",
+        "version",
+        "status",
+        "lease_expires_at_ms",
+        "replaced_session",
+    )
 
     worker_id: str
     session_id: str
@@ -230,7 +240,26 @@ class SessionProjection:
     version: int
     status: str
     lease_expires_at_ms: int
-    replaced_session: bool | None = None
+    replaced_session: bool | None
+
+    def __init__(  # noqa: PLR0917 (the dataclass signature)
+        self,
+        worker_id: str,
+        session_id: str,
+        generation: int,
+        version: int,
+        status: str,
+        lease_expires_at_ms: int,
+        replaced_session: bool | None = None,
+    ) -> None:
+        _set = object.__setattr__
+        _set(self, "worker_id", worker_id)
+        _set(self, "session_id", session_id)
+        _set(self, "generation", generation)
+        _set(self, "version", version)
+        _set(self, "status", status)
+        _set(self, "lease_expires_at_ms", lease_expires_at_ms)
+        _set(self, "replaced_session", replaced_session)
 
 
 def _projection(body: bytes, schema: str, *, replacement: bool) -> SessionProjection:

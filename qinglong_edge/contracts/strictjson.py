@@ -31,9 +31,12 @@ import json
 import math
 import re
 from itertools import accumulate
-from typing import Any
 
 from qinglong_edge.contracts.errors import ContractError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "MAX_DEPTH",
@@ -65,7 +68,7 @@ class _Bad:
         self.detail = detail
 
 
-class _DupDict(dict[str, Any]):
+class _DupDict(dict[str, "Any"]):  # the string: Any exists only for the type checker
     """A decoded object that had a duplicate key (the hook cannot know its path)."""
 
     duplicate: str = ""

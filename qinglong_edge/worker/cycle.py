@@ -26,9 +26,9 @@ from __future__ import annotations
 import random as _random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 from qinglong_edge.config import WorkerConfig
+from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.errors import SessionError
 from qinglong_edge.worker.ingress_http import DEFAULT_MAX_REQUEST_BYTES
 from qinglong_edge.worker.journal import Journal, JournalOptions
@@ -47,8 +47,7 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-@dataclass(frozen=True, slots=True)
-class CycleReport:
+class CycleReport(Frozen):
     """One cycle: the session step and the pull step (either may be missing on failure).
 
     Attributes:
@@ -60,10 +59,25 @@ class CycleReport:
         detail: a human-readable line (no secrets).
     """
 
+    __slots__ = ("session", "result", "error", "detail")  # noqa: RUF023 (field order)
+
     session: SessionOutcome | None
     result: PullResult | None
-    error: str | None = None
-    detail: str = ""
+    error: str | None
+    detail: str
+
+    def __init__(
+        self,
+        session: SessionOutcome | None,
+        result: PullResult | None,
+        error: str | None = None,
+        detail: str = "",
+    ) -> None:
+        _set = object.__setattr__
+        _set(self, "session", session)
+        _set(self, "result", result)
+        _set(self, "error", error)
+        _set(self, "detail", detail)
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {}

@@ -38,8 +38,8 @@ import datetime
 import email.utils
 import math
 import re
-from dataclasses import dataclass
 
+from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.contracts.ids import SESSION_ID, WORKER_ID
 from qinglong_edge.errors import TransportError
 
@@ -104,8 +104,7 @@ def is_ingress_path(path: object) -> bool:
     return isinstance(path, str) and _INGRESS_PATH.fullmatch(path) is not None
 
 
-@dataclass(frozen=True, slots=True)
-class ResponseHead:
+class ResponseHead(Frozen):
     """A parsed response head.
 
     Attributes:
@@ -115,9 +114,16 @@ class ResponseHead:
             decoded as Latin-1 (the wire's bytes, one to one).
     """
 
+    __slots__ = ("minor_version", "status", "fields")  # noqa: RUF023 (field order)
+
     minor_version: int
     status: int
     fields: tuple[tuple[str, str], ...]
+
+    def __init__(self, minor_version: int, status: int, fields: tuple[tuple[str, str], ...]) -> None:
+        object.__setattr__(self, "minor_version", minor_version)
+        object.__setattr__(self, "status", status)
+        object.__setattr__(self, "fields", fields)
 
     def values(self, name: str) -> list[str]:
         """All values of header ``name`` (lower-case), in order."""

@@ -37,8 +37,8 @@ import os
 import ssl
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
+from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.contracts.credentials import parse_worker_token
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.errors import TransportError
@@ -67,8 +67,7 @@ def _unavailable(message: str) -> TransportError:
     return TransportError(message, code="credentials_unavailable")
 
 
-@dataclass(frozen=True, slots=True)
-class Material:
+class Material(Frozen):
     """What one request needs, read from the files just before it.
 
     Attributes:
@@ -80,11 +79,29 @@ class Material:
             anchors (the reference's pool key): equal digests may share a connection.
     """
 
-    authorization: str = field(repr=False)
-    certificate: bytes = field(repr=False)
-    private_key: bytes = field(repr=False)
-    anchors: tuple[bytes, ...] = field(repr=False)
-    digest: bytes = field(repr=False)
+    __slots__ = ("authorization", "certificate", "private_key", "anchors", "digest")  # noqa: RUF023 (field order)
+    _repr_hidden = ("authorization", "certificate", "private_key", "anchors", "digest",)
+
+    authorization: str
+    certificate: bytes
+    private_key: bytes
+    anchors: tuple[bytes, ...]
+    digest: bytes
+
+    def __init__(
+        self,
+        authorization: str,
+        certificate: bytes,
+        private_key: bytes,
+        anchors: tuple[bytes, ...],
+        digest: bytes,
+    ) -> None:
+        _set = object.__setattr__
+        _set(self, "authorization", authorization)
+        _set(self, "certificate", certificate)
+        _set(self, "private_key", private_key)
+        _set(self, "anchors", anchors)
+        _set(self, "digest", digest)
 
 
 def _check_parent(path: str, forbidden: int, what: str) -> None:

@@ -35,11 +35,10 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal
 
 from qinglong_edge.config import WorkerConfig
+from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.journal_records import (
     INBOX_TRANSITIONS,
@@ -67,6 +66,10 @@ from qinglong_edge.worker.journal_view import (
 )
 from qinglong_edge.worker.ownerlock import DEFAULT_STALE_MS, MAX_STALE_MS, MIN_STALE_MS, OwnerLock
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
+if TYPE_CHECKING:
+    from typing import Any, Literal
+
 #: The Worker Session record in the journal root (qinglong_edge.worker.session).
 SESSION_NAME = "session.json"
 
@@ -88,13 +91,15 @@ __all__ = [
 DEFAULT_MAXIMUM_ENTRIES = 64
 HARD_MAXIMUM_ENTRIES = 1024
 
-AcceptResult = tuple[Literal["accepted", "replayed"], InboxRecord]
+if TYPE_CHECKING:
+    AcceptResult = tuple[Literal["accepted", "replayed"], InboxRecord]
+else:
+    AcceptResult = tuple  # at run time ``Literal`` would need typing (not imported by pull)
 #: States no transition leaves (3.4): what inbox retention may prune.
 TERMINAL_STATES = frozenset(state for state, targets in INBOX_TRANSITIONS.items() if targets == {state})
 
 
-@dataclass(frozen=True, slots=True)
-class JournalOptions:
+class JournalOptions(Frozen):
     """Limits of one journal. Times in ms.
 
     Attributes:
@@ -105,10 +110,30 @@ class JournalOptions:
         ownership_stale_ms: owner lock staleness (100..300 000; config: 5 000..300 000).
     """
 
-    maximum_entries: int = DEFAULT_MAXIMUM_ENTRIES
-    abandoned_maximum_entries: int = 32
-    retention_ms: int = 604_800_000
-    ownership_stale_ms: int = DEFAULT_STALE_MS
+    __slots__ = (  # noqa: RUF023 (field order)
+        "maximum_entries",
+        "abandoned_maximum_entries",
+        "retention_ms",
+        "ownership_stale_ms",
+    )
+
+    maximum_entries: int
+    abandoned_maximum_entries: int
+    retention_ms: int
+    ownership_stale_ms: int
+
+    def __init__(
+        self,
+        maximum_entries: int = DEFAULT_MAXIMUM_ENTRIES,
+        abandoned_maximum_entries: int = 32,
+        retention_ms: int = 604_800_000,
+        ownership_stale_ms: int = DEFAULT_STALE_MS,
+    ) -> None:
+        _set = object.__setattr__
+        _set(self, "maximum_entries", maximum_entries)
+        _set(self, "abandoned_maximum_entries", abandoned_maximum_entries)
+        _set(self, "retention_ms", retention_ms)
+        _set(self, "ownership_stale_ms", ownership_stale_ms)
 
     @classmethod
     def from_config(cls, worker: WorkerConfig) -> JournalOptions:

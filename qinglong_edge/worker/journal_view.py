@@ -13,12 +13,17 @@ import contextlib
 import os
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, TypeVar
 
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.journal_records import PendingClaim, parse_inbox_record, parse_pending_claim
 from qinglong_edge.errors import JournalError
 from qinglong_edge.worker import files
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
+if TYPE_CHECKING:
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 
 __all__ = [
     "ABANDONED_DIR",
@@ -32,7 +37,6 @@ __all__ = [
     "parse_record",
 ]
 
-T = TypeVar("T")
 _RECORD_CODES = frozenset({"claim_conflict", "claim_revision_conflict", "offer_conflict", "invalid_configuration"})
 
 CLAIM_NAME = "pending-claim.json"
@@ -40,7 +44,10 @@ OFFERS_DIR = "offers"
 ABANDONED_DIR = "abandoned"
 
 #: An inbox record: the normalized ``offers/<offerId>.json`` document (contracts.journal_records).
-InboxRecord = dict[str, Any]
+if TYPE_CHECKING:
+    InboxRecord = dict[str, Any]
+else:
+    InboxRecord = dict  # at run time ``dict[str, Any]`` would need typing.Any (not imported by pull)
 
 def check_root_path(root: str) -> None:
     """3.1: absolute, <= 4096 characters, no NUL/CR/LF."""

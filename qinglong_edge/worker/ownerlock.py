@@ -44,9 +44,9 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import TracebackType
 
+from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.errors import JournalError
 from qinglong_edge.worker.files import check_private, journal_error, unsafe
 
@@ -133,8 +133,7 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-@dataclass(frozen=True, slots=True)
-class OwnerRecord:
+class OwnerRecord(Frozen):
     """Who holds the lock, for people and ``already_owned`` messages (never for decisions).
 
     Attributes:
@@ -146,12 +145,38 @@ class OwnerRecord:
         acquired_at_ms / refreshed_at_ms: wall-clock ms (diagnostic only).
     """
 
+    __slots__ = (  # noqa: RUF023 (field order)
+        "pid",
+        "process_start_ticks",
+        "boot_id",
+        "process_name",
+        "acquired_at_ms",
+        "refreshed_at_ms",
+    )
+
     pid: int
     process_start_ticks: int | None
     boot_id: str | None
     process_name: str | None
     acquired_at_ms: int
     refreshed_at_ms: int
+
+    def __init__(  # noqa: PLR0917 (the dataclass signature)
+        self,
+        pid: int,
+        process_start_ticks: int | None,
+        boot_id: str | None,
+        process_name: str | None,
+        acquired_at_ms: int,
+        refreshed_at_ms: int,
+    ) -> None:
+        _set = object.__setattr__
+        _set(self, "pid", pid)
+        _set(self, "process_start_ticks", process_start_ticks)
+        _set(self, "boot_id", boot_id)
+        _set(self, "process_name", process_name)
+        _set(self, "acquired_at_ms", acquired_at_ms)
+        _set(self, "refreshed_at_ms", refreshed_at_ms)
 
     def to_bytes(self) -> bytes:
         document = {

@@ -50,9 +50,8 @@ import contextlib
 import os
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any, Protocol
 
+from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.ids import new_lease_token, new_uuid4
 from qinglong_edge.contracts.journal_records import MAX_ATTEMPTS, PendingClaim
@@ -66,6 +65,29 @@ from qinglong_edge.contracts.offer import (
 )
 from qinglong_edge.errors import DeliveryError, JournalError, TransportError
 from qinglong_edge.worker.crashpoints import crashpoint
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
+if TYPE_CHECKING:
+    from typing import Any, Protocol
+
+    class _Transport(Protocol):
+        def post_json(self, path: str, body: bytes, *, max_response_bytes: int) -> Any: ...
+
+    class _Journal(Protocol):
+        def read_claim(self) -> PendingClaim | None: ...
+
+        def create_claim(self, claim: PendingClaim) -> PendingClaim: ...
+
+        def replace_claim(self, claim: PendingClaim, expected_revision: int) -> PendingClaim: ...
+
+        def clear_claim(self, offer_id: str, expected_revision: int) -> None: ...
+
+        def abandon_claim(self, reason: str, now_ms: int) -> Any: ...
+
+        def accept_offer(self, offer: dict[str, Any], now_ms: int) -> tuple[str, dict[str, Any]]: ...
+
+        def has_capacity(self) -> bool: ...
+
 
 __all__ = [
     "BACKOFF_CAP_MS",
@@ -131,37 +153,24 @@ class AbortSignal:
             self._depth -= 1
 
 
-class _Transport(Protocol):
-    def post_json(self, path: str, body: bytes, *, max_response_bytes: int) -> Any: ...
 
 
-class _Journal(Protocol):
-    def read_claim(self) -> PendingClaim | None: ...
-
-    def create_claim(self, claim: PendingClaim) -> PendingClaim: ...
-
-    def replace_claim(self, claim: PendingClaim, expected_revision: int) -> PendingClaim: ...
-
-    def clear_claim(self, offer_id: str, expected_revision: int) -> None: ...
-
-    def abandon_claim(self, reason: str, now_ms: int) -> Any: ...
-
-    def accept_offer(self, offer: dict[str, Any], now_ms: int) -> tuple[str, dict[str, Any]]: ...
-
-    def has_capacity(self) -> bool: ...
-
-
-@dataclass(frozen=True, slots=True)
-class SessionAuthority:
+class SessionAuthority(Frozen):
     """The Worker Session a claim is bound to (workerId, sessionId, generation)."""
+
+    __slots__ = ("worker_id", "session_id", "generation")  # noqa: RUF023 (field order)
 
     worker_id: str
     session_id: str
     generation: int
 
+    def __init__(self, worker_id: str, session_id: str, generation: int) -> None:
+        object.__setattr__(self, "worker_id", worker_id)
+        object.__setattr__(self, "session_id", session_id)
+        object.__setattr__(self, "generation", generation)
 
-@dataclass(frozen=True, slots=True)
-class PullResult:
+
+class PullResult(Frozen):
     """The outcome of one pull step.
 
     Attributes:
@@ -176,15 +185,51 @@ class PullResult:
         attempt_count: attempts used by the claim after this step.
     """
 
+    __slots__ = (  # noqa: RUF023 (field order)
+        "status",
+        "offer_id",
+        "run_id",
+        "reason",
+        "next_attempt_at_ms",
+        "http_status",
+        "retry_after_ms",
+        "attempt_count",
+        "stats",
+    )
+    _repr_hidden = ("stats",)
+
     status: str
-    offer_id: str | None = None
-    run_id: str | None = None
-    reason: str | None = None
-    next_attempt_at_ms: int | None = None
-    http_status: int | None = None
-    retry_after_ms: int | None = None
-    attempt_count: int | None = None
-    stats: dict[str, int] | None = field(default=None, repr=False)
+    offer_id: str | None
+    run_id: str | None
+    reason: str | None
+    next_attempt_at_ms: int | None
+    http_status: int | None
+    retry_after_ms: int | None
+    attempt_count: int | None
+    stats: dict[str, int] | None
+
+    def __init__(  # noqa: PLR0917 (the dataclass signature)
+        self,
+        status: str,
+        offer_id: str | None = None,
+        run_id: str | None = None,
+        reason: str | None = None,
+        next_attempt_at_ms: int | None = None,
+        http_status: int | None = None,
+        retry_after_ms: int | None = None,
+        attempt_count: int | None = None,
+        stats: dict[str, int] | None = None,
+    ) -> None:
+        _set = object.__setattr__
+        _set(self, "status", status)
+        _set(self, "offer_id", offer_id)
+        _set(self, "run_id", run_id)
+        _set(self, "reason", reason)
+        _set(self, "next_attempt_at_ms", next_attempt_at_ms)
+        _set(self, "http_status", http_status)
+        _set(self, "retry_after_ms", retry_after_ms)
+        _set(self, "attempt_count", attempt_count)
+        _set(self, "stats", stats)
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {"status": self.status}

@@ -48,9 +48,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
 
+from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.fields import exact_keys, safe_int, string
 from qinglong_edge.contracts.ids import HEX64, SESSION_ID, WORKER_ID, new_uuid7
@@ -71,6 +70,23 @@ from qinglong_edge.contracts.session import (
 )
 from qinglong_edge.contracts.strictjson import dumps_bytes, loads
 from qinglong_edge.errors import SessionError, TransportError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
+if TYPE_CHECKING:
+    from typing import Any, Protocol
+
+    class _Transport(Protocol):
+        def post_json(
+            self, path: str, body: bytes, *, max_response_bytes: int, max_request_bytes: int = ...
+        ) -> Any: ...
+
+    class _SessionStore(Protocol):
+        def read_session_record(self) -> bytes | None: ...
+
+        def write_session_record(self, data: bytes) -> None: ...
+
+        def clear_session_record(self) -> bool: ...
+
 
 __all__ = [
     "SessionKeeper",
@@ -101,23 +117,23 @@ LEASE_MARGIN_MS = 2000
 MAX_RETRY_AFTER_MS = 3_600_000
 
 
-class _Transport(Protocol):
-    def post_json(
-        self, path: str, body: bytes, *, max_response_bytes: int, max_request_bytes: int = ...
-    ) -> Any: ...
 
 
-class _SessionStore(Protocol):
-    def read_session_record(self) -> bytes | None: ...
-
-    def write_session_record(self, data: bytes) -> None: ...
-
-    def clear_session_record(self) -> bool: ...
-
-
-@dataclass(frozen=True, slots=True)
-class SessionRecord:
+class SessionRecord(Frozen):
     """The durable Worker Session (see the module docstring). Times are wall ms."""
+
+    __slots__ = (  # noqa: RUF023 (field order)
+        "worker_id",
+        "session_id",
+        "generation",
+        "version",
+        "status",
+        "lease_expires_at_ms",
+        "lease_duration_ms",
+        "capabilities_hash",
+        "registered_at_ms",
+        "heartbeat_at_ms",
+    )
 
     worker_id: str
     session_id: str
@@ -129,6 +145,31 @@ class SessionRecord:
     capabilities_hash: str
     registered_at_ms: int
     heartbeat_at_ms: int
+
+    def __init__(  # noqa: PLR0917 (the dataclass signature)
+        self,
+        worker_id: str,
+        session_id: str,
+        generation: int,
+        version: int,
+        status: str,
+        lease_expires_at_ms: int,
+        lease_duration_ms: int,
+        capabilities_hash: str,
+        registered_at_ms: int,
+        heartbeat_at_ms: int,
+    ) -> None:
+        _set = object.__setattr__
+        _set(self, "worker_id", worker_id)
+        _set(self, "session_id", session_id)
+        _set(self, "generation", generation)
+        _set(self, "version", version)
+        _set(self, "status", status)
+        _set(self, "lease_expires_at_ms", lease_expires_at_ms)
+        _set(self, "lease_duration_ms", lease_duration_ms)
+        _set(self, "capabilities_hash", capabilities_hash)
+        _set(self, "registered_at_ms", registered_at_ms)
+        _set(self, "heartbeat_at_ms", heartbeat_at_ms)
 
     def to_bytes(self) -> bytes:
         """Compact JSON in the record's key order plus ``"\\n"``."""
@@ -195,16 +236,24 @@ def local_capabilities(machine: str | None = None) -> dict[str, Any]:
     }
 
 
-@dataclass(frozen=True, slots=True)
-class SessionOutcome:
+class SessionOutcome(Frozen):
     """What :meth:`SessionKeeper.ensure` did: ``registered``, ``heartbeat``, ``current``
     or ``stale`` (heartbeat failed but the stored lease still runs); ``replaced`` is
     True when a fenced or expired session was replaced by a new registration."""
 
+    __slots__ = ("session", "action", "replaced", "detail")  # noqa: RUF023 (field order)
+
     session: SessionRecord
     action: str
-    replaced: bool = False
-    detail: str = ""
+    replaced: bool
+    detail: str
+
+    def __init__(self, session: SessionRecord, action: str, replaced: bool = False, detail: str = "") -> None:
+        _set = object.__setattr__
+        _set(self, "session", session)
+        _set(self, "action", action)
+        _set(self, "replaced", replaced)
+        _set(self, "detail", detail)
 
 
 class SessionKeeper:

@@ -76,9 +76,9 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from qinglong_edge.config import WorkerConfig
+from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.origin import Origin, parse_origin
 from qinglong_edge.contracts.strictjson import loads
@@ -132,8 +132,7 @@ def _debug(message: str, *args: object) -> None:
         logging.getLogger(__name__).debug(message, *args)
 
 
-@dataclass(frozen=True, slots=True)
-class TransportResponse:
+class TransportResponse(Frozen):
     """An accepted response (section 1.6): status 200 and 2 - cap bytes of JSON.
 
     Attributes:
@@ -144,10 +143,20 @@ class TransportResponse:
             matches ``^[A-Za-z0-9._:-]{1,128}$``, else None.
     """
 
+    __slots__ = ("status", "body", "content_type", "request_id")  # noqa: RUF023 (field order)
+    _repr_hidden = ("body",)
+
     status: int
-    body: bytes = field(repr=False)
+    body: bytes
     content_type: str
     request_id: str | None
+
+    def __init__(self, status: int, body: bytes, content_type: str, request_id: str | None) -> None:
+        _set = object.__setattr__
+        _set(self, "status", status)
+        _set(self, "body", body)
+        _set(self, "content_type", content_type)
+        _set(self, "request_id", request_id)
 
 
 class _DeadlineExceeded(TimeoutError):
