@@ -5,7 +5,9 @@
 Each command group lives in :mod:`qinglong_edge.commands` and registers its own
 sub-parser; a command module imports the layer it needs (``ssl``, ``sqlite3``,
 ``socket``...) only inside its ``run`` function, so ``--help`` and ``version`` stay
-light on a router (spec README, layer 5; a test checks ``sys.modules``).
+light on a router (spec README, layer 5; a test checks ``sys.modules``). The
+cron-run ``pull`` in its plain spellings does not even import argparse
+(:func:`qinglong_edge.commands.pull.plain_args`); anything else goes through argparse.
 
 Exit statuses follow sysexits (spec README): 0 done, 64 usage, 65 invalid data,
 69 unavailable, 73/74 storage, 75 temporary failure, 77 permission, 78 configuration.
@@ -16,13 +18,15 @@ Errors print one line ``qinglong-edge: <code>: <message>`` on stderr, or with
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import os
 import sys
-from collections.abc import Sequence
 
 from qinglong_edge.errors import EX_SOFTWARE, EX_UNAVAILABLE, EX_USAGE, EdgeError, exit_status_for
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Sequence
 
 __all__ = ["build_parser", "main"]
 
@@ -41,11 +45,19 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of exiting, so usage errors map to 64."""
+def _parser_class() -> type[argparse.ArgumentParser]:
+    """argparse that raises instead of exiting, so usage errors map to 64.
 
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise _ArgumentError(message, self.format_usage())
+    Made on demand: a plain ``pull`` never imports argparse (see
+    :func:`qinglong_edge.commands.pull.plain_args`).
+    """
+    import argparse
+
+    class _Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> None:  # type: ignore[override]
+            raise _ArgumentError(message, self.format_usage())
+
+    return _Parser
 
 
 class _ArgumentError(Exception):
@@ -79,6 +91,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     of milliseconds on a router for nothing. Without a command (``--help``, a typo)
     every sub-parser is built, for the full help and the list of choices.
     """
+    import argparse
+    import importlib
+
+    parser_class = _parser_class()
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--config",
@@ -92,7 +108,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help="print one machine-readable JSON line",
     )
-    parser = _Parser(
+    parser = parser_class(
         prog=PROG,
         description=(
             "QingLong 3.0 edge agent: a Remote Worker that pulls offers (ADR-0110) and a "
@@ -100,7 +116,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         ),
         parents=[common],
     )
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=parser_class)
     wanted = None if argv is None else _requested_command(argv)
     for name in COMMAND_MODULES:
         if wanted is not None and name != wanted:
@@ -109,6 +125,16 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         module = importlib.import_module(f"qinglong_edge.commands.{name}")
         module.register(subparsers, common)
     return parser
+
+
+def _plain_args(argv: Sequence[str]) -> argparse.Namespace | None:
+    """The cron-run ``pull`` without argparse (:func:`qinglong_edge.commands.pull.plain_args`),
+    else None."""
+    if _requested_command(argv) != "pull":
+        return None
+    from qinglong_edge.commands.pull import plain_args
+
+    return plain_args(argv)
 
 
 def _print_error(json_mode: bool, code: str, message: str, status: int) -> None:
@@ -125,22 +151,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     json_mode = "--json" in args_list
     try:
-        parser = build_parser(args_list)
-        args = parser.parse_args(args_list)
-        # Defaults are applied here, not with set_defaults: argparse shares the
-        # parent's action objects with every sub-parser, so a default set on one
-        # would overwrite a value given before the sub-command.
-        for name, default in (("config", None), ("json", False)):
-            if not hasattr(args, name):
-                setattr(args, name, default)
-        handler = getattr(args, "handler", None)
-        if handler is None:
-            if json_mode:  # --json promises one JSON line, not the help text
-                _print_error(True, "usage", "a command is required", EX_USAGE)
-            else:
-                parser.print_help()
-            return EX_USAGE
-        status: int = handler(args)
+        args = _plain_args(args_list)
+        if args is None:
+            parser = build_parser(args_list)
+            args = parser.parse_args(args_list)
+            # Defaults are applied here, not with set_defaults: argparse shares the
+            # parent's action objects with every sub-parser, so a default set on one
+            # would overwrite a value given before the sub-command.
+            for name, default in (("config", None), ("json", False)):
+                if not hasattr(args, name):
+                    setattr(args, name, default)
+            if getattr(args, "handler", None) is None:
+                if json_mode:  # --json promises one JSON line, not the help text
+                    _print_error(True, "usage", "a command is required", EX_USAGE)
+                else:
+                    parser.print_help()
+                return EX_USAGE
+        status: int = args.handler(args)
         return status
     except _ArgumentError as exc:
         if json_mode:

@@ -40,12 +40,17 @@ answers ``lease_recovery`` if it had committed (field lessons 1). Exit 75.
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
-from types import FrameType
+from types import SimpleNamespace
 
 from qinglong_edge.commands._output import print_json
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Sequence
+    from types import FrameType
 
 _EXIT_BY_STATUS = {
     "accepted": 0,
@@ -84,6 +89,64 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
     )
     parser.add_argument("--no-splay", action="store_true", help="skip the configured random initial delay")
     parser.set_defaults(handler=_run)
+
+
+#: The options :func:`plain_args` reads: cli.build_parser's global ones (on either side of
+#: ``pull``) and :func:`register`'s (after it). Any change to either must change this too
+#: (tests/cli/test_pull_plain_args.py compares the two parsers).
+_GLOBAL_OPTIONS = {"--config": "config", "--json": "json"}
+_PULL_OPTIONS = {"--duration": "duration", "--no-splay": "no_splay"}
+_VALUE_OPTIONS = frozenset({"--config", "--duration"})
+
+
+def plain_args(argv: Sequence[str]) -> argparse.Namespace | None:
+    """The namespace :func:`qinglong_edge.cli.main` would get from argparse for a plain
+    ``pull`` command line, or None to let argparse parse it.
+
+    Cron and the systemd timer run ``qinglong-edge --config PATH pull`` every minute;
+    importing argparse and building the parser (its help formatter imports ``shutil``,
+    its messages ``gettext`` and ``locale``) cost a router ~8 ms CPU per cycle. Only
+    this plain grammar is read here: ``[--config V] [--json] pull [--config V] [--json]
+    [--duration F] [--no-splay]``, options in any order, each at most once, values as
+    separate words that do not start with ``-``, ``--duration`` converted with
+    :func:`float` as argparse does. Everything else (``--help``, abbreviations,
+    ``--opt=value``, a repeat, ``--``, an unknown word, a value argparse would have to
+    classify, a bad float) returns None, so argparse parses it and gives its usual
+    answer or message. The result has the attributes argparse sets (``config``,
+    ``json``, ``command``, ``duration``, ``no_splay``, ``handler``), with the defaults
+    :func:`qinglong_edge.cli.main` applies; handlers only read attributes.
+    """
+    values: dict[str, object] = {}
+    command = False
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        index += 1
+        if arg == "pull" and not command:
+            command = True
+            continue
+        key = _GLOBAL_OPTIONS.get(arg) or (_PULL_OPTIONS.get(arg) if command else None)
+        if key is None or key in values:
+            return None
+        if arg not in _VALUE_OPTIONS:
+            values[key] = True
+            continue
+        if index == len(argv) or argv[index].startswith("-"):
+            return None
+        value: object = argv[index]
+        index += 1
+        if key == "duration":
+            try:
+                value = float(argv[index - 1])
+            except ValueError:
+                return None
+        values[key] = value
+    if not command:
+        return None
+    namespace = SimpleNamespace(config=None, json=False, command="pull", duration=None, no_splay=False,
+                                handler=_run)
+    namespace.__dict__.update(values)
+    return namespace  # type: ignore[return-value]  # duck-typed: the handler reads attributes only
 
 
 def _iso(ms: int | None) -> str:

@@ -16,7 +16,6 @@ the RFC 4231 vectors.
 
 from __future__ import annotations
 
-import importlib
 import os
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
@@ -38,19 +37,21 @@ _BLOCK = 64
 
 def _constructor() -> Any:
     # Looked up by name: which private module exists depends on the CPython version.
+    # __import__, not importlib.import_module: the same for top-level names, and a
+    # ``pull`` need not import importlib's package for it.
     for module_name in ("_sha2", "_sha256"):
         try:
-            return importlib.import_module(module_name).sha256
+            return __import__(module_name).sha256
         except (ImportError, AttributeError):
             continue
-    return importlib.import_module("hashlib").sha256
+    return __import__("hashlib").sha256
 
 
 def _compare() -> Any:
     try:
-        return importlib.import_module("_operator")._compare_digest
+        return __import__("_operator")._compare_digest
     except (ImportError, AttributeError):
-        return importlib.import_module("hmac").compare_digest
+        return __import__("hmac").compare_digest
 
 
 _SHA256 = _constructor()

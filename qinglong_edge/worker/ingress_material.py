@@ -32,7 +32,6 @@ No ``repr`` shows it.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import ssl
 import stat
@@ -40,6 +39,7 @@ from collections.abc import Sequence
 
 from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.contracts.credentials import parse_worker_token
+from qinglong_edge.contracts.digest import sha256
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.errors import TransportError
 
@@ -80,7 +80,7 @@ class Material(Frozen):
     """
 
     __slots__ = ("authorization", "certificate", "private_key", "anchors", "digest")  # noqa: RUF023 (field order)
-    _repr_hidden = ("authorization", "certificate", "private_key", "anchors", "digest",)
+    _repr_hidden = ("authorization", "certificate", "private_key", "anchors", "digest")
 
     authorization: str
     certificate: bytes
@@ -196,7 +196,7 @@ def read_authorization(path: str) -> str:
 
 
 def _digest(parts: Sequence[bytes]) -> bytes:
-    hasher = hashlib.sha256()
+    hasher = sha256()  # built-in SHA-2 (contracts.digest): no hashlib import for a pull
     for part in parts:
         hasher.update(len(part).to_bytes(4, "big"))
         hasher.update(part)
