@@ -48,7 +48,6 @@ from __future__ import annotations
 
 from qinglong_edge.contracts._shape import Frozen, child, exact_keys, int_value, is_int, object_value
 from qinglong_edge.contracts.errors import ContractError
-from qinglong_edge.contracts.execution_revision import EXECUTOR_TYPE, normalize_execution_revision
 from qinglong_edge.contracts.fields import MAX_SAFE_INTEGER, dispatch_id, sha256_hex, string
 from qinglong_edge.contracts.ids import HEX64, JOURNAL_OFFER_ID, LEASE_TOKEN, SESSION_ID, WORKER_ID
 from qinglong_edge.contracts.strictjson import dumps, dumps_bytes, loads
@@ -293,6 +292,9 @@ def _candidate(value: object, path: str) -> dict[str, Any]:
     out["queuedAtMs"] = int_value(source["queuedAtMs"], child(path, "queuedAtMs"))
     out["attemptCreatedAtMs"] = int_value(source["attemptCreatedAtMs"], child(path, "attemptCreatedAtMs"))
     out["attemptNumber"] = int_value(source["attemptNumber"], child(path, "attemptNumber"), 1)
+    # Imported where an offer is parsed: an idle pull (most cycles) never needs it.
+    from qinglong_edge.contracts.execution_revision import EXECUTOR_TYPE
+
     if source["executorType"] != EXECUTOR_TYPE:
         raise ContractError("executor_type", child(path, "executorType"), f"must be {EXECUTOR_TYPE}")
     out["executorType"] = EXECUTOR_TYPE
@@ -341,6 +343,8 @@ def _build_offer(
         raise ContractError("lease_token_digest_mismatch", child(lease_path, "leaseTokenDigest"),
                             "is not sha256(leaseToken)")
     revision_path = child(path, "executionRevision")
+    from qinglong_edge.contracts.execution_revision import normalize_execution_revision
+
     normalized = normalize_execution_revision(revision, revision_path)
     for key in ("projectId", "taskId", "taskRevision"):
         if normalized[key] != candidate[key]:

@@ -34,8 +34,6 @@ Errors are :class:`~qinglong_edge.errors.TransportError` and never contain body 
 
 from __future__ import annotations
 
-import datetime
-import email.utils
 import math
 import re
 
@@ -92,7 +90,8 @@ _FIELD_LINE = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):(.*)", re.DOTALL)
 _FIELD_VALUE = re.compile(rb"[\t\x20-\x7e\x80-\xff]*")
 _JSON_MEDIA_TYPE = re.compile(r"application/json(?:\s*;|$)", re.IGNORECASE | re.ASCII)
 _DIGITS = re.compile(r"[0-9]+", re.ASCII)
-_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:[\t ]*;[\t\x20-\x7e\x80-\xff]*)?")
+#: Compiled on first use (``re`` caches it): the cluster answers with Content-Length.
+_CHUNK_SIZE = rb"([0-9A-Fa-f]{1,16})(?:[\t ]*;[\t\x20-\x7e\x80-\xff]*)?"
 
 
 def is_ingress_path(path: object) -> bool:
@@ -209,6 +208,11 @@ def retry_after_ms(head: ResponseHead, now_ms: int) -> int | None:
         if len(value) > 12:
             return MAX_RETRY_AFTER_MS
         return min(int(value) * 1000, MAX_RETRY_AFTER_MS)
+    # Imported here: only an HTTP-date needs them (http.client imports them anyway,
+    # but this module is also the sans-IO core the tests load on its own).
+    import datetime
+    import email.utils
+
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError, OverflowError):
@@ -409,7 +413,7 @@ class ChunkedBody(BodyDecoder):
         return line
 
     def _size_line(self, line: bytes) -> None:
-        match = _CHUNK_SIZE.fullmatch(line)
+        match = re.fullmatch(_CHUNK_SIZE, line)
         if match is None:
             raise _rejected("malformed chunk size", 200)
         size = int(match.group(1), 16)
