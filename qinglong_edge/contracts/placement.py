@@ -72,7 +72,8 @@ MAX_WORKER_GPUS = 8
 MAX_WORKER_CPU_CORES = 4096
 
 _CAPABILITY_NAME = re.compile(r"[a-z0-9][a-z0-9._+-]*")
-_LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
+#: Compiled on first use (``re`` caches it): only an offer's placement has labels.
+_LABEL_KEY = r"[A-Za-z0-9][A-Za-z0-9._/-]*"
 _NUMERIC = r"(?:0|[1-9][0-9]*)"
 _PRERELEASE_ID = r"(?:0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*)"
 _SEMVER = re.compile(
@@ -139,8 +140,9 @@ def _labels(value: object, path: str, max_entries: int) -> dict[str, str]:
     source = object_value(value, path)
     if len(source) > max_entries:
         raise ContractError("length", path, f"at most {max_entries} entries")
+    label_key = re.compile(_LABEL_KEY)
     for key, item in source.items():
-        string(key, child(path, key), max_length=128, pattern=_LABEL_KEY)
+        string(key, child(path, key), max_length=128, pattern=label_key)
         string(item, child(path, key), max_length=256)
     ordered = sorted(source, key=icu_sort_key)
     return {key: source[key] for key in js_own_key_order(ordered)}
