@@ -56,7 +56,7 @@ instead of eating the agent's budget (systemd ``TasksMax``; a router's cgroup). 
 defaults split the profile's task budget: edge 64 = 2 Runs x 24 + 16 for ``serve`` and
 ``pull``; standalone 256 = 8 Runs x 28 + 32. It is applied where the per-Run cgroup has a
 pids controller (the cgroup v1 ``pids`` hierarchy; see
-:mod:`qinglong_edge.execution.cgroups`), else it has no effect; 0 sets no cap.
+:mod:`qinglong_edge.process.cgroups`), else it has no effect; 0 sets no cap.
 """
 
 from __future__ import annotations

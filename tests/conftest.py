@@ -5,8 +5,13 @@ from __future__ import annotations
 import os
 import pathlib
 import sys
+from collections.abc import Iterator
 
 import pytest
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from qinglong_edge.process.cgroups import CgroupManager, RunCgroup
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CORPORA_ENV = "QINGLONG_EDGE_CORPORA"
@@ -42,3 +47,33 @@ def private_dir(tmp_path: pathlib.Path) -> pathlib.Path:
 def python_cli() -> list[str]:
     """argv prefix that runs the real CLI in a child interpreter."""
     return [sys.executable, "-m", "qinglong_edge"]
+
+
+@pytest.fixture(scope="session")
+def cgroup_manager() -> CgroupManager:
+    """The machine's per-Run cgroups; tests needing them skip (with the reason) elsewhere."""
+    from qinglong_edge.process.cgroups import CgroupManager
+
+    if os.geteuid() != 0:
+        pytest.skip("cgroups need root (CI runs as root)")
+    manager = CgroupManager.detect("auto")
+    if not manager.available:
+        pytest.skip(f"no usable cgroup hierarchy: {manager.reason}")
+    return manager
+
+
+@pytest.fixture
+def run_cgroup(cgroup_manager: CgroupManager) -> Iterator[RunCgroup]:
+    """A fresh cgroup for one test; killed and removed afterwards."""
+    from qinglong_edge.contracts.ids import new_uuid4
+
+    group = cgroup_manager.create(f"test-{new_uuid4()}")
+    assert group is not None
+    yield group
+    group.kill()
+    for _ in range(200):
+        if group.remove():
+            break
+        import time
+
+        time.sleep(0.01)

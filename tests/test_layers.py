@@ -15,14 +15,15 @@ RANK = {
     "contracts": 0,
     "errors": 1,
     "config": 1,
-    "worker": 2,
-    "local": 3,
-    "execution": 4,
-    "doctor": 5,
-    "commands": 5,
-    "cli": 5,
-    "__main__": 5,
-    "__init__": 5,
+    "process": 2,
+    "worker": 3,
+    "local": 4,
+    "execution": 5,
+    "doctor": 6,
+    "commands": 6,
+    "cli": 6,
+    "__main__": 6,
+    "__init__": 6,
 }
 
 
@@ -62,3 +63,15 @@ def test_module_respects_layers(path: pathlib.Path) -> None:
                 assert target == "contracts", f"{path}:{lineno}: contracts imports only contracts"
         else:
             assert top in sys.stdlib_module_names, f"{path}:{lineno}: {name} is not standard library"
+
+
+SQLITE_FREE = ("contracts", "errors", "config", "process", "worker")
+
+
+@pytest.mark.parametrize(
+    "path", [m for m in MODULES if _part(m) in SQLITE_FREE], ids=lambda p: str(p.relative_to(PACKAGE))
+)
+def test_process_core_and_worker_never_import_sqlite(path: pathlib.Path) -> None:
+    """The process core serves the pull path too, which stays sqlite-free (spec README, "Layers")."""
+    for lineno, name in _imports(path):
+        assert name.split(".")[0] != "sqlite3", f"{path}:{lineno} imports sqlite3"

@@ -22,7 +22,7 @@ and pidfd are in the same ``selectors`` set), at the nearest deadline, and at le
    deadline first writes its ``timeout`` intent; then **completion first** (our child
    already exited: the completion path records its exit code; with an intent the Run still
    reads ``cancelled``/``timed_out``, 7.2 step 1); then the stop
-   (:func:`~qinglong_edge.execution.process.stop`, output drained meanwhile); then
+   (:func:`~qinglong_edge.process.stop.stop`, output drained meanwhile); then
    ``mark_terminal`` once the stop is conclusive. If the stop found the process already
    gone without signalling (``already_exited``) and it is our child, its natural exit wins
    and goes through the completion path. A ``claimed`` attempt (queued Run) needs no stop.
@@ -71,11 +71,7 @@ from collections.abc import Callable
 from qinglong_edge.config import ExecutionConfig
 from qinglong_edge.contracts.ids import new_uuid4
 from qinglong_edge.errors import EdgeError, StoreError
-from qinglong_edge.execution.cgroups import CgroupManager, RunCgroup
-from qinglong_edge.execution.identity import decode_handle, inspect
 from qinglong_edge.execution.launcher import ActiveRun, Launcher, open_pidfd
-from qinglong_edge.execution.logs import LogSink
-from qinglong_edge.execution.process import StopResult, stop
 from qinglong_edge.execution.transitions import (
     MAX_PAGE,
     Candidate,
@@ -90,6 +86,10 @@ from qinglong_edge.execution.transitions import (
     request_control_cancellation,
 )
 from qinglong_edge.local.store import Store, now_ms
+from qinglong_edge.process.cgroups import CgroupManager, RunCgroup
+from qinglong_edge.process.identity import decode_handle, inspect
+from qinglong_edge.process.logs import LogSink
+from qinglong_edge.process.stop import StopResult, stop
 
 __all__ = ["ExecutionController"]
 

@@ -7,7 +7,7 @@ Three steps, each crash-safe:
    local-api.md 7.2, spec README); else Run ``queued -> dispatching`` (``run.dispatching``)
    and attempt ``claimed -> starting`` (``attempt.starting``) with ``deadline_at_ms`` =
    claim time + the task's ``timeoutMs`` and a ``log_artifact_id``.
-2. :func:`qinglong_edge.execution.spawn.spawn`: the process starts in a new session, in
+2. :func:`qinglong_edge.process.spawn.spawn`: the process starts in a new session, in
    the Run's cgroup, held at the start barrier; its identity is captured.
 3. :func:`record_running`: attempt ``starting -> running`` with ``executor_handle`` and
    ``pid`` (``attempt.running``), Run ``dispatching -> running`` (``run.running``); only
@@ -24,8 +24,8 @@ The job's command comes from the Run's task revision (:mod:`qinglong_edge.local.
 ``argv`` (``file`` + ``args``) or ``shell`` (``<shell or /bin/sh> -c <command>``), the
 working directory (default: the controller's work directory, ``<stateDirectory>/work``;
 also ``HOME``), and the task's environment on top of the minimal base of
-:func:`~qinglong_edge.execution.spawn.job_environment`. Output goes to the bounded log of
-:mod:`qinglong_edge.execution.logs` (``<logDirectory>/<logArtifactId>.log``).
+:func:`~qinglong_edge.process.spawn.job_environment`. Output goes to the bounded log of
+:mod:`qinglong_edge.process.logs` (``<logDirectory>/<logArtifactId>.log``).
 """
 
 from __future__ import annotations
@@ -42,10 +42,6 @@ from typing import Any
 from qinglong_edge.contracts.digest import random_hex
 from qinglong_edge.contracts.ids import new_uuid4
 from qinglong_edge.errors import EdgeError, ExecutionError, StoreError
-from qinglong_edge.execution.cgroups import CgroupManager, RunCgroup
-from qinglong_edge.execution.identity import ProcessIdentity
-from qinglong_edge.execution.logs import LogSink, create_fifo
-from qinglong_edge.execution.spawn import job_environment, spawn
 from qinglong_edge.execution.transitions import (
     EXECUTOR,
     Changes,
@@ -58,6 +54,10 @@ from qinglong_edge.execution.transitions import (
 )
 from qinglong_edge.local.store import Store, write_transaction
 from qinglong_edge.local.tasks import resolve_revision_ref
+from qinglong_edge.process.cgroups import CgroupManager, RunCgroup
+from qinglong_edge.process.identity import ProcessIdentity
+from qinglong_edge.process.logs import LogSink, create_fifo
+from qinglong_edge.process.spawn import job_environment, spawn
 
 __all__ = [
     "ActiveRun",

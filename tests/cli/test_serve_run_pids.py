@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from qinglong_edge.execution.cgroups import CgroupManager
+from qinglong_edge.process.cgroups import CgroupManager
 from tests.support.cli import REPO, run_cli
 from tests.support.http_client import exchange, request_bytes
 

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from qinglong_edge.execution.cgroups import CgroupManager
-from qinglong_edge.execution.identity import read_proc_stat
+from qinglong_edge.process.cgroups import CgroupManager
+from qinglong_edge.process.identity import read_proc_stat
 from tests.support.execution_env import Env, wait_for
 from tests.support.jobs import alive, descendants_by_marker, kill_pids, read_text
 
@@ -158,7 +158,7 @@ def test_busy_forking_job_terminalises_only_when_everything_is_gone(env: Env) ->
 
 
 def _scan() -> list:  # type: ignore[type-arg]
-    from qinglong_edge.execution.identity import scan_processes
+    from qinglong_edge.process.identity import scan_processes
 
     return scan_processes()
 

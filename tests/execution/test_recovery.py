@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from qinglong_edge.contracts.ids import new_uuid4
-from qinglong_edge.execution.cgroups import CgroupManager
-from qinglong_edge.execution.identity import ProcessIdentity, capture, encode_handle
 from qinglong_edge.execution.launcher import claim_next
+from qinglong_edge.process.cgroups import CgroupManager
+from qinglong_edge.process.identity import ProcessIdentity, capture, encode_handle
 from tests.support.execution_env import Env, wait_for
 from tests.support.jobs import alive, descendants_by_marker, kill_pids, read_text, reap, start_job
 

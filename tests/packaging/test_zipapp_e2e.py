@@ -75,7 +75,7 @@ def test_admin_serve_and_cancel_from_a_read_only_zipapp(pyz: pathlib.Path, workd
         assert serve.stop() == 0, serve.stderr()[-4000:]
         assert_agent_loaded_from(serve.stderr(), pyz, {"qinglong_edge.commands.serve", "qinglong_edge.local.server",
                                                        "qinglong_edge.execution.controller",
-                                                       "qinglong_edge.execution.spawn"})
+                                                       "qinglong_edge.process.spawn"})
     finally:
         site.close()
 

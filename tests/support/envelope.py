@@ -14,7 +14,7 @@ Two backends, chosen by :func:`probe`:
   ``pids.max``). The envelope is also created, without limits, in the v1 ``freezer`` and
   the (hybrid) unified hierarchy when they are mounted, so a child delegated to the agent
   sits in the agent's *own* cgroup there too and the agent's per-Run cgroups nest inside
-  the envelope (``qinglong_edge.execution.cgroups`` tries the agent's own cgroup first).
+  the envelope (``qinglong_edge.process.cgroups`` tries the agent's own cgroup first).
 
 Each envelope lives under the caller's own cgroup when it may create one there (a
 delegated subtree: the machine's accounting of the caller still covers it), else under

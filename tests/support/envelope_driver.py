@@ -341,7 +341,7 @@ class Scenario:
             # cgroup v2: the agent enables no controller for its per-Run cgroups, so a Run
             # has no pids cap of its own and a bomb would eat the whole envelope.
             phases["bomb"] = {"skipped": "per-Run pids cap needs the cgroup v1 pids hierarchy "
-                                         "(qinglong_edge.execution.cgroups enables no v2 controller)"}
+                                         "(qinglong_edge.process.cgroups enables no v2 controller)"}
         phases["bomb"]["clients"] = load.phase("reads", clients=3)
         self.snapshot("bomb")
         sampler.phase("shutdown")

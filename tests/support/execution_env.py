@@ -16,13 +16,13 @@ from typing import Any
 
 from qinglong_edge.config import ExecutionConfig
 from qinglong_edge.contracts.ids import new_uuid4
-from qinglong_edge.execution.cgroups import CgroupManager
 from qinglong_edge.execution.controller import ExecutionController
 from qinglong_edge.local.identity import Subject, create_subject
 from qinglong_edge.local.policy import PolicyFence, grant_role
 from qinglong_edge.local.runs import CancellationCommand, new_task_start_command, request_cancellation, start_task
 from qinglong_edge.local.store import Store
 from qinglong_edge.local.tasks import create_task
+from qinglong_edge.process.cgroups import CgroupManager
 
 OPERATOR = Subject("user", "operator-1")
 FENCE = PolicyFence(project_version=1, binding_version=1)

@@ -7,9 +7,9 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from qinglong_edge.execution.cgroups import RunCgroup
-from qinglong_edge.execution.identity import read_proc_stat, scan_processes
-from qinglong_edge.execution.spawn import Spawned, job_environment, spawn
+from qinglong_edge.process.cgroups import RunCgroup
+from qinglong_edge.process.identity import read_proc_stat, scan_processes
+from qinglong_edge.process.spawn import Spawned, job_environment, spawn
 
 
 def start_job(script: str, cwd: str, *, cgroup: RunCgroup | None = None, release: bool = True) -> Spawned:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from qinglong_edge.contracts.ids import new_uuid4
 from qinglong_edge.errors import ExecutionError
-from qinglong_edge.execution.cgroups import (
+from qinglong_edge.process.cgroups import (
     PARENT,
     CgroupManager,
     Hierarchy,

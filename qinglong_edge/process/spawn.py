@@ -15,7 +15,7 @@ The process:
   gate's write end closes, ``read`` sees end of file and the wrapper exits 125: no job
   code ever runs without a recorded owner. Any failure in (1) or (2) also exits 125;
 * gets stdin from ``/dev/null``, stdout and stderr on the Run's log FIFO
-  (:mod:`qinglong_edge.execution.logs`), and no other descriptor of ours except the
+  (:mod:`qinglong_edge.process.logs`), and no other descriptor of ours except the
   FIFO's keep-alive read end;
 * gets a minimal environment (:func:`job_environment`): a fixed ``PATH``, ``HOME``,
   ``LANG``, ``QINGLONG_RUN_ID``, ``QINGLONG_ATTEMPT_ID`` and the task's own variables.
@@ -43,8 +43,8 @@ from dataclasses import dataclass
 
 from qinglong_edge.contracts.ids import new_uuid4
 from qinglong_edge.errors import ExecutionError
-from qinglong_edge.execution.cgroups import RunCgroup
-from qinglong_edge.execution.identity import ProcessIdentity, capture, encode_handle
+from qinglong_edge.process.cgroups import RunCgroup
+from qinglong_edge.process.identity import ProcessIdentity, capture, encode_handle
 
 __all__ = [
     "BASE_PATH",

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from qinglong_edge.errors import ExecutionError
-from qinglong_edge.execution.identity import (
+from qinglong_edge.process.identity import (
     HANDLE_PREFIX,
     DurableHandle,
     Liveness,
@@ -215,7 +215,7 @@ def test_unsupported_platform_is_unknown(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_unreadable_boot_id_is_provider_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
-    import qinglong_edge.execution.identity as identity_module
+    import qinglong_edge.process.identity as identity_module
 
     monkeypatch.setattr(identity_module, "BOOT_ID_PATH", "/nonexistent/boot_id")
     monkeypatch.setattr(identity_module.read_boot_id, "__defaults__", ("/nonexistent/boot_id",))

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from qinglong_edge.errors import ExecutionError
-from qinglong_edge.execution.identity import inspect
-from qinglong_edge.execution.spawn import NOT_STARTED, job_environment, resolve_executable, spawn
+from qinglong_edge.process.identity import inspect
+from qinglong_edge.process.spawn import NOT_STARTED, job_environment, resolve_executable, spawn
 from tests.support.jobs import alive, read_text, reap, start_job, wait_until
 
 
@@ -116,7 +116,7 @@ def test_rejects_a_missing_working_directory(tmp_path: object) -> None:
 def test_identity_capture_failure_discards_the_unstarted_process(tmp_path: object,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A fake on purpose: /proc cannot be made to fail for one real pid. The process is real."""
-    import qinglong_edge.execution.spawn as spawn_module
+    import qinglong_edge.process.spawn as spawn_module
 
     started: list[int] = []
 

@@ -52,8 +52,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from qinglong_edge.errors import ExecutionError
-from qinglong_edge.execution.cgroups import RunCgroup, signal_pids
-from qinglong_edge.execution.identity import (
+from qinglong_edge.process.cgroups import RunCgroup, signal_pids
+from qinglong_edge.process.identity import (
     Liveness,
     ProcessIdentity,
     decode_handle,

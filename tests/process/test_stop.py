@@ -12,9 +12,9 @@ import time
 import pytest
 
 from qinglong_edge.errors import ExecutionError
-from qinglong_edge.execution.cgroups import RunCgroup
-from qinglong_edge.execution.identity import ProcessIdentity, capture, encode_handle
-from qinglong_edge.execution.process import StopResult, stop
+from qinglong_edge.process.cgroups import RunCgroup
+from qinglong_edge.process.identity import ProcessIdentity, capture, encode_handle
+from qinglong_edge.process.stop import StopResult, stop
 from tests.support.jobs import alive, descendants_by_marker, kill_pids, read_text, reap, start_job, wait_until
 
 GRACE = {"terminate_grace_ms": 300, "kill_grace_ms": 300, "poll_ms": 10}

@@ -17,7 +17,7 @@ budget and its subtree), else the hierarchy's root (root on a router without sys
 How a process gets in: the launcher starts the job through a tiny ``/bin/sh`` wrapper
 that writes its own pid (``$$``) into every ``cgroup.procs`` of :meth:`RunCgroup.procs_files`
 and only then ``exec``\\ s the command, so the job cannot fork before it is inside (see
-:mod:`qinglong_edge.execution.spawn`). We do not use ``preexec_fn``: it is not safe
+:mod:`qinglong_edge.process.spawn`). We do not use ``preexec_fn``: it is not safe
 in a process that has threads (the HTTP pool, the store thread).
 
 We never touch a cgroup we did not create: every path is ``<base>/qinglong-edge/<name>``
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from qinglong_edge.contracts.digest import random_hex
 from qinglong_edge.errors import ExecutionError
-from qinglong_edge.execution.identity import read_proc_stat
+from qinglong_edge.process.identity import read_proc_stat
 
 __all__ = [
     "PARENT",
