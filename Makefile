@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test lint typecheck unit bench dist demo clean
+.PHONY: test test-matrix lint typecheck unit bench dist demo clean
 
 $(STAMP): requirements-dev.txt pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
@@ -23,7 +23,12 @@ typecheck: $(STAMP)
 	$(BIN)/mypy --strict qinglong_edge
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not matrix"
+
+# The slower tier: exhaustive state x fault matrices (tests marked `matrix`). .ci/run
+# runs it after `make test`.
+test-matrix: $(STAMP)
+	$(BIN)/python -m pytest -q -m matrix || [ $$? -eq 5 ]  # 5: none collected yet
 
 # Every benchmarks/bench_*.py, each with its baseline in the same run, then
 # docs/benchmarks.md (machine, commands, medians, ratios, targets). ~3 min on 2 cores;
