@@ -18,6 +18,7 @@ Shape (camelCase, like the QingLong configs; defaults in brackets)::
         "credentialFile": "/abs", "certificateFile": "/abs",   required
         "privateKeyFile": "/abs", "trustAnchorFiles": ["/abs", ...1-8], required
         "journalDirectory": "/abs",                 [<stateDirectory>/worker]
+        "runtimeDirectory": "/abs",                 ["/run/qinglong-edge"; RAM: what is not precious]
         "requestTimeoutMs": 1000-60000,             [15000]
         "inboxMaximumEntries": 1-1024,              [64 edge, 256 standalone]
         "inboxRetentionMs": 60000-31536000000,      [604800000 = 7 days]
@@ -27,7 +28,7 @@ Shape (camelCase, like the QingLong configs; defaults in brackets)::
         "sessionLeaseDurationMs": 5000-600000,      [180000: survives a missed cron minute]
         "heartbeatIntervalMs": 5000-300000,         [10000; 2 x interval <= the session lease]
         "pullIntervalMs": 100-60000,                [2000 edge, 500 standalone]
-        "splayMaxMs": 0-60000,                      [0]
+        "splayMaxMs": 0-60000,                      [50000: this device's stable phase in the minute]
         "maxConcurrentRuns": 1-1024                 [1]
       },
       "localApi": {                                            absent: no Local API role
@@ -76,6 +77,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",
+    "DEFAULT_RUNTIME_DIRECTORY",
+    "DEFAULT_SPLAY_MAX_MS",
     "SCHEMA",
     "EdgeConfig",
     "ExecutionConfig",
@@ -88,6 +91,13 @@ __all__ = [
 
 SCHEMA = "qinglong/edge-agent@v1"
 DEFAULT_CONFIG_PATH = "/etc/qinglong-edge/config.json"
+#: ``worker.runtimeDirectory``: a RAM directory for what is not precious (spec README
+#: "Decisions for storage on flash"; systemd ``RuntimeDirectory=qinglong-edge``; the
+#: OpenWrt UCI defaults say ``/var/run/qinglong-edge``). See qinglong_edge.worker.runtime.
+DEFAULT_RUNTIME_DIRECTORY = "/run/qinglong-edge"
+#: ``worker.splayMaxMs``: a fleet's devices spread over the first 50 s of each cron
+#: minute by a stable per-device phase (qinglong_edge.worker.pacing; benchmarks/bench_fleet.py).
+DEFAULT_SPLAY_MAX_MS = 50_000
 ENV_CONFIG = "QINGLONG_EDGE_CONFIG"
 MAX_CONFIG_BYTES = 64 * 1024
 _WORKER_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
@@ -104,6 +114,7 @@ class WorkerConfig(Frozen):
         "private_key_file",
         "trust_anchor_files",
         "journal_directory",
+        "runtime_directory",
         "request_timeout_ms",
         "inbox_maximum_entries",
         "inbox_retention_ms",
@@ -124,6 +135,7 @@ class WorkerConfig(Frozen):
     private_key_file: str
     trust_anchor_files: tuple[str, ...]
     journal_directory: str
+    runtime_directory: str
     request_timeout_ms: int
     inbox_maximum_entries: int
     inbox_retention_ms: int
@@ -145,6 +157,7 @@ class WorkerConfig(Frozen):
         private_key_file: str,
         trust_anchor_files: tuple[str, ...],
         journal_directory: str,
+        runtime_directory: str,
         request_timeout_ms: int,
         inbox_maximum_entries: int,
         inbox_retention_ms: int,
@@ -165,6 +178,7 @@ class WorkerConfig(Frozen):
         _set(self, "private_key_file", private_key_file)
         _set(self, "trust_anchor_files", trust_anchor_files)
         _set(self, "journal_directory", journal_directory)
+        _set(self, "runtime_directory", runtime_directory)
         _set(self, "request_timeout_ms", request_timeout_ms)
         _set(self, "inbox_maximum_entries", inbox_maximum_entries)
         _set(self, "inbox_retention_ms", inbox_retention_ms)
@@ -382,6 +396,7 @@ def _parse_worker(sec: _Section, state_dir: str, profile: str) -> WorkerConfig:
         private_key_file=key,
         trust_anchor_files=anchors,
         journal_directory=sec.path_value("journalDirectory", os.path.join(state_dir, "worker")),
+        runtime_directory=sec.path_value("runtimeDirectory", DEFAULT_RUNTIME_DIRECTORY),
         request_timeout_ms=sec.integer("requestTimeoutMs", 1000, 60000, 15000),
         inbox_maximum_entries=sec.integer(
             "inboxMaximumEntries", 1, 1024, 64 if profile == "edge" else 256
@@ -393,7 +408,7 @@ def _parse_worker(sec: _Section, state_dir: str, profile: str) -> WorkerConfig:
         session_lease_duration_ms=sec.integer("sessionLeaseDurationMs", 5000, 600_000, 180_000),
         heartbeat_interval_ms=sec.integer("heartbeatIntervalMs", 5000, 300_000, 10_000),
         pull_interval_ms=sec.integer("pullIntervalMs", 100, 60_000, 2000 if profile == "edge" else 500),
-        splay_max_ms=sec.integer("splayMaxMs", 0, 60_000, 0),
+        splay_max_ms=sec.integer("splayMaxMs", 0, 60_000, DEFAULT_SPLAY_MAX_MS),
         max_concurrent_runs=sec.integer("maxConcurrentRuns", 1, 1024, 1),
     )
     sec.done()

@@ -117,6 +117,9 @@ class TransportError(EdgeError, ConnectionError):
     Attributes:
         http_status: the response status when one was received (never the body).
         retry_after_ms: parsed ``Retry-After`` of a 429/503, in milliseconds, else None.
+        error_code: the ``code`` of a non-200 answer's ``{"code": "..."}`` body (section
+            1.7), when it was small, JSON and a plain code (``[a-z][a-z0-9_]{0,63}``),
+            else None. The only part of an error body ever kept.
     """
 
     code = "request_rejected"
@@ -129,9 +132,11 @@ class TransportError(EdgeError, ConnectionError):
         code: str | None = None,
         http_status: int | None = None,
         retry_after_ms: int | None = None,
+        error_code: str | None = None,
     ) -> None:
         self.http_status = http_status
         self.retry_after_ms = retry_after_ms
+        self.error_code = error_code
         super().__init__(message, code=code)
 
 
@@ -151,7 +156,7 @@ class SessionError(EdgeError):
 
     Codes: ``credential_rejected`` (401/403), ``session_fenced`` (409),
     ``invalid_response``, ``session_unavailable``, ``credentials_unavailable`` and
-    ``invalid_configuration`` (from the transport), ``unsupported_platform``.
+    ``invalid_configuration`` (from the transport), ``unsupported_architecture``.
     """
 
     code = "session_unavailable"
@@ -251,7 +256,9 @@ EXIT_STATUS_BY_CODE: dict[str, int] = {
     "run_not_found": EX_DATAERR,
     "listener_unavailable": EX_UNAVAILABLE,
     "input_unreadable": 66,  # EX_NOINPUT: an input file named on the command line cannot be read
-    "unsupported_platform": EX_UNAVAILABLE,  # no cluster architecture for this machine (worker session)
+    # QingLong has no worker architecture for this machine (mips...): a configuration
+    # problem of the device (the worker role cannot work here), not a passing outage.
+    "unsupported_architecture": EX_CONFIG,
 }
 
 

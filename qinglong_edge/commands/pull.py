@@ -7,32 +7,51 @@ Worker Session alive, then one offer pull step (ADR-0110; see
 =====  =====================================================================
 0      accepted, replayed, idle, backoff not yet due, or another pull holds
        the journal (cron overlap: "busy")
-69     this machine maps to no cluster architecture
 73/74  the journal's storage is unsafe / unavailable (the claim is intact)
 75     temporary: cluster unavailable or invalid response (claim kept, retried
        with backoff), claim abandoned (reported, a new claim next cycle), inbox
        full (no claim made), clock not set, or aborted by SIGTERM/SIGINT
 77     the cluster rejected the worker credential (401/403 on a session call or
        on the offer pull; the claim is kept and backs off)
-78     configuration, including unreadable credential/certificate/key files
+78     configuration, including unreadable credential/certificate/key files, and
+       ``unsupported_architecture``: QingLong cannot place work on this machine
+       (mips...). Said in one line once per boot (remembered in the runtime
+       directory), then quietly (``--json`` still prints its line)
 =====  =====================================================================
+
+Splay: before anything else (before the TLS client is even imported), the cycle waits
+for this device's stable phase in the minute (``worker.splayMaxMs``,
+:func:`qinglong_edge.worker.pacing.splay_delay_ms`); ``--no-splay`` skips it. On a
+terminal it says how long it waits.
+
+Device: every ``--json`` line carries ``device`` (``machine``, ``architecture``,
+``supportTier``); the human line names them when a session is registered, and an idle
+``no_match`` on a device whose tier is not ``tier1`` says that only tasks whose
+placement lists that tier get offers (offer-delivery.md 5.1).
+
+Warnings (the client certificate expires within 14 days: once a day) go to stderr as
+``pull: warning: <code>: ...``, so cron's log gets them (the OpenWrt crontab logs
+stderr).
 
 With ``--duration`` the status is the last cycle's (a ``credential_rejected`` cycle
 ends the loop at once).
 
 SIGTERM/SIGINT: a request in flight is aborted at once; a journal write in progress
-finishes first; no new request starts. The pending claim stays at its persisted
-attempt (same offerId and token), so the next cycle replays it and the cluster
-answers ``lease_recovery`` if it had committed (field lessons 1). Exit 75.
+finishes first; no new request starts. The pending claim stays, with the attempt's
+marker in the runtime directory, so the next cycle counts that attempt (its outcome
+is unknown) and replays the same offerId and token; the cluster answers
+``lease_recovery`` if it had committed (field lessons 1). Exit 75.
 
 ``--json`` prints one compact JSON object per cycle, one line each::
 
-    {"session":{"action":"registered|heartbeat|current|stale","sessionId":..,
+    {"device":{"machine":"aarch64","architecture":"arm64","supportTier":"tier1"},
+     "session":{"action":"registered|heartbeat|current|stale","sessionId":..,
                 "generation":..,"version":..},
      "status":"accepted|replayed|idle|backoff|inbox_full|abandoned|unavailable|
                invalid_response|credential_rejected",
      "offerId":..,"runId":..,"reason":..,"nextAttemptAtMs":..,"httpStatus":..,
-     "retryAfterMs":..,"attemptCount":..,"stats":{..}}          (absent keys: not applicable)
+     "retryAfterMs":..,"attemptCount":..,"errorCode":..,"counted":..,"stats":{..}}
+                                                     (absent keys: not applicable)
     {"status":"failed","code":"credential_rejected|session_unavailable|..","detail":..}
     {"status":"busy","code":"already_owned"}
     {"status":"aborted","signal":"SIGTERM"}
@@ -65,10 +84,12 @@ _EXIT_BY_STATUS = {
 }
 _EXIT_BY_ERROR = {
     "credential_rejected": 77,
-    "unsupported_platform": 69,
+    "unsupported_architecture": 78,
     "credentials_unavailable": 78,
     "invalid_configuration": 78,
 }
+#: Remembered once per boot in the runtime directory.
+_ARCH_NOTICE = "unsupported-architecture"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
@@ -87,7 +108,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
         default=None,
         help="repeat cycles in the foreground at the profile cadence for S seconds (0 < S <= 86400)",
     )
-    parser.add_argument("--no-splay", action="store_true", help="skip the configured random initial delay")
+    parser.add_argument("--no-splay", action="store_true",
+                        help="start at once instead of at this device's phase in the minute (worker.splayMaxMs)")
     parser.set_defaults(handler=_run)
 
 
@@ -157,7 +179,7 @@ def _iso(ms: int | None) -> str:
     return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
 
 
-def _describe(report: object) -> str:
+def _describe(report: object, device: dict[str, str | None]) -> str:
     from qinglong_edge.worker.cycle import CycleReport
 
     assert isinstance(report, CycleReport)
@@ -167,14 +189,18 @@ def _describe(report: object) -> str:
     session = report.session
     prefix = ""
     if session is not None and session.action == "registered":
-        prefix = f"session {session.session.session_id} registered (generation {session.session.generation}); "
+        prefix = (f"session {session.session.session_id} registered (generation {session.session.generation}; "
+                  f"{device['architecture']}, support tier {device['supportTier']}); ")
     if result is None:
         return "pull: " + prefix.rstrip("; ")
     status = result.status
     if status in ("accepted", "replayed"):
         text = f"{status} offer {result.offer_id} run {result.run_id} ({result.reason})"
     elif status == "idle":
-        text = f"idle ({result.reason}); claim {result.offer_id} cleared"
+        text = f"idle ({result.reason}); claim {result.offer_id} kept for the next cycle"
+        if result.reason == "no_match" and device["supportTier"] not in (None, "tier1"):
+            text += (f" (this device is {device['architecture']}, support tier {device['supportTier']}: only tasks "
+                     f"whose placement lists {device['supportTier']} in supportTiers get offers)")
     elif status == "backoff":
         text = f"backoff: claim {result.offer_id} is due at {_iso(result.next_attempt_at_ms)}"
     elif status == "inbox_full":
@@ -183,9 +209,11 @@ def _describe(report: object) -> str:
         text = f"claim {result.offer_id} abandoned ({result.reason}); the next cycle makes a new claim"
     else:
         http = f" HTTP {result.http_status}" if result.http_status else ""
+        code = f" {result.error_code}" if result.error_code else ""
+        counted = "" if result.counted is not False else " (did not reach the cluster: not counted)"
         text = (
-            f"{status} ({result.reason}{http}); claim {result.offer_id} kept, "
-            f"attempt {result.attempt_count}, retry at {_iso(result.next_attempt_at_ms)}"
+            f"{status} ({result.reason}{http}{code}); claim {result.offer_id} kept, "
+            f"attempt {result.attempt_count} of 16{counted}, retry at {_iso(result.next_attempt_at_ms)}"
         )
     return "pull: " + prefix + text
 
@@ -203,17 +231,65 @@ def _exit_status(report: object) -> int:
     return _EXIT_BY_STATUS.get(report.result.status, 75)
 
 
+def _unsupported(args: argparse.Namespace, worker: object, machine: str) -> int:
+    """Exit 78 ``unsupported_architecture``: one line once per boot, then quietly."""
+    from qinglong_edge.config import WorkerConfig
+    from qinglong_edge.errors import JournalError
+    from qinglong_edge.worker.runtime import RuntimeDirectory
+    from qinglong_edge.worker.session import unsupported_architecture_message
+
+    assert isinstance(worker, WorkerConfig)
+    message = unsupported_architecture_message(machine)
+    first = True
+    try:
+        with RuntimeDirectory.open(worker.runtime_directory, worker.journal_directory) as runtime:
+            first = runtime.once_per_boot(_ARCH_NOTICE)
+    except JournalError:
+        pass  # nowhere to remember it: say it every time rather than never
+    if args.json:
+        print_json({"ok": False, "code": "unsupported_architecture", "message": message, "exitStatus": 78})
+    elif first:
+        print(f"qinglong-edge: unsupported_architecture: {message}", file=sys.stderr, flush=True)
+    return 78
+
+
+def _splay(worker: object, abort: object, no_splay: bool) -> None:
+    """Wait for this device's phase in the minute (before the heavy imports)."""
+    import time
+
+    from qinglong_edge.config import WorkerConfig
+    from qinglong_edge.worker.abort import AbortSignal
+    from qinglong_edge.worker.pacing import splay_delay_ms
+
+    assert isinstance(worker, WorkerConfig) and isinstance(abort, AbortSignal)
+    if no_splay:
+        return
+    delay = splay_delay_ms(worker.worker_id, worker.splay_max_ms, time.time_ns() // 1_000_000)
+    if delay <= 0:
+        return
+    if sys.stderr.isatty():
+        print(f"pull: waiting {delay / 1000:.1f} s for this device's slot in the minute "
+              "(worker.splayMaxMs; --no-splay skips it)", file=sys.stderr, flush=True)
+    with abort.interruptible():
+        time.sleep(delay / 1000)
+
+
 def _run(args: argparse.Namespace) -> int:
     from qinglong_edge.config import load_config
     from qinglong_edge.errors import ConfigError, JournalError, UsageError
-    from qinglong_edge.worker.cycle import run_pull
-    from qinglong_edge.worker.pull import AbortSignal, PullAborted
+    from qinglong_edge.worker.abort import AbortSignal, PullAborted
+    from qinglong_edge.worker.session import platform_architecture
 
     if args.duration is not None and not 0 < args.duration <= 86_400:
         raise UsageError("--duration must be more than 0 and at most 86400 seconds")
     config = load_config(args.config)
-    if config.worker is None:
+    worker = config.worker
+    if worker is None:
         raise ConfigError("$.worker: the Remote Worker role is not configured", path="$.worker")
+    machine, architecture, tier = platform_architecture()
+    if architecture is None:
+        return _unsupported(args, worker, machine)
+    device: dict[str, str | None] = {"machine": machine, "architecture": architecture, "supportTier": tier}
 
     abort = AbortSignal()
 
@@ -221,15 +297,21 @@ def _run(args: argparse.Namespace) -> int:
         # Raises PullAborted only inside a network call or a sleep (AbortSignal).
         abort.trip(signal.Signals(signum).name)
 
+    def _notice(line: str) -> None:
+        print(f"pull: warning: {line}", file=sys.stderr, flush=True)
+
     previous = {sig: signal.signal(sig, _abort) for sig in (signal.SIGTERM, signal.SIGINT)}
     status = 0
     try:
-        for report in run_pull(config.worker, duration_s=args.duration, splay=not args.no_splay, abort=abort):
+        _splay(worker, abort, args.no_splay)
+        from qinglong_edge.worker.cycle import run_pull
+
+        for report in run_pull(worker, duration_s=args.duration, abort=abort, notice=_notice):
             status = _exit_status(report)
             if args.json:
-                print_json(report.to_json())
+                print_json({"device": device, **report.to_json()})
             else:
-                print(_describe(report), flush=True)
+                print(_describe(report, device), flush=True)
     except PullAborted as exc:
         name = str(exc.signal_name)
         if args.json:

@@ -29,8 +29,9 @@ Point names are ``<operation>.<step>``. Operations (see :mod:`qinglong_edge.work
 ``offer_update``    an inbox record revision (higher lease version, ``replace_offer``)
 ``offer_discard``   removal of ``offers/<offerId>.json`` (``inbox discard``, retention)
 ``abandoned_prune`` removal of the oldest ``abandoned/<offerId>.json`` beyond the bound
-``session_write``   a new ``session.json`` (register, heartbeat: update steps)
-``session_clear``   removal of ``session.json`` (a fenced session)
+``session_clear``   removal of a legacy ``session.json`` from the journal root (the
+                    session record now lives in the runtime directory)
+``runtime_write``   a file of the runtime directory (RUNTIME_STEPS below)
 ``pull``            the step boundaries of one offer pull (PULL_STEPS below)
 ==================  ==========================================================
 
@@ -45,8 +46,14 @@ Steps of an update (:data:`UPDATE_STEPS`): ``begin``, ``tmp_created``,
 
 Steps of a removal (:data:`REMOVAL_STEPS`): ``begin``, ``unlinked``, ``dir_synced``.
 
+Steps of a runtime-directory write (:data:`RUNTIME_STEPS`,
+:mod:`qinglong_edge.worker.runtime`): ``begin``, ``tmp_written`` (temp file complete and
+closed), ``renamed``.
+
 Steps of a pull (:data:`PULL_STEPS`, :mod:`qinglong_edge.worker.pull`):
-``attempt_persisted`` (the attempt revision of the claim is durable, nothing sent),
+``attempt_counted`` (an attempt-in-flight marker found at start was counted into the
+claim on disk, the marker not yet removed), ``attempt_marked`` (the marker for this
+attempt is in the runtime directory, nothing sent),
 ``response_received`` (a 200 body arrived, nothing parsed or written),
 ``inbox_published`` (the inbox record is durable, the claim not yet cleared),
 ``claim_cleared`` (the claim is removed, the result not yet reported).
@@ -64,6 +71,7 @@ __all__ = [
     "POINTS",
     "PULL_STEPS",
     "REMOVAL_STEPS",
+    "RUNTIME_STEPS",
     "UPDATE_STEPS",
     "armed",
     "crashpoint",
@@ -76,7 +84,8 @@ FIRST_PUBLICATION_STEPS = (
 )
 UPDATE_STEPS = ("begin", "tmp_created", "tmp_partial", "tmp_written", "tmp_synced", "renamed", "dir_synced")
 REMOVAL_STEPS = ("begin", "unlinked", "dir_synced")
-PULL_STEPS = ("attempt_persisted", "response_received", "inbox_published", "claim_cleared")
+RUNTIME_STEPS = ("begin", "tmp_written", "renamed")
+PULL_STEPS = ("attempt_counted", "attempt_marked", "response_received", "inbox_published", "claim_cleared")
 
 #: operation -> its steps, in order.
 OPERATIONS: dict[str, tuple[str, ...]] = {
@@ -88,8 +97,8 @@ OPERATIONS: dict[str, tuple[str, ...]] = {
     "offer_update": UPDATE_STEPS,
     "offer_discard": REMOVAL_STEPS,
     "abandoned_prune": REMOVAL_STEPS,
-    "session_write": UPDATE_STEPS,
     "session_clear": REMOVAL_STEPS,
+    "runtime_write": RUNTIME_STEPS,
     "pull": PULL_STEPS,
 }
 

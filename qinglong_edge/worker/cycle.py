@@ -3,9 +3,11 @@
 :func:`run_pull` is what ``qinglong-edge pull`` runs (the command adds signal handling
 and printing)::
 
-    capabilities of this platform (unsupported_platform before any I/O)
-    splay: sleep uniform 0..splayMaxMs (no lock held; a fleet on one crontab spreads out)
-    open the journal (owner lock; another pull -> already_owned, reported as "busy")
+    capabilities of this platform (unsupported_architecture before any I/O)
+    open the runtime directory (RAM) and the journal (owner lock; another pull ->
+      already_owned, reported as "busy"); a session record of an older version moves
+      from the journal root to the runtime directory
+    once a UTC day: the client certificate's expiry warning (worker/expiry.py)
     [--duration S] repeat at the profile cadence (edge 2 s) until S seconds passed:
         clock sanity (year >= 2020; a router that booted at 1970 waits for NTP)
         prune terminal inbox records past retention
@@ -18,7 +20,13 @@ entries)``: the inbox is this device's queue, so a full inbox asks for no work (
 cluster then answers ``idle worker_unavailable``) and the coordinator makes no claim.
 
 No timers: besides the owner lock's refresh thread, nothing runs in the background;
-between cycles the process sleeps in the foreground.
+between cycles the process sleeps in the foreground. The splay (the device's phase in
+the minute, :func:`qinglong_edge.worker.pacing.splay_delay_ms`) is slept by the ``pull``
+command before it even imports this module.
+
+Storage (spec README "Decisions for storage on flash"): an idle cycle in steady state
+writes only to the runtime directory: the owner record, the session record after a
+heartbeat, the attempt marker (see :mod:`qinglong_edge.worker.pull`).
 """
 
 from __future__ import annotations
@@ -30,10 +38,13 @@ from collections.abc import Callable, Iterator
 from qinglong_edge.config import WorkerConfig
 from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.errors import SessionError
+from qinglong_edge.worker.expiry import daily_expiry_warning
 from qinglong_edge.worker.ingress_http import DEFAULT_MAX_REQUEST_BYTES
+from qinglong_edge.worker.ingress_material import MAX_TLS_MATERIAL_BYTES, read_guarded_file
 from qinglong_edge.worker.journal import Journal, JournalOptions
 from qinglong_edge.worker.pull import AbortSignal, PullCoordinator, PullResult, SessionAuthority
-from qinglong_edge.worker.session import SessionKeeper, SessionOutcome, local_capabilities
+from qinglong_edge.worker.runtime import RuntimeDirectory
+from qinglong_edge.worker.session import SessionKeeper, SessionOutcome, local_capabilities, migrate_legacy_record
 from qinglong_edge.worker.transport import IngressTransport, TransportResponse
 
 __all__ = ["CLOCK_FLOOR_MS", "CycleReport", "run_pull", "wall_ms"]
@@ -54,8 +65,7 @@ class CycleReport(Frozen):
         session: what the session keeper did, or None when it failed.
         result: the pull step's result, or None when the cycle stopped before it.
         error: the failure code when the cycle stopped early (``credential_rejected``,
-            ``session_unavailable``, ``invalid_response``, ``unsupported_platform``,
-            ``clock_not_set``).
+            ``session_unavailable``, ``invalid_response``, ``clock_not_set``).
         detail: a human-readable line (no secrets).
     """
 
@@ -138,31 +148,33 @@ def run_pull(
     worker: WorkerConfig,
     *,
     duration_s: float | None = None,
-    splay: bool = True,
     abort: AbortSignal | None = None,
     clock_ms: Callable[[], int] = wall_ms,
     sleep: Callable[[float], None] = time.sleep,
     random: Callable[[], float] = _random.random,
     transport: IngressTransport | None = None,
+    notice: Callable[[str], None] | None = None,
+    runtime: RuntimeDirectory | None = None,
 ) -> Iterator[CycleReport]:
     """Run one cycle, or cycles at ``worker.pull_interval_ms`` for ``duration_s`` seconds.
 
     Yields each :class:`CycleReport` as it completes. Stops early after a
-    ``credential_rejected`` cycle (every later one would fail the same way). The splay
-    (uniform 0..``splayMaxMs``) is slept before the journal is opened, so a sleeping
-    process holds no lock.
+    ``credential_rejected`` cycle (every later one would fail the same way).
 
     Args:
-        random: uniform [0, 1) for the splay and the backoff jitter (seedable in tests).
+        random: uniform [0, 1) for the backoff jitter (seedable in tests).
         abort: tripped by the caller's signal handler (see :class:`AbortSignal`);
             network calls and sleeps are interrupted, journal writes finish first,
             and no cycle starts after it tripped.
+        notice: called with a warning line (the certificate's expiry, once a day).
+        runtime: the runtime directory, when the caller opened it already (it stays
+            open); default: opened (and closed) here.
 
     Raises:
         JournalError: ``already_owned`` (another pull holds the journal) and storage
             failures; TransportError ``invalid_configuration`` /
             ``credentials_unavailable`` from the transport's construction;
-            SessionError ``unsupported_platform``; PullAborted once ``abort`` tripped.
+            SessionError ``unsupported_architecture``; PullAborted once ``abort`` tripped.
     """
     abort = abort or AbortSignal()
 
@@ -170,18 +182,48 @@ def run_pull(
         with abort.interruptible():
             sleep(seconds)
 
-    capabilities = local_capabilities()  # unsupported_platform before any I/O
-    if splay and worker.splay_max_ms > 0:
-        pause(random() * worker.splay_max_ms / 1000)
+    capabilities = local_capabilities()  # unsupported_architecture before any I/O
     abort.check()
-    journal = Journal.open(worker.journal_directory, JournalOptions.from_config(worker))
+    own_runtime = runtime is None
+    runtime = runtime or RuntimeDirectory.open(worker.runtime_directory, worker.journal_directory)
     try:
+        yield from _run_journal(worker, runtime, capabilities, duration_s=duration_s, abort=abort, pause=pause,
+                                clock_ms=clock_ms, random=random, transport=transport, notice=notice)
+    finally:
+        if own_runtime:
+            runtime.close()
+
+
+def _run_journal(  # noqa: PLR0913 (run_pull's arguments, passed on)
+    worker: WorkerConfig,
+    runtime: RuntimeDirectory,
+    capabilities: dict[str, object],
+    *,
+    duration_s: float | None,
+    abort: AbortSignal,
+    pause: Callable[[float], None],
+    clock_ms: Callable[[], int],
+    random: Callable[[], float],
+    transport: IngressTransport | None,
+    notice: Callable[[str], None] | None,
+) -> Iterator[CycleReport]:
+    journal = Journal.open(worker.journal_directory, JournalOptions.from_config(worker), runtime=runtime)
+    try:
+        migrate_legacy_record(journal.take_legacy_session_record(), runtime)
+        if notice is not None:
+            warning = daily_expiry_warning(
+                worker.certificate_file,
+                lambda path: read_guarded_file(path, MAX_TLS_MATERIAL_BYTES, 0o077, "certificate file"),
+                runtime, clock_ms(),
+            )
+            if warning is not None:
+                notice(warning)
         own_transport = transport is None
         transport = transport or IngressTransport.from_config(worker)
         try:
             wire = _InterruptibleTransport(transport, abort)
             keeper = SessionKeeper(
-                journal,
+                runtime,
                 wire,
                 worker_id=worker.worker_id,
                 max_concurrent_runs=worker.max_concurrent_runs,
@@ -191,7 +233,8 @@ def run_pull(
                 capabilities=capabilities,
             )
             coordinator = PullCoordinator(
-                journal, wire, backoff_base_ms=worker.backoff_base_ms, clock_ms=clock_ms, random=random
+                journal, wire, runtime=runtime, backoff_base_ms=worker.backoff_base_ms, clock_ms=clock_ms,
+                random=random,
             )
             started = time.monotonic()
             while True:

@@ -38,7 +38,9 @@ import math
 import re
 
 from qinglong_edge.contracts._shape import Frozen
+from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.ids import SESSION_ID, WORKER_ID
+from qinglong_edge.contracts.strictjson import loads
 from qinglong_edge.errors import TransportError
 
 __all__ = [
@@ -47,6 +49,7 @@ __all__ = [
     "MAX_HEAD_BYTES",
     "MAX_REQUEST_BYTES_CEILING",
     "MAX_RESPONSE_BYTES_CEILING",
+    "MAX_ERROR_BODY_BYTES",
     "MAX_RETRY_AFTER_MS",
     "BodyDecoder",
     "ChunkedBody",
@@ -54,7 +57,9 @@ __all__ = [
     "LengthBody",
     "ResponseHead",
     "accept_head",
+    "error_body_decoder",
     "is_ingress_path",
+    "parse_error_code",
     "parse_response_head",
     "retry_after_ms",
 ]
@@ -73,6 +78,9 @@ MAX_RESPONSE_BYTES_CEILING = 256 * 1024
 #: A ``Retry-After`` longer than a day is clamped to a day (decision: a wrong value
 #: must not park a device for years; the cluster sends seconds).
 MAX_RETRY_AFTER_MS = 86_400_000
+#: Largest error body read for its ``code`` (the cluster sends ``{"code":"..."}``, ~40 bytes).
+MAX_ERROR_BODY_BYTES = 1024
+_ERROR_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 #: Largest chunk-size line (size, extensions, CRLF) and trailer section we read.
 MAX_CHUNK_LINE_BYTES = 4096
 #: Chunk framing bytes (size lines, CRLFs, trailers) allowed on top of the data.
@@ -261,6 +269,39 @@ def accept_head(head: ResponseHead, max_response_bytes: int, now_ms: int) -> Bod
             raise _rejected(f"content-length over the {max_response_bytes}-byte cap", status)
         return LengthBody(int(lengths[0]), max_response_bytes)
     return CloseDelimitedBody(max_response_bytes)
+
+
+def error_body_decoder(head: ResponseHead) -> BodyDecoder | None:
+    """For a non-200 answer whose ``code`` may be read (section 1.7: every non-200 body
+    is ``{"code":"<code>"}``): one JSON ``Content-Type``, no ``Content-Encoding`` other
+    than identity, exactly one ``Content-Length`` of 2..:data:`MAX_ERROR_BODY_BYTES`.
+    Anything else (chunked, EOF-delimited, large): None, and the body is never read."""
+    content_types = head.values("content-type")
+    lengths = head.values("content-length")
+    if (
+        head.status == 200
+        or len(content_types) != 1
+        or _JSON_MEDIA_TYPE.match(content_types[0]) is None
+        or head.values("content-encoding") not in ([], ["identity"])
+        or head.values("transfer-encoding")
+        or len(lengths) != 1
+        or _DIGITS.fullmatch(lengths[0]) is None
+        or len(lengths[0]) > 4
+        or not 2 <= int(lengths[0]) <= MAX_ERROR_BODY_BYTES
+    ):
+        return None
+    return LengthBody(int(lengths[0]), MAX_ERROR_BODY_BYTES)
+
+
+def parse_error_code(body: bytes) -> str | None:
+    """The ``code`` of an error body ``{"code": "..."}`` when it is a plain code
+    (``[a-z][a-z0-9_]{0,63}``), else None (never raises; the rest of the body is dropped)."""
+    try:
+        value = loads(body, max_bytes=MAX_ERROR_BODY_BYTES, min_bytes=2)
+    except ContractError:
+        return None
+    code = value.get("code") if isinstance(value, dict) else None
+    return code if isinstance(code, str) and _ERROR_CODE.fullmatch(code) else None
 
 
 class BodyDecoder:

@@ -5,12 +5,17 @@ On-disk layout (offer-delivery.md 3.1; the lock per the spec README)::
     <root>/                           0700, a real directory owned by us
     <root>/.owner.lock                0600, flock owner lock + owner record (ownerlock.py)
     <root>/pending-claim.json         0600, at most one outstanding claim (3.3)
-    <root>/session.json               0600, the current Worker Session (worker/session.py)
     <root>/offers/                    0700
     <root>/offers/<offerId>.json      0600, one inbox record per accepted offer (3.4)
     <root>/abandoned/                 0700
     <root>/abandoned/<offerId>.json   0600, claims given up, with the reason (README, 3.9)
     <root>/.<basename>.<32 hex>.tmp   transient temp files (3.5)
+
+The Worker Session record, the owner record and the attempt-in-flight marker are not
+here: they live in the runtime directory in RAM (:mod:`qinglong_edge.worker.runtime`;
+spec README "Decisions for storage on flash"), so an idle cycle writes nothing here.
+A ``session.json`` left in the root by an older version is read once and removed
+(:meth:`Journal.take_legacy_session_record`).
 
 The record formats are :mod:`qinglong_edge.contracts.journal_records`; this module
 does the files: which algorithm publishes what (files.py), the revision, replay
@@ -70,8 +75,12 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see cont
 if TYPE_CHECKING:
     from typing import Any, Literal
 
-#: The Worker Session record in the journal root (qinglong_edge.worker.session).
+    from qinglong_edge.worker.runtime import RuntimeDirectory
+
+#: Where versions before the runtime directory kept the Worker Session record.
 SESSION_NAME = "session.json"
+#: Publication failures that say nothing about the file system (no probe after them).
+_NOT_STORAGE = frozenset({"offer_conflict", "not_owned", "ownership_compromised", "invalid_configuration"})
 
 __all__ = [
     "ABANDONED_DIR",
@@ -171,26 +180,32 @@ def _abandoned_key(record: AbandonedClaim) -> tuple[object, ...]:
 class Journal(RecordReads):
     """The owned, writable journal. Open with :meth:`open`; close to release the lock."""
 
-    def __init__(self, dirs: JournalDirs, lock: OwnerLock, options: JournalOptions) -> None:
+    def __init__(self, dirs: JournalDirs, lock: OwnerLock, options: JournalOptions,
+                 runtime: RuntimeDirectory | None = None) -> None:
         super().__init__(dirs)
         self._lock = lock
         self.options = options
+        #: The runtime directory the owner record went to (None: the lock file).
+        self.runtime = runtime
         self._mutex = threading.RLock()
         self._closed = False
 
     # -- opening ---------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, root: str, options: JournalOptions | None = None) -> Journal:
-        """Create/check the root, take the owner lock, clean up, probe the file system.
+    def open(cls, root: str, options: JournalOptions | None = None,
+             runtime: RuntimeDirectory | None = None) -> Journal:
+        """Create/check the root, take the owner lock, clean up, probe a new journal.
 
         Steps: root created 0700 if missing (an existing one must be a real 0700
-        directory of ours), owner lock taken (``already_owned`` at once if held),
-        stray temp files removed (every temp file that exists now predates our lock,
-        so it belongs to a dead owner: no file times are compared), ``O_EXCL`` and
-        hard links probed in the root (FAT/exFAT and some FUSE mounts have no hard
-        links: ``unsafe_storage``), ``offers/`` and ``abandoned/`` created or checked,
-        and the ``offers/`` listing validated.
+        directory of ours), owner lock taken (``already_owned`` at once if held; its
+        owner record goes to ``runtime``), stray temp files removed (every temp file
+        that exists now predates our lock, so it belongs to a dead owner: no file
+        times are compared), ``offers/`` and ``abandoned/`` created or checked, the
+        listings validated. Only when this open created the root, ``offers/`` or
+        ``abandoned/``, ``O_EXCL`` and hard links are probed in the root (FAT/exFAT and
+        some FUSE mounts have no hard links: ``unsafe_storage``); an existing journal
+        is probed again only when a publication fails (so an idle open writes nothing).
 
         Raises:
             JournalError: ``invalid_configuration``, ``already_owned``,
@@ -206,9 +221,8 @@ class Journal(RecordReads):
         try:
             if created:
                 files.fsync_parent(root)
-            lock = OwnerLock.acquire(root, stale_ms=options.ownership_stale_ms)
+            lock = OwnerLock.acquire(root, stale_ms=options.ownership_stale_ms, runtime=runtime)
             files.remove_stray_temp_files(root_fd, root)
-            files.probe_file_system(root_fd, root)
             offers_fd, made_offers = files.open_private_directory(
                 OFFERS_DIR, dir_fd=root_fd, what=os.path.join(root, OFFERS_DIR), create=True
             )
@@ -218,6 +232,8 @@ class Journal(RecordReads):
             )
             if made_offers or made_abandoned:
                 files.fsync_directory(root_fd, root)
+            if created or made_offers or made_abandoned:
+                files.probe_file_system(root_fd, root)
             files.list_records(offers_fd, dirs.what(OFFERS_DIR))
             files.list_records(dirs.abandoned_fd, dirs.what(ABANDONED_DIR))
         except BaseException:
@@ -228,7 +244,7 @@ class Journal(RecordReads):
             else:
                 os.close(root_fd)
             raise
-        return cls(dirs, lock, options)
+        return cls(dirs, lock, options, runtime)
 
     def close(self) -> None:
         """Release the owner lock and close the directories. Idempotent."""
@@ -531,38 +547,48 @@ class Journal(RecordReads):
                     pruned.append(offer_id)
             return pruned
 
-    # -- Worker Session record (spec README: "the session record lives durably in the journal root") --
+    # -- a Worker Session record left by an older version -----------------------------------
 
-    def read_session_record(self) -> bytes | None:
-        """The raw ``session.json`` bytes (section 3.1 read rules), or None when absent.
-
-        The format is :mod:`qinglong_edge.worker.session`'s; the journal only keeps it
-        crash-safe beside the claim it fences.
-        """
+    def take_legacy_session_record(self) -> bytes | None:
+        """Read and durably remove ``session.json`` from the root (versions before the
+        runtime directory kept it here). Returns its bytes, or None when absent."""
         with self._owned():
-            return files.read_record(self._dirs.root_fd, SESSION_NAME, self._dirs.what(SESSION_NAME))
-
-    def write_session_record(self, data: bytes) -> None:
-        """Durably replace ``session.json`` (update algorithm: temp, fsync, rename, fsync root)."""
-        with self._owned():
-            self._publish_replace(self._dirs.root_fd, SESSION_NAME, data, "session_write")
-
-    def clear_session_record(self) -> bool:
-        """Remove ``session.json`` (unlink, fsync root). False when it was absent."""
-        with self._owned():
-            return self._remove(self._dirs.root_fd, SESSION_NAME, "session_clear")
+            what = self._dirs.what(SESSION_NAME)
+            data = files.read_record(self._dirs.root_fd, SESSION_NAME, what)
+            if data is not None:
+                self._remove(self._dirs.root_fd, SESSION_NAME, "session_clear")
+            return data
 
     # -- primitives bound to this journal -----------------------------------------------------
 
     def _publish_first(self, dir_fd: int, name: str, data: bytes, op: str) -> None:
-        files.publish_first(
-            self._dirs.root_fd, dir_fd, name, data, op=op, what=self._what(dir_fd, name), guard=self._guard
-        )
+        try:
+            files.publish_first(
+                self._dirs.root_fd, dir_fd, name, data, op=op, what=self._what(dir_fd, name), guard=self._guard
+            )
+        except JournalError as exc:
+            self._diagnose(exc)
+            raise
 
     def _publish_replace(self, dir_fd: int, name: str, data: bytes, op: str) -> None:
-        files.publish_replace(
-            self._dirs.root_fd, dir_fd, name, data, op=op, what=self._what(dir_fd, name), guard=self._guard
-        )
+        try:
+            files.publish_replace(
+                self._dirs.root_fd, dir_fd, name, data, op=op, what=self._what(dir_fd, name), guard=self._guard
+            )
+        except JournalError as exc:
+            self._diagnose(exc)
+            raise
+
+    def _diagnose(self, exc: JournalError) -> None:
+        """After a failed publication, probe the file system: when it lacks ``O_EXCL``
+        or hard links (the journal was moved to FAT, say), raise that instead."""
+        if exc.code in _NOT_STORAGE:
+            return
+        try:
+            files.probe_file_system(self._dirs.root_fd, self._dirs.root)
+        except JournalError as probe:
+            if probe.code == "unsafe_storage":
+                raise probe from None
 
     def _remove(self, dir_fd: int, name: str, op: str) -> bool:
         return files.remove_durably(dir_fd, name, op=op, what=self._what(dir_fd, name), guard=self._guard)

@@ -16,7 +16,12 @@ One process at a time owns a journal root. The lock is ``flock(LOCK_EX|LOCK_NB)`
 
 While held, one daemon thread runs every ``stale/2`` ms: it checks that the lock
 path still names our inode ``(st_dev, st_ino)`` and re-writes the owner record
-(pid, process start time, boot id, times) for diagnosis. The lock becomes
+(pid, process start time, boot id, times) for diagnosis. The record goes to the
+runtime directory (``owner.json``, in RAM: spec README "Decisions for storage on
+flash") when the caller passes one, so holding the lock writes nothing to the lock
+file's (flash) file system: the file is opened without truncation and its mode is
+changed only when it is not already 0600. Without a runtime directory the record is
+written into the lock file itself (how a lock taken by a test or tool records itself). The lock becomes
 *compromised* when the lock file was deleted or replaced, or when no refresh
 ran for ``stale`` ms (the process was stopped or starved; measured with
 ``time.monotonic()``: wall-clock steps from NTP or a router booting at 1970 change
@@ -24,8 +29,9 @@ nothing; file mtimes are never read). Once
 compromised, :meth:`OwnerLock.ensure_owned` (called by every journal operation)
 raises ``ownership_compromised``; after release it raises ``not_owned``.
 
-The record is diagnostic only: it is not fsynced, and a failed rewrite (ENOSPC on
-a log-structured flash file system) is retried without compromising the lock.
+The record is diagnostic only: it is not fsynced, and a failed write (ENOSPC on
+a log-structured flash file system, a full RAM disk) is retried without
+compromising the lock.
 
 Errors (``JournalError.code``): ``already_owned`` (held by a live process, no
 waiting), ``unsafe_storage`` (lock file is a symlink, not a regular file, foreign,
@@ -50,6 +56,10 @@ from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.errors import JournalError
 from qinglong_edge.worker.files import check_private, journal_error, unsafe
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
+if TYPE_CHECKING:
+    from qinglong_edge.worker.runtime import RuntimeDirectory
+
 __all__ = [
     "DEFAULT_STALE_MS",
     "LOCK_NAME",
@@ -66,6 +76,8 @@ __all__ = [
 ]
 
 LOCK_NAME = ".owner.lock"
+#: The owner record's name in the runtime directory.
+RECORD_NAME = "owner.json"
 OWNER_RECORD_SCHEMA = "qinglong-edge/owner-lock@v1"
 #: ``ownershipStaleMs`` (section 3.2: default 30 000; the config allows 5 000-300 000).
 DEFAULT_STALE_MS = 30_000
@@ -238,8 +250,18 @@ def parse_owner_record(data: bytes) -> OwnerRecord:
     )
 
 
-def read_owner_record(root: str) -> OwnerRecord | None:
-    """The current owner record of ``root`` without taking the lock, or None."""
+def read_owner_record(root: str, runtime: RuntimeDirectory | None = None) -> OwnerRecord | None:
+    """The current owner record of ``root`` without taking the lock, or None.
+
+    ``runtime``: where a holder that was given one keeps its record (tried first).
+    """
+    if runtime is not None:
+        try:
+            data = runtime.read(RECORD_NAME)
+            if data is not None:
+                return parse_owner_record(data)
+        except (OSError, ValueError, UnicodeDecodeError):
+            pass
     try:
         fd = os.open(os.path.join(root, LOCK_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
@@ -258,9 +280,11 @@ class OwnerLock:
     Thread-safe. Use as a context manager or call :meth:`release`.
     """
 
-    def __init__(self, *, path: str, fd: int, stale_ms: int, clock: Callable[[], float], record: OwnerRecord) -> None:
+    def __init__(self, *, path: str, fd: int, stale_ms: int, clock: Callable[[], float], record: OwnerRecord,
+                 runtime: RuntimeDirectory | None = None) -> None:
         # Private: use OwnerLock.acquire().
         self.path = path
+        self._runtime = runtime
         self.stale_ms = stale_ms
         self._fd = fd
         self._clock = clock
@@ -285,6 +309,7 @@ class OwnerLock:
         *,
         stale_ms: int = DEFAULT_STALE_MS,
         clock: Callable[[], float] | None = None,
+        runtime: RuntimeDirectory | None = None,
     ) -> OwnerLock:
         """Take the lock on ``<root>/.owner.lock`` now, or fail at once.
 
@@ -294,6 +319,8 @@ class OwnerLock:
                 for ``stale_ms`` compromises the lock. 100..300 000 ms.
             clock: monotonic seconds; default ``time.monotonic`` (looked up at call
                 time, never the wall clock).
+            runtime: where the owner record goes (``owner.json``); None: into the
+                lock file.
 
         Raises:
             JournalError: ``already_owned`` when another open file description holds
@@ -308,10 +335,13 @@ class OwnerLock:
         for _ in range(_MAX_ACQUIRE_ROUNDS):
             fd = _open_lock_file(path)
             try:
-                if not _lock(fd, path):
+                if not _lock(fd, path, runtime):
                     os.close(fd)  # we locked a dead or replaced inode; try the current one
                     continue
-                os.fchmod(fd, 0o600)  # only now that we hold it (never before: filelock #591)
+                # Only now that we hold it (never before: filelock #591), and only when
+                # needed: an fchmod dirties the inode on flash even when nothing changes.
+                if stat.S_IMODE(os.fstat(fd).st_mode) != 0o600:
+                    os.fchmod(fd, 0o600)
                 check_private(os.fstat(fd), path, directory=False)
                 now_ms = _wall_ms()
                 record = OwnerRecord(
@@ -322,14 +352,28 @@ class OwnerLock:
                     acquired_at_ms=now_ms,
                     refreshed_at_ms=now_ms,
                 )
-                _write_record(fd, record)
-                return cls(path=path, fd=fd, stale_ms=stale_ms, clock=clock or time.monotonic, record=record)
+                lock = cls(path=path, fd=fd, stale_ms=stale_ms, clock=clock or time.monotonic, record=record,
+                           runtime=runtime)
             except BaseException as exc:
                 os.close(fd)
                 if isinstance(exc, OSError) and not isinstance(exc, JournalError):
                     raise journal_error(exc, path) from None
                 raise
+            try:
+                lock._store(record)
+            except OSError:
+                lock.record_write_failures += 1  # diagnostic only: the refresh tries again
+            except BaseException:
+                lock.release()
+                raise
+            return lock
         raise JournalError(f"{path}: the lock file kept changing while being locked", code="already_owned")
+
+    def _store(self, record: OwnerRecord) -> None:
+        if self._runtime is not None:
+            self._runtime.write(RECORD_NAME, record.to_bytes())
+        else:
+            _write_record(self._fd, record)
 
     # -- state -------------------------------------------------------------------------
 
@@ -425,7 +469,7 @@ class OwnerLock:
                 refreshed_at_ms=_wall_ms(),
             )
             try:
-                _write_record(self._fd, record)
+                self._store(record)
             except OSError:
                 self.record_write_failures += 1
                 return False
@@ -470,13 +514,13 @@ def _open_lock_file(path: str) -> int:
         raise journal_error(exc, path) from None
 
 
-def _lock(fd: int, path: str) -> bool:
+def _lock(fd: int, path: str, runtime: RuntimeDirectory | None) -> bool:
     """flock ``fd``; False when the locked inode is no longer the one at ``path``."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         if exc.errno in _CONTENTION:
-            owner = _describe(read_owner_record(os.path.dirname(path)))
+            owner = _describe(read_owner_record(os.path.dirname(path), runtime))
             raise JournalError(f"{path}: held by {owner}", code="already_owned") from None
         if exc.errno in _NO_FLOCK:
             raise unsafe(f"{path}: this file system does not support flock") from None

@@ -1,58 +1,79 @@
 """The offer pull coordinator (ADR-0110 section 3.7, plus the spec README's decisions).
 
-One call of :meth:`PullCoordinator.pull` is one step of the reference algorithm::
+One call of :meth:`PullCoordinator.pull` is one step of the algorithm::
 
-    read pending-claim.json
-      bound to another session/generation  -> abandon (stale_session), report, stop
-      16 attempts used                     -> abandon (attempt_budget_exhausted), report, stop
-      absent, inbox full                   -> inbox_full: no claim is made
-      absent                               -> create {offerId=uuid4, leaseToken=32 random bytes}
-    nextAttemptAtMs > now                  -> backoff (no network I/O)
-    persist the attempt (revision+1, attemptCount+1) BEFORE sending
+    read pending-claim.json, and the attempt-in-flight marker (runtime directory, RAM)
+      a marker of this claim's revision     -> the last attempt's outcome is unknown (the
+                                               process died): count it (claim rewritten)
+      bound to another session/generation   -> no attempt counted: drop it (no lease can
+                                               exist); else abandon (stale_session), stop
+      16 attempts used                      -> abandon (attempt_budget_exhausted), stop
+      absent, inbox full                    -> inbox_full: no claim is made
+      absent                                -> create {offerId=uuid4, leaseToken=32 random bytes}
+    not due (nextAttemptAtMs > now)         -> backoff (no I/O at all)
+    marker {offerId, revision} -> runtime directory, BEFORE sending (not fsynced: RAM)
     POST {workerGeneration, offerId, leaseToken}; parse (contracts.offer)
-      idle     -> clear the claim                                  -> idle
-      offered  -> accept into the inbox (durable), then clear       -> accepted | replayed
-      409      -> abandon (offer_fenced)                            -> abandoned
-      other    -> nextAttemptAtMs = now + floor(r * min(60000, base * 2^(attempts-1)))
-                  never sooner than Retry-After                     -> unavailable |
-                                                                       invalid_response |
-                                                                       credential_rejected
+      idle      -> the claim is KEPT as it is (nothing written), marker removed  -> idle
+      offered   -> accept into the inbox (durable), then clear the claim        -> accepted | replayed
+      409 worker_offer_fenced -> abandon (offer_fenced)                          -> abandoned
+      other failure -> claim rewritten: nextAttemptAtMs = now + full jitter,
+                       never sooner than Retry-After; attemptCount + 1 only when the
+                       attempt may have reached the cluster's HTTP layer
+                                                    -> unavailable | invalid_response |
+                                                       credential_rejected
+
+Storage on flash (spec README "Decisions for storage on flash", issue 16): a claim is
+kept across idle answers, so an idle cycle in steady state writes nothing to the journal
+(only the RAM marker). That is correct because the reference cluster stores nothing
+keyed by the offerId when it answers idle (verified in its source, see
+docs/architecture.md "Idle answers and the kept claim"): sending the same offerId and
+token again later is a fresh claim attempt, and a lease the cluster did commit is found
+again by offerId (``lease_recovery``).
+
+The 16-attempt budget (spec README, issue 18) counts only attempts that may have reached
+the cluster's HTTP layer: an answer that was not 200 or not valid, a timeout or reset
+after the request was sent, an unknown outcome (a marker found at start). DNS, connect
+and TLS handshake failures, and a TLS alert from the server on the first read
+(``TransportError.reached_cluster`` False), back off with the same full jitter but never
+consume it; an idle answer does not count either. A claim therefore survives any number
+of local faults and is replayed byte for byte once the path works.
+
+409 (section 1.7): only ``worker_offer_fenced`` abandons the claim; any other code
+keeps it, backs off and is reported (``errorCode``).
 
 An exception that is not a pull failure (the ``pull`` command raises
 :class:`PullAborted` from its SIGTERM/SIGINT handler) propagates unchanged and leaves
-the claim at its persisted-attempt revision: the same offerId and token are replayed
-by the next cycle (field lessons 1: never abandon a claim because of our own abort).
+the marker in place: the next cycle counts that attempt (its outcome is unknown) and
+replays the same offerId and token (field lessons 1: never abandon a claim because of
+our own abort).
 
-Aborting (:class:`AbortSignal`): the ``pull`` command's SIGTERM/SIGINT handler calls
-:meth:`AbortSignal.trip`. While a network call (or a sleep) is in progress it raises
-:class:`PullAborted` at once; anywhere else -- in the middle of a journal write -- it
-only records the request, and the next network call (or the cycle loop) raises it, so
-a signal never interrupts a journal operation halfway (they are crash-safe anyway, see
-:mod:`~qinglong_edge.worker.journal`, but finishing them is simpler to reason about).
+Aborting (:class:`AbortSignal`, :mod:`qinglong_edge.worker.abort`): a signal interrupts
+a network call or a sleep at once, never a journal write.
 
-Crash points (test-only, :mod:`~qinglong_edge.worker.crashpoints`) mark the step
-boundaries of one pull: ``pull.attempt_persisted`` (the attempt revision is durable,
-nothing sent), ``pull.response_received`` (a 200 body arrived, nothing parsed or
-written), ``pull.inbox_published`` (the inbox record is durable, the claim not yet
-cleared) and ``pull.claim_cleared`` (the claim is gone, the result not yet reported).
+Crash points (test-only, :mod:`~qinglong_edge.worker.crashpoints`):
+``pull.attempt_counted`` (a marker found at start was counted into the claim, the marker
+not yet removed), ``pull.attempt_marked`` (the marker is written, nothing sent),
+``pull.response_received`` (a 200 body arrived, nothing parsed or written),
+``pull.inbox_published`` (the inbox record is durable, the claim not yet cleared) and
+``pull.claim_cleared`` (the claim is gone, the result not yet reported).
 
 Time: the claim's fields are wall-clock ms (the contract stores them). A clock that
 steps backwards must not wedge the device, so the coordinator never lets a claim's
 times run backwards (``now`` is at least the claim's ``updatedAtMs``) and treats a
 ``nextAttemptAtMs`` further away (by the raw clock) than any backoff could put it
-(1 hour, the longest ``Retry-After`` honoured) as due. A smaller step back only
-lengthens the wait by the size of the step.
+(1 hour, the longest ``Retry-After`` honoured) as due (:func:`pacing.claim_due`). A
+smaller step back only lengthens the wait by the size of the step.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.contracts.errors import ContractError
+from qinglong_edge.contracts.fields import exact_keys, safe_int
 from qinglong_edge.contracts.ids import new_lease_token, new_uuid4
 from qinglong_edge.contracts.journal_records import MAX_ATTEMPTS, PendingClaim
 from qinglong_edge.contracts.offer import (
@@ -63,8 +84,11 @@ from qinglong_edge.contracts.offer import (
     offers_path,
     parse_offer_response,
 )
+from qinglong_edge.contracts.strictjson import dumps_bytes, loads
 from qinglong_edge.errors import DeliveryError, JournalError, TransportError
+from qinglong_edge.worker.abort import AbortSignal, PullAborted
 from qinglong_edge.worker.crashpoints import crashpoint
+from qinglong_edge.worker.pacing import BACKOFF_CAP_MS, MAX_RETRY_AFTER_MS, backoff_delay_ms, claim_due, retry_delay_ms
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
@@ -88,9 +112,19 @@ if TYPE_CHECKING:
 
         def has_capacity(self) -> bool: ...
 
+    class _Runtime(Protocol):  # qinglong_edge.worker.runtime.RuntimeDirectory
+        def read(self, name: str) -> bytes | None: ...
+
+        def write(self, name: str, data: bytes) -> None: ...
+
+        def remove(self, name: str) -> bool: ...
+
 
 __all__ = [
     "BACKOFF_CAP_MS",
+    "MARKER_NAME",
+    "MAX_RETRY_AFTER_MS",
+    "OFFER_FENCED",
     "AbortSignal",
     "PullAborted",
     "PullCoordinator",
@@ -99,60 +133,11 @@ __all__ = [
     "backoff_delay_ms",
 ]
 
-#: Full-jitter ceiling (section 3.7): base x 2^(attempt-1), capped at 60 s.
-BACKOFF_CAP_MS = 60_000
-#: Longest Retry-After we honour (a broken header must not park the device for days).
-MAX_RETRY_AFTER_MS = 3_600_000
-
-
-class PullAborted(BaseException):
-    """Raised by the ``pull`` command's signal handler to abort a blocked request.
-
-    A ``BaseException`` so that no ``except Exception`` on the way swallows it.
-    """
-
-    def __init__(self, signal_name: str = "SIGTERM") -> None:
-        super().__init__(signal_name)
-        self.signal_name = signal_name
-
-
-class AbortSignal:
-    """How a signal handler stops a pull without tearing a journal write.
-
-    ``trip(reason)`` (from the handler) records the first reason and raises
-    :class:`PullAborted` only while the main thread is inside :meth:`interruptible`
-    (a network call or a sleep); :meth:`interruptible` raises at entry once tripped, so
-    no new request starts after a signal; :meth:`check` raises at a step boundary.
-    """
-
-    def __init__(self) -> None:
-        self.reason: str | None = None
-        self._depth = 0
-
-    @property
-    def tripped(self) -> bool:
-        return self.reason is not None
-
-    def trip(self, reason: str) -> None:
-        if self.reason is None:
-            self.reason = reason
-        if self._depth:
-            raise PullAborted(self.reason)
-
-    def check(self) -> None:
-        if self.reason is not None:
-            raise PullAborted(self.reason)
-
-    @contextlib.contextmanager
-    def interruptible(self) -> Iterator[None]:
-        self.check()
-        self._depth += 1
-        try:
-            yield
-        finally:
-            self._depth -= 1
-
-
+#: The attempt-in-flight marker's name in the runtime directory.
+MARKER_NAME = "attempt.json"
+#: The offer route's fence answer (section 1.7): the only 409 that abandons a claim.
+OFFER_FENCED = "worker_offer_fenced"
+_MARKER_KEYS = ("schemaVersion", "offerId", "revision", "startedAtMs")
 
 
 class SessionAuthority(Frozen):
@@ -183,6 +168,10 @@ class PullResult(Frozen):
         http_status: the HTTP status of a failed call, when one was received.
         retry_after_ms: the honoured Retry-After, when the cluster sent one.
         attempt_count: attempts used by the claim after this step.
+        error_code: the ``code`` of the cluster's error answer (``{"code": ...}``),
+            when one was received (e.g. a 409 other than ``worker_offer_fenced``).
+        counted: for a failure, whether the attempt counted toward the budget (it may
+            have reached the cluster); None otherwise.
     """
 
     __slots__ = (  # noqa: RUF023 (field order)
@@ -195,6 +184,8 @@ class PullResult(Frozen):
         "retry_after_ms",
         "attempt_count",
         "stats",
+        "error_code",
+        "counted",
     )
     _repr_hidden = ("stats",)
 
@@ -207,6 +198,8 @@ class PullResult(Frozen):
     retry_after_ms: int | None
     attempt_count: int | None
     stats: dict[str, int] | None
+    error_code: str | None
+    counted: bool | None
 
     def __init__(  # noqa: PLR0917 (the dataclass signature)
         self,
@@ -219,6 +212,8 @@ class PullResult(Frozen):
         retry_after_ms: int | None = None,
         attempt_count: int | None = None,
         stats: dict[str, int] | None = None,
+        error_code: str | None = None,
+        counted: bool | None = None,
     ) -> None:
         _set = object.__setattr__
         _set(self, "status", status)
@@ -230,6 +225,8 @@ class PullResult(Frozen):
         _set(self, "retry_after_ms", retry_after_ms)
         _set(self, "attempt_count", attempt_count)
         _set(self, "stats", stats)
+        _set(self, "error_code", error_code)
+        _set(self, "counted", counted)
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {"status": self.status}
@@ -241,6 +238,8 @@ class PullResult(Frozen):
             ("httpStatus", self.http_status),
             ("retryAfterMs", self.retry_after_ms),
             ("attemptCount", self.attempt_count),
+            ("errorCode", self.error_code),
+            ("counted", self.counted),
         ):
             if value is not None:
                 out[key] = value
@@ -249,25 +248,31 @@ class PullResult(Frozen):
         return out
 
 
-def backoff_delay_ms(attempt_count: int, base_ms: int, r: float) -> int:
-    """Full-jitter delay of section 3.7: ``floor(r * min(60000, base * 2^max(0, n-1)))``.
+def _marker_bytes(claim: PendingClaim, now_ms: int) -> bytes:
+    return dumps_bytes({"schemaVersion": 1, "offerId": claim.offer_id, "revision": claim.revision,
+                        "startedAtMs": now_ms}) + b"\n"
 
-    Args:
-        attempt_count: the claim's attempt count *after* persisting the attempt (>= 1).
-        base_ms: backoff base, 100..60 000 (default 1 000).
-        r: a random number in [0, 1).
-    """
-    exponent = max(0, attempt_count - 1)
-    ceiling = BACKOFF_CAP_MS if exponent >= 16 else min(BACKOFF_CAP_MS, base_ms * (1 << exponent))
-    return int(r * ceiling)
+
+def _parse_marker(data: bytes) -> tuple[str, int, int]:
+    """``(offerId, revision, startedAtMs)`` of a marker. Raises ContractError."""
+    value = loads(data, max_bytes=4096, min_bytes=2)
+    if not isinstance(value, dict):
+        raise ContractError("not_object", "$", "marker must be an object")
+    exact_keys(value, _MARKER_KEYS, "$")
+    offer_id = value["offerId"]
+    if value["schemaVersion"] != 1 or not isinstance(offer_id, str):
+        raise ContractError("schema", "$", "not an attempt marker")
+    return offer_id, safe_int(value["revision"], "$.revision"), safe_int(value["startedAtMs"], "$.startedAtMs")
 
 
 class PullCoordinator:
-    """Runs pull steps against one owned journal and one transport.
+    """Runs pull steps against one owned journal, its runtime directory and one transport.
 
     Args:
         journal: the owned :class:`~qinglong_edge.worker.journal.Journal`.
         transport: the :class:`~qinglong_edge.worker.transport.IngressTransport`.
+        runtime: the journal's :class:`~qinglong_edge.worker.runtime.RuntimeDirectory`
+            (the attempt-in-flight marker).
         backoff_base_ms: 100..60 000.
         clock_ms: wall-clock milliseconds.
         random: uniform [0, 1) for the jitter (seedable in tests).
@@ -279,6 +284,7 @@ class PullCoordinator:
         journal: _Journal,
         transport: _Transport,
         *,
+        runtime: _Runtime,
         backoff_base_ms: int = 1000,
         clock_ms: Callable[[], int],
         random: Callable[[], float] = random.random,
@@ -288,10 +294,14 @@ class PullCoordinator:
             raise DeliveryError("backoff base must be 100..60000 ms", code="invalid_configuration")
         self._journal = journal
         self._transport = transport
+        self._runtime = runtime
         self._base_ms = backoff_base_ms
         self._clock_ms = clock_ms
         self._random = random
         self._random_bytes = random_bytes
+        #: Failures in a row that did not reach the cluster (this process: a `--duration`
+        #: loop); they grow the jitter ceiling without consuming the budget.
+        self._unreached = 0
 
     def pull(self, session: SessionAuthority) -> PullResult:
         """One pull step for ``session`` (see the module docstring).
@@ -300,18 +310,24 @@ class PullCoordinator:
             JournalError: storage failures (the claim on disk is intact).
             PullAborted: unchanged, from a signal handler; the claim is kept.
         """
-        claim = self._journal.read_claim()
         now = self._clock_ms()
+        claim = self._settle_marker(self._journal.read_claim(), now)
         if claim is not None:
             if (claim.worker_id, claim.worker_session_id, claim.worker_generation) != (
                 session.worker_id,
                 session.session_id,
                 session.generation,
             ):
-                return self._abandon(claim, "stale_session", now)
-            if claim.attempt_count >= MAX_ATTEMPTS:
+                if claim.attempt_count:
+                    return self._abandon(claim, "stale_session", now)
+                # Every attempt of it was answered idle or never reached the cluster:
+                # the cluster holds nothing for it (no lease to lose), so it is simply
+                # replaced (a reboot re-registers: this is every reboot's first cycle).
+                self._journal.clear_claim(claim.offer_id, claim.revision)
+                claim = None
+            elif claim.attempt_count >= MAX_ATTEMPTS:
                 return self._abandon(claim, "attempt_budget_exhausted", now)
-        else:
+        if claim is None:
             if not self._journal.has_capacity():
                 return PullResult("inbox_full", reason="capacity_exhausted")
             authority = ClaimAuthority(
@@ -323,23 +339,39 @@ class PullCoordinator:
             )
             claim = self._journal.create_claim(PendingClaim.create(authority, now))
         raw_now, now = now, max(now, claim.updated_at_ms)
-        due = claim.next_attempt_at_ms
-        # Measured from the raw clock: after a big step back the stored due date is
-        # further away than any backoff or Retry-After could have put it -> due now.
-        if due > now and due - raw_now <= MAX_RETRY_AFTER_MS:
+        if not claim_due(claim.next_attempt_at_ms, now, raw_now):
             return PullResult(
-                "backoff", offer_id=claim.offer_id, next_attempt_at_ms=due, attempt_count=claim.attempt_count
+                "backoff", offer_id=claim.offer_id, next_attempt_at_ms=claim.next_attempt_at_ms,
+                attempt_count=claim.attempt_count,
             )
-        attempt = claim.replace(
-            revision=claim.revision + 1,
-            attempt_count=claim.attempt_count + 1,
-            last_attempt_at_ms=now,
-            updated_at_ms=now,
-            next_attempt_at_ms=now,
-        )
-        attempt = self._journal.replace_claim(attempt, claim.revision)
-        crashpoint("pull.attempt_persisted")
-        return self._exchange(attempt)
+        self._runtime.write(MARKER_NAME, _marker_bytes(claim, now))
+        crashpoint("pull.attempt_marked")
+        return self._exchange(claim)
+
+    def _settle_marker(self, claim: PendingClaim | None, now: int) -> PendingClaim | None:
+        """A marker left by a process that died with a request in flight counts as an
+        attempt of unknown outcome (spec README), once: the claim is rewritten with the
+        attempt, then the marker removed. A marker of another claim or revision is stale."""
+        data = self._runtime.read(MARKER_NAME)
+        if data is None:
+            return claim
+        try:
+            offer_id, revision, started_at = _parse_marker(data)
+        except ContractError:
+            offer_id, revision, started_at = "", -1, 0
+        if claim is not None and (offer_id, revision) == (claim.offer_id, claim.revision):
+            at = max(now, claim.updated_at_ms)
+            counted = claim.replace(
+                revision=claim.revision + 1,
+                attempt_count=min(MAX_ATTEMPTS, claim.attempt_count + 1),
+                last_attempt_at_ms=max(claim.created_at_ms, min(started_at, at)),
+                updated_at_ms=at,
+                next_attempt_at_ms=at,
+            )
+            claim = self._journal.replace_claim(counted, claim.revision)
+            crashpoint("pull.attempt_counted")
+        self._runtime.remove(MARKER_NAME)
+        return claim
 
     # -- one request --------------------------------------------------------------------
 
@@ -353,18 +385,25 @@ class PullCoordinator:
             crashpoint("pull.response_received")
             parsed = parse_offer_response(response.body, authority)
         except TransportError as exc:
-            if exc.http_status == 409:
-                # worker_offer_fenced is the only 409 of this route (section 1.7): every
-                # retry would get it again, so give the claim up now (README, 3.9).
-                return self._abandon(claim, "offer_fenced", self._clock_ms(), http_status=409)
+            code = getattr(exc, "error_code", None)
+            if exc.http_status == 409 and code == OFFER_FENCED:
+                # The fence answer is returned again for every retry of this claim: give
+                # it up now (README, 3.9). Any other 409 is not a fence: kept, backed off.
+                self._runtime.remove(MARKER_NAME)
+                return self._abandon(claim, "offer_fenced", self._clock_ms(), http_status=409, error_code=code)
             status = "credential_rejected" if exc.http_status in (401, 403) else "unavailable"
-            return self._back_off(claim, status, exc.code, exc.http_status, exc.retry_after_ms)
+            # Until the transport says otherwise (worker-transport: reached_cluster), a
+            # failure is assumed to have reached the cluster.
+            reached = bool(getattr(exc, "reached_cluster", True))
+            return self._back_off(claim, status, exc.code, exc.http_status, exc.retry_after_ms,
+                                  counted=reached, error_code=code)
         except ContractError as exc:
-            return self._back_off(claim, "invalid_response", exc.code, None, None)
+            return self._back_off(claim, "invalid_response", exc.code, None, None, counted=True)
+        self._unreached = 0
         now = max(self._clock_ms(), claim.updated_at_ms)
         if isinstance(parsed, IdleResponse):
-            self._journal.clear_claim(claim.offer_id, claim.revision)
-            crashpoint("pull.claim_cleared")
+            # Kept as it is: the cluster stored nothing for this offerId (module docstring).
+            self._runtime.remove(MARKER_NAME)
             return PullResult(
                 "idle", offer_id=claim.offer_id, reason=parsed.reason, attempt_count=claim.attempt_count,
                 stats=parsed.stats,
@@ -373,11 +412,12 @@ class PullCoordinator:
             outcome, _record = self._journal.accept_offer(parsed.offer, now)
         except JournalError as exc:
             if exc.code not in ("offer_conflict", "capacity_exhausted"):
-                raise  # storage trouble: the claim stays at its attempt revision, retried next cycle
-            return self._back_off(claim, "unavailable", exc.code, None, None)
+                raise  # storage trouble: the marker stays; the next cycle counts and replays it
+            return self._back_off(claim, "unavailable", exc.code, None, None, counted=True)
         crashpoint("pull.inbox_published")
         self._journal.clear_claim(claim.offer_id, claim.revision)
         crashpoint("pull.claim_cleared")
+        self._runtime.remove(MARKER_NAME)
         return PullResult(
             outcome,
             offer_id=claim.offer_id,
@@ -394,15 +434,24 @@ class PullCoordinator:
         code: str,
         http_status: int | None,
         retry_after_ms: int | None,
+        *,
+        counted: bool,
+        error_code: str | None = None,
     ) -> PullResult:
         now = max(self._clock_ms(), claim.updated_at_ms)
-        delay = backoff_delay_ms(claim.attempt_count, self._base_ms, self._random())
-        honoured = None
-        if retry_after_ms is not None:
-            honoured = min(max(0, retry_after_ms), MAX_RETRY_AFTER_MS)
-            delay = max(delay, honoured)
-        kept = claim.replace(revision=claim.revision + 1, updated_at_ms=now, next_attempt_at_ms=now + delay)
+        attempts = min(MAX_ATTEMPTS, claim.attempt_count + 1) if counted else claim.attempt_count
+        self._unreached = 0 if counted else self._unreached + 1
+        delay, honoured = retry_delay_ms(max(attempts, self._unreached, 1), self._base_ms, self._random(),
+                                         retry_after_ms)
+        kept = claim.replace(
+            revision=claim.revision + 1,
+            attempt_count=attempts,
+            last_attempt_at_ms=now if counted else claim.last_attempt_at_ms,
+            updated_at_ms=now,
+            next_attempt_at_ms=now + delay,
+        )
         kept = self._journal.replace_claim(kept, claim.revision)
+        self._runtime.remove(MARKER_NAME)
         return PullResult(
             status,
             offer_id=claim.offer_id,
@@ -411,9 +460,12 @@ class PullCoordinator:
             http_status=http_status,
             retry_after_ms=honoured,
             attempt_count=kept.attempt_count,
+            error_code=error_code,
+            counted=counted,
         )
 
-    def _abandon(self, claim: PendingClaim, reason: str, now: int, *, http_status: int | None = None) -> PullResult:
+    def _abandon(self, claim: PendingClaim, reason: str, now: int, *, http_status: int | None = None,
+                 error_code: str | None = None) -> PullResult:
         self._journal.abandon_claim(reason, max(now, claim.updated_at_ms))
         return PullResult(
             "abandoned",
@@ -421,4 +473,5 @@ class PullCoordinator:
             reason=reason,
             http_status=http_status,
             attempt_count=claim.attempt_count,
+            error_code=error_code,
         )

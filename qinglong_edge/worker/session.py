@@ -1,12 +1,22 @@
 """Keep the Worker Session alive: register once, then heartbeat (offer-delivery.md 5.1).
 
 A cron-driven ``pull`` starts a fresh process every minute, so the session lives in a
-durable record, ``<journal root>/session.json`` (0600, written with the journal's
-update algorithm)::
+record in the runtime directory (RAM, :mod:`qinglong_edge.worker.runtime`; spec README
+"Decisions for storage on flash": the heartbeat version changes every minute and is not
+precious), ``session.json`` (0600)::
 
-    {"schemaVersion":1,"workerId":..,"sessionId":<uuidv7>,"generation":<int>,
-     "version":<int>,"status":"online","leaseExpiresAtMs":<int>,"leaseDurationMs":<int>,
-     "capabilitiesHash":<64 hex>,"registeredAtMs":<int>,"heartbeatAtMs":<int>}
+    {"schemaVersion":2,
+     "session":null | {"schemaVersion":1,"workerId":..,"sessionId":<uuidv7>,
+                       "generation":<int>,"version":<int>,"status":"online",
+                       "leaseExpiresAtMs":<int>,"leaseDurationMs":<int>,
+                       "capabilitiesHash":<64 hex>,"registeredAtMs":<int>,"heartbeatAtMs":<int>},
+     "retryAfter":null | {"setAtMs":<int>,"untilMs":<int>}}
+
+It is written only when it changes: after a register or a heartbeat (the version moves),
+when a fenced session is dropped, and when a session call's ``Retry-After`` sets a new
+window. A reboot loses it: the next cycle registers a new session (the cluster's old one
+expires; a claim bound to it is dropped or abandoned by the pull coordinator). A record
+that cannot be read is treated as absent (a new registration).
 
 Each cycle :meth:`SessionKeeper.ensure`:
 
@@ -27,8 +37,8 @@ Failure handling (5.1 "Worker status handling", and our reporting):
 * the credential, certificate or key files break their rules -> ``credentials_unavailable``
   (the CLI exits 78: a configuration problem on the device);
 * a 429/503 with ``Retry-After``: no session call before that time has passed (spec
-  README: never retry sooner than it says; at most 1 h, kept for this process, i.e. a
-  ``pull --duration`` loop): the stored session stays usable while its lease runs
+  README: never retry sooner than it says; at most 1 h; kept in the record, so the next
+  cron run honours it too): the stored session stays usable while its lease runs
   (``stale``), else ``session_unavailable``;
 * a response that breaks the contract -> ``invalid_response``; any other transport
   failure -> ``session_unavailable``. A heartbeat that fails this way while the stored
@@ -70,6 +80,7 @@ from qinglong_edge.contracts.session import (
 )
 from qinglong_edge.contracts.strictjson import dumps_bytes, loads
 from qinglong_edge.errors import SessionError, TransportError
+from qinglong_edge.worker.pacing import LEASE_MARGIN_MS, retry_after_window, session_step
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
@@ -80,20 +91,25 @@ if TYPE_CHECKING:
             self, path: str, body: bytes, *, max_response_bytes: int, max_request_bytes: int = ...
         ) -> Any: ...
 
-    class _SessionStore(Protocol):
-        def read_session_record(self) -> bytes | None: ...
+    class _Store(Protocol):  # the runtime directory (qinglong_edge.worker.runtime)
+        def read(self, name: str) -> bytes | None: ...
 
-        def write_session_record(self, data: bytes) -> None: ...
-
-        def clear_session_record(self) -> bool: ...
+        def write(self, name: str, data: bytes) -> None: ...
 
 
 __all__ = [
+    "LEASE_MARGIN_MS",
+    "STATE_NAME",
     "SessionKeeper",
     "SessionOutcome",
     "SessionRecord",
+    "SessionState",
     "local_capabilities",
+    "migrate_legacy_record",
     "parse_session_record",
+    "parse_session_state",
+    "platform_architecture",
+    "unsupported_architecture_message",
 ]
 
 _RECORD_KEYS = (
@@ -110,11 +126,10 @@ _RECORD_KEYS = (
     "heartbeatAtMs",
 )
 MAX_RECORD_BYTES = 4096
-#: A lease that ends within this margin is treated as already over (our clock and the
-#: cluster's differ a little; re-registering is cheaper than a refused heartbeat).
-LEASE_MARGIN_MS = 2000
-#: Longest Retry-After of a session call we honour (the pull coordinator's cap).
-MAX_RETRY_AFTER_MS = 3_600_000
+#: The session state's name in the runtime directory.
+STATE_NAME = "session.json"
+_STATE_KEYS = ("schemaVersion", "session", "retryAfter")
+_WINDOW_KEYS = ("setAtMs", "untilMs")
 
 
 
@@ -173,7 +188,10 @@ class SessionRecord(Frozen):
 
     def to_bytes(self) -> bytes:
         """Compact JSON in the record's key order plus ``"\\n"``."""
-        return dumps_bytes({
+        return dumps_bytes(self.to_json()) + b"\n"
+
+    def to_json(self) -> dict[str, object]:
+        return {
             "schemaVersion": 1,
             "workerId": self.worker_id,
             "sessionId": self.session_id,
@@ -185,7 +203,7 @@ class SessionRecord(Frozen):
             "capabilitiesHash": self.capabilities_hash,
             "registeredAtMs": self.registered_at_ms,
             "heartbeatAtMs": self.heartbeat_at_ms,
-        }) + b"\n"
+        }
 
 
 def parse_session_record(data: bytes) -> SessionRecord:
@@ -194,24 +212,104 @@ def parse_session_record(data: bytes) -> SessionRecord:
     Raises:
         ContractError: strict-JSON codes, ``key_set`` and the field codes.
     """
+    return _record_from(loads(data, max_bytes=MAX_RECORD_BYTES, min_bytes=2), "$")
+
+
+def _record_from(value: object, path: str) -> SessionRecord:
+    if not isinstance(value, dict):
+        raise ContractError("not_object", path, "session record must be an object")
+    exact_keys(value, _RECORD_KEYS, path)
+    if value["schemaVersion"] != 1:
+        raise ContractError("schema", f"{path}.schemaVersion", "must be 1")
+    return SessionRecord(
+        worker_id=string(value["workerId"], f"{path}.workerId", max_length=128, pattern=WORKER_ID),
+        session_id=string(value["sessionId"], f"{path}.sessionId", max_length=36, pattern=SESSION_ID),
+        generation=safe_int(value["generation"], f"{path}.generation", 1),
+        version=safe_int(value["version"], f"{path}.version", 0),
+        status=string(value["status"], f"{path}.status", max_length=32),
+        lease_expires_at_ms=safe_int(value["leaseExpiresAtMs"], f"{path}.leaseExpiresAtMs"),
+        lease_duration_ms=safe_int(value["leaseDurationMs"], f"{path}.leaseDurationMs", 5000, 600_000),
+        capabilities_hash=string(value["capabilitiesHash"], f"{path}.capabilitiesHash", max_length=64,
+                                 pattern=HEX64),
+        registered_at_ms=safe_int(value["registeredAtMs"], f"{path}.registeredAtMs"),
+        heartbeat_at_ms=safe_int(value["heartbeatAtMs"], f"{path}.heartbeatAtMs"),
+    )
+
+
+class SessionState(Frozen):
+    """The runtime ``session.json``: the session (or None) and the Retry-After window
+    ``(set at, not before)`` of the last session call that had one (or None)."""
+
+    __slots__ = ("record", "retry_after")  # noqa: RUF023 (field order)
+
+    record: SessionRecord | None
+    retry_after: tuple[int, int] | None
+
+    def __init__(self, record: SessionRecord | None, retry_after: tuple[int, int] | None = None) -> None:
+        object.__setattr__(self, "record", record)
+        object.__setattr__(self, "retry_after", retry_after)
+
+    def to_bytes(self) -> bytes:
+        window = None if self.retry_after is None else {"setAtMs": self.retry_after[0],
+                                                          "untilMs": self.retry_after[1]}
+        return dumps_bytes({"schemaVersion": 2, "session": None if self.record is None else self.record.to_json(),
+                            "retryAfter": window}) + b"\n"
+
+
+def parse_session_state(data: bytes) -> SessionState:
+    """Parse the runtime ``session.json`` (see the module docstring).
+
+    Raises:
+        ContractError: strict-JSON codes, ``key_set``, ``schema`` and the field codes.
+    """
     value = loads(data, max_bytes=MAX_RECORD_BYTES, min_bytes=2)
     if not isinstance(value, dict):
-        raise ContractError("not_object", "$", "session record must be an object")
-    exact_keys(value, _RECORD_KEYS, "$")
-    if value["schemaVersion"] != 1:
-        raise ContractError("schema", "$.schemaVersion", "must be 1")
-    return SessionRecord(
-        worker_id=string(value["workerId"], "$.workerId", max_length=128, pattern=WORKER_ID),
-        session_id=string(value["sessionId"], "$.sessionId", max_length=36, pattern=SESSION_ID),
-        generation=safe_int(value["generation"], "$.generation", 1),
-        version=safe_int(value["version"], "$.version", 0),
-        status=string(value["status"], "$.status", max_length=32),
-        lease_expires_at_ms=safe_int(value["leaseExpiresAtMs"], "$.leaseExpiresAtMs"),
-        lease_duration_ms=safe_int(value["leaseDurationMs"], "$.leaseDurationMs", 5000, 600_000),
-        capabilities_hash=string(value["capabilitiesHash"], "$.capabilitiesHash", max_length=64, pattern=HEX64),
-        registered_at_ms=safe_int(value["registeredAtMs"], "$.registeredAtMs"),
-        heartbeat_at_ms=safe_int(value["heartbeatAtMs"], "$.heartbeatAtMs"),
-    )
+        raise ContractError("not_object", "$", "session state must be an object")
+    exact_keys(value, _STATE_KEYS, "$")
+    if value["schemaVersion"] != 2:
+        raise ContractError("schema", "$.schemaVersion", "must be 2")
+    record = None if value["session"] is None else _record_from(value["session"], "$.session")
+    window = value["retryAfter"]
+    if window is None:
+        return SessionState(record, None)
+    if not isinstance(window, dict):
+        raise ContractError("not_object", "$.retryAfter", "must be an object or null")
+    exact_keys(window, _WINDOW_KEYS, "$.retryAfter")
+    set_at = safe_int(window["setAtMs"], "$.retryAfter.setAtMs")
+    until = safe_int(window["untilMs"], "$.retryAfter.untilMs", set_at)
+    return SessionState(record, (set_at, until))
+
+
+def migrate_legacy_record(data: bytes | None, store: _Store) -> bool:
+    """Carry a ``session.json`` of the journal root (versions before the runtime
+    directory) into the runtime directory, unless it already has a session there.
+    Returns whether it was carried over (an unreadable one is dropped)."""
+    if data is None:
+        return False
+    try:
+        record = parse_session_record(data)
+        if store.read(STATE_NAME) is not None:
+            return False
+    except (ContractError, OSError):
+        return False
+    store.write(STATE_NAME, SessionState(record).to_bytes())
+    return True
+
+
+def platform_architecture(machine: str | None = None) -> tuple[str, str | None, str | None]:
+    """``(uname machine, cluster architecture or None, support tier or None)`` of this
+    device (offer-delivery.md 5.1; ``os.uname().machine`` unless ``machine`` is given)."""
+    machine = os.uname().machine if machine is None else machine  # platform.machine(), without the import
+    architecture = architecture_for_machine(machine)
+    tier = support_tier_for(architecture) if architecture else None
+    return machine, architecture, tier if architecture else None
+
+
+def unsupported_architecture_message(machine: str) -> str:
+    """The one line ``pull`` and ``doctor`` say on a machine QingLong cannot place work on."""
+    return (f"this device's architecture ({machine!r}) is not one QingLong can place work on (its worker "
+            "architectures are amd64, arm64, arm/v7, arm/v6, 386, ppc64le and s390x; mips has none): the Remote "
+            "Worker role cannot work here; remove the worker section (the Local run API still works)")
 
 
 def local_capabilities(machine: str | None = None) -> dict[str, Any]:
@@ -220,14 +318,12 @@ def local_capabilities(machine: str | None = None) -> dict[str, Any]:
     protocol version and the architecture's support tier.
 
     Raises:
-        SessionError: ``unsupported_platform`` when the machine maps to no cluster
+        SessionError: ``unsupported_architecture`` when the machine maps to no cluster
             architecture (e.g. MIPS routers): the cluster could never place work here.
     """
-    machine = os.uname().machine if machine is None else machine  # platform.machine(), without the import
-    architecture = architecture_for_machine(machine)
-    tier = support_tier_for(architecture) if architecture else None
+    machine, architecture, tier = platform_architecture(machine)
     if architecture is None or tier is None:
-        raise SessionError(f"machine {machine!r} maps to no cluster architecture", code="unsupported_platform")
+        raise SessionError(unsupported_architecture_message(machine), code="unsupported_architecture")
     return {
         "architecture": architecture,
         "executors": ["remote-worker"],
@@ -257,10 +353,10 @@ class SessionOutcome(Frozen):
 
 
 class SessionKeeper:
-    """Registers and heartbeats the Worker Session; persists it through ``store``.
+    """Registers and heartbeats the Worker Session; keeps it in ``store``.
 
     Args:
-        store: the owned journal (``read/write/clear_session_record``).
+        store: the runtime directory (``read``/``write`` of :data:`STATE_NAME`).
         transport: an ingress transport with ``post_json``.
         worker_id: the configured workerId.
         max_concurrent_runs: 1..1024 (5.1).
@@ -274,7 +370,7 @@ class SessionKeeper:
 
     def __init__(
         self,
-        store: _SessionStore,
+        store: _Store,
         transport: _Transport,
         *,
         worker_id: str,
@@ -298,25 +394,38 @@ class SessionKeeper:
         caps = local_capabilities() if capabilities is None else capabilities
         self._capabilities_json, self._capabilities_hash = capabilities_snapshot(caps)
         # (set at, not before) in wall ms from a 429/503 Retry-After of a session call;
-        # kept for this process (a `pull --duration` loop), never trusted across a step back.
+        # kept in the state file, never trusted across a clock step back (pacing.waiting).
         self._retry_after: tuple[int, int] | None = None
+        self._saved: SessionState | None = None
 
     @property
     def capabilities_hash(self) -> str:
         return self._capabilities_hash
 
-    def current(self) -> SessionRecord | None:
-        """The stored session record, or None (absent, unreadable or another worker's)."""
-        data = self._store.read_session_record()
-        if data is None:
-            return None
+    def _load(self) -> SessionState:
         try:
-            record = parse_session_record(data)
-        except ContractError:
-            return None  # a record we cannot read is replaced by a new registration
-        if record.worker_id != self._worker_id or record.capabilities_hash != self._capabilities_hash:
+            data = self._store.read(STATE_NAME)
+            state = SessionState(None) if data is None else parse_session_state(data)
+        except (ContractError, OSError):
+            state = SessionState(None)  # a record we cannot read is replaced by a new registration
+        self._saved = state
+        return state
+
+    def _usable(self, record: SessionRecord | None) -> SessionRecord | None:
+        if record is None or record.worker_id != self._worker_id or record.capabilities_hash != self._capabilities_hash:
             return None
         return record
+
+    def _save(self, record: SessionRecord | None) -> None:
+        """Write the state when it differs from what is stored (spec: only when it changes)."""
+        state = SessionState(record, self._retry_after)
+        if state != self._saved:
+            self._store.write(STATE_NAME, state.to_bytes())
+            self._saved = state
+
+    def current(self) -> SessionRecord | None:
+        """The stored session record, or None (absent, unreadable or another worker's)."""
+        return self._usable(self._load().record)
 
     def ensure(self, available_slots: int) -> SessionOutcome:
         """Make sure an online session with a running lease exists (see module docstring).
@@ -328,30 +437,37 @@ class SessionKeeper:
             SessionError: ``credential_rejected``, ``credentials_unavailable``,
                 ``invalid_response`` or ``session_unavailable`` when no usable session
                 exists afterwards.
+            JournalError: the runtime directory cannot be written.
         """
         slots = max(0, min(available_slots, self._max_runs))
-        record = self.current()
+        state = self._load()
+        stored = state.record
+        record = self._usable(stored)
+        self._retry_after = state.retry_after
         now = self._clock_ms()
-        waiting = self._retry_after is not None and self._retry_after[0] <= now < self._retry_after[1]
-        if record is not None and record.lease_expires_at_ms - LEASE_MARGIN_MS > now:
-            if now - record.heartbeat_at_ms < self._heartbeat_ms and now >= record.heartbeat_at_ms:
-                return SessionOutcome(record, "current")
-            if waiting:  # README: never sooner than the cluster's Retry-After
-                return SessionOutcome(record, "stale", detail="retry_after")
+        step = session_step(None if record is None else record.lease_expires_at_ms,
+                            None if record is None else record.heartbeat_at_ms,
+                            now, self._heartbeat_ms, self._retry_after)
+        if record is not None and step == "current":
+            return SessionOutcome(record, "current")
+        if record is not None and step == "wait_stale":  # README: never sooner than Retry-After
+            return SessionOutcome(record, "stale", detail="retry_after")
+        if record is not None and step == "heartbeat":
             try:
-                return SessionOutcome(self._heartbeat(record, slots), "heartbeat")
+                beat = self._heartbeat(record, slots)
             except SessionError as exc:
                 if exc.code == "session_fenced":
-                    self._store.clear_session_record()
+                    self._save(None)  # the session failed closed
                     return SessionOutcome(self._register(slots), "registered", replaced=True, detail=exc.code)
+                self._save(record)  # a new Retry-After window, if any
                 if exc.code in ("credential_rejected", "credentials_unavailable", "invalid_configuration"):
                     raise
                 return SessionOutcome(record, "stale", detail=exc.code)
-        if waiting:
+            return SessionOutcome(beat, "heartbeat")
+        if step == "wait_unavailable":
             raise SessionError("the cluster asked to retry the session call later (Retry-After)",
                                code="session_unavailable")
-        replaced = record is not None or self._store.read_session_record() is not None
-        return SessionOutcome(self._register(slots), "registered", replaced=replaced)
+        return SessionOutcome(self._register(slots), "registered", replaced=stored is not None)
 
     # -- calls -----------------------------------------------------------------------------
 
@@ -363,9 +479,9 @@ class SessionKeeper:
                 path, body, max_response_bytes=MAX_SESSION_RESPONSE_BYTES, max_request_bytes=limit
             )
         except TransportError as exc:
-            if exc.retry_after_ms is not None and exc.retry_after_ms > 0:
-                now = self._clock_ms()
-                self._retry_after = (now, now + min(exc.retry_after_ms, MAX_RETRY_AFTER_MS))
+            window = retry_after_window(self._clock_ms(), exc.retry_after_ms)
+            if window is not None:
+                self._retry_after = window
             if exc.code in ("credentials_unavailable", "invalid_configuration"):
                 raise SessionError(f"{operation}: {exc.message}", code=exc.code) from None
             if exc.http_status in (401, 403):
@@ -389,14 +505,19 @@ class SessionKeeper:
             available_slots=slots,
             lease_duration_ms=self._lease_ms,
         )
-        raw = self._post(session_id, "register", body)
+        try:
+            raw = self._post(session_id, "register", body)
+        except SessionError:
+            self._save(None)  # a new Retry-After window, if any; no session
+            raise
         try:
             projection = parse_register_response(raw, worker_id=self._worker_id, session_id=session_id)
         except ContractError as exc:
             raise SessionError(f"register: response rejected ({exc.code} at {exc.path})",
                                code="invalid_response") from None
         record = self._record(projection, registered_at_ms=now, heartbeat_at_ms=now)
-        self._store.write_session_record(record.to_bytes())
+        self._retry_after = None
+        self._save(record)
         return record
 
     def _heartbeat(self, record: SessionRecord, slots: int) -> SessionRecord:
@@ -420,7 +541,8 @@ class SessionKeeper:
             raise SessionError(f"heartbeat: response rejected ({exc.code} at {exc.path})",
                                code="invalid_response") from None
         updated = self._record(projection, registered_at_ms=record.registered_at_ms, heartbeat_at_ms=now)
-        self._store.write_session_record(updated.to_bytes())
+        self._retry_after = None
+        self._save(updated)
         return updated
 
     def _record(self, projection: SessionProjection, *, registered_at_ms: int, heartbeat_at_ms: int) -> SessionRecord:

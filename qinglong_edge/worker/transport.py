@@ -91,7 +91,9 @@ from qinglong_edge.worker.ingress_http import (
     BodyDecoder,
     ResponseHead,
     accept_head,
+    error_body_decoder,
     is_ingress_path,
+    parse_error_code,
     parse_response_head,
 )
 from qinglong_edge.worker.ingress_material import Material, build_context, load_material
@@ -569,7 +571,12 @@ class IngressTransport:
             stage = "read response head"
             head = parse_response_head(self._read_head(wire, deadline))
             status = head.status
-            decoder = accept_head(head, max_response_bytes, time.time_ns() // 1_000_000)
+            try:
+                decoder = accept_head(head, max_response_bytes, time.time_ns() // 1_000_000)
+            except TransportError as refused:
+                if status != 200:  # keep the answer's {"code": ...}, never the body
+                    refused.error_code = self._error_code(wire, head, deadline)
+                raise
             stage = "read response body"
             reusable = self._read_body(wire, decoder, deadline) and head.keep_alive
             data = decoder.finish()
@@ -614,6 +621,25 @@ class IngressTransport:
             if not data:
                 raise _PeerClosed("peer closed the connection before the response head")
             buffer += data
+
+    @staticmethod
+    def _error_code(wire: _Wire, head: ResponseHead, deadline: _Deadline) -> str | None:
+        """The ``code`` of a small JSON error body (ingress_http.error_body_decoder), or
+        None; any problem reading it is None (the status is what counts)."""
+        decoder = error_body_decoder(head)
+        if decoder is None:
+            return None
+        try:
+            decoder.feed(bytes(wire.buffer))
+            wire.buffer.clear()
+            while not decoder.done:
+                data = wire.recv(deadline)
+                if not data:
+                    return None
+                decoder.feed(data)
+            return parse_error_code(decoder.finish())
+        except (OSError, TransportError):
+            return None
 
     def _read_body(self, wire: _Wire, decoder: BodyDecoder, deadline: _Deadline) -> bool:
         """Feed the body to ``decoder``; True when the connection may be reused."""

@@ -45,11 +45,13 @@ def env(tmp_path: pathlib.Path, cluster: ClusterDouble) -> PullEnv:
 
 
 def _accepted_once(env: PullEnv) -> tuple[str, dict[str, Any]]:
-    """Exactly one inbox record, no pending claim, exactly one lease on the cluster."""
+    """Exactly one inbox record, exactly one lease on the cluster, and no pending claim
+    the cluster holds a lease for (a claim answered idle is kept for the next cycle)."""
     inbox = env.inbox()
     assert len(inbox) == 1, inbox.keys()
-    assert env.claim() is None
     leases = env.cluster.state.leases_by_offer()
+    claim = env.claim()
+    assert claim is None or claim["offerId"] not in leases
     assert list(leases) == list(inbox)
     ((offer_id, record),) = inbox.items()
     assert record["state"] == "accepted"
@@ -65,8 +67,10 @@ def test_first_cycle_registers_and_accepts_an_offer_with_a_real_digest(env: Pull
     line = outcome.last()
     assert line["session"]["action"] == "registered"
     assert line["session"]["generation"] == 1
-    assert (line["status"], line["reason"], line["attemptCount"]) == ("accepted", "new_claim", 1)
-    assert set(line) == {"session", "status", "offerId", "runId", "reason", "attemptCount", "stats"}
+    # attemptCount: the attempts counted toward the budget of 16 (none failed).
+    assert (line["status"], line["reason"], line["attemptCount"]) == ("accepted", "new_claim", 0)
+    assert set(line) == {"device", "session", "status", "offerId", "runId", "reason", "attemptCount", "stats"}
+    assert line["device"]["architecture"] in ("amd64", "arm64") and line["device"]["supportTier"] == "tier1"
     assert line["stats"]["claimAttempts"] == 1
     offer_id, record = _accepted_once(env)
     assert line["offerId"] == offer_id
@@ -85,12 +89,26 @@ def test_human_output_is_one_line_per_cycle(env: PullEnv) -> None:
     assert idle.status == 0 and "idle (no_candidates)" in idle.stdout
 
 
-def test_idle_cycle_clears_its_claim(env: PullEnv) -> None:
+def test_idle_cycles_keep_their_claim_unchanged_and_send_it_again(env: PullEnv) -> None:
+    """Spec README, storage on flash: a claim is kept across idle answers (the reference
+    cluster stores nothing per offerId on an idle answer), never rewritten, and no
+    marker is left behind; the next cycle sends the very same body."""
     env.cluster.state.candidates.clear()
     outcome = env.pull("--json")
     assert outcome.status == 0
     assert (outcome.last()["status"], outcome.last()["reason"]) == ("idle", "no_candidates")
-    assert env.claim() is None and env.inbox() == {}
+    kept = (env.journal / "pending-claim.json").read_bytes()
+    assert json.loads(kept)["offerId"] == outcome.last()["offerId"] and env.inbox() == {}
+    assert env.marker() is None
+    again = env.pull("--json")
+    assert (again.last()["status"], again.last()["offerId"]) == ("idle", outcome.last()["offerId"])
+    assert (env.journal / "pending-claim.json").read_bytes() == kept  # not even rewritten
+    first, second = env.cluster.exchanges_for("offers")
+    assert first.body == second.body
+    env.cluster.add_task("shell")
+    accepted = env.pull("--json")
+    assert (accepted.last()["status"], accepted.last()["offerId"]) == ("accepted", outcome.last()["offerId"])
+    assert env.claim() is None
 
 
 # -- response lost after the cluster committed ------------------------------------------------------
@@ -136,11 +154,16 @@ def test_signal_during_the_request_keeps_the_claim_and_the_next_cycle_replays(en
     assert outcome.last() == {"status": "aborted", "signal": signal.Signals(signum).name}
     assert "Traceback" not in outcome.stderr
     claim = env.claim()
-    assert claim is not None and claim["attemptCount"] == 1
+    assert claim is not None and claim["attemptCount"] == 0
+    # The attempt's marker stays in the runtime directory: its outcome is unknown.
+    marker = env.marker()
+    assert marker is not None and (marker["offerId"], marker["revision"]) == (claim["offerId"], claim["revision"])
     assert len(env.cluster.state.leases) == 1
     replay = env.pull("--json")
     assert replay.status == 0
     assert (replay.last()["status"], replay.last()["reason"]) == ("accepted", "lease_recovery")
+    assert replay.last()["attemptCount"] == 1  # the aborted attempt was counted, once
+    assert env.marker() is None
     bodies = {exchange.body for exchange in env.cluster.exchanges_for("offers")}
     assert len(bodies) == 1
     _accepted_once(env)
@@ -163,16 +186,16 @@ def test_two_pulls_started_together_make_one_claim(env: PullEnv) -> None:
 # -- SIGKILL at the step boundaries -------------------------------------------------------------------
 
 CRASH_POINTS = [
-    "pull.attempt_persisted",
+    "pull.attempt_marked",
     "pull.response_received",
     "pull.inbox_published",
     "pull.claim_cleared",
     "claim_create.linked",
-    "claim_replace.renamed",
     "offer_accept.linked",
     "offer_accept.dir_synced",
     "claim_clear.unlinked",
-    "session_write.renamed",
+    "runtime_write.tmp_written",
+    "runtime_write.renamed",
 ]
 
 
@@ -216,12 +239,16 @@ def test_retry_after_is_honoured_and_an_early_cycle_does_no_network_io(env: Pull
 # -- abandoned claims ---------------------------------------------------------------------------------------
 
 def _seed_claim(env: PullEnv, *, session_id: str, generation: int, attempts: int) -> str:
-    """Leave a claim in the journal as an earlier process would have (the owner lock is taken)."""
+    """Leave a claim in the journal as an earlier process would have (the owner lock is
+    taken); the claim the last idle cycle kept is removed first."""
     authority = ClaimAuthority(env.cluster.worker_id, session_id, generation, "left-behind-offer", "L" * 43)
     now = time.time_ns() // 1_000_000
     claim = PendingClaim.create(authority, now).replace(attempt_count=attempts, revision=attempts,
                                                          last_attempt_at_ms=now if attempts else None)
     with Journal.open(str(env.journal)) as journal:
+        kept = journal.read_claim()
+        if kept is not None:
+            journal.clear_claim(kept.offer_id, kept.revision)
         journal.create_claim(claim)
     return authority.offer_id
 
@@ -304,7 +331,7 @@ def test_401_on_register_exits_77_with_the_code(env: PullEnv) -> None:
     env.cluster.state.credentials[env.cluster.credential_id].state = "revoked"
     outcome = env.pull("--json")
     assert outcome.status == 77
-    assert outcome.last() == {"status": "failed", "code": "credential_rejected",
+    assert {k: v for k, v in outcome.last().items() if k != "device"} == {"status": "failed", "code": "credential_rejected",
                               "detail": "register: the cluster rejected the worker credential (HTTP 401)"}
     assert env.session() is None and env.claim() is None
     assert env.cluster.secret not in outcome.stdout + outcome.stderr

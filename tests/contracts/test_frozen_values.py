@@ -37,7 +37,7 @@ SESSION_ID = "018f0000-0000-7000-8000-000000000001"
 TOKEN = "T" * 43
 SECRET = "S" * 43
 ORIGIN = parse_origin("https://cluster.example:7443")
-WORKER = WorkerConfig(ORIGIN, "edge-1", "/c", "/p", "/k", ("/a",), "/j", 15000, 64, 1000, 32, 30000, 1000,
+WORKER = WorkerConfig(ORIGIN, "edge-1", "/c", "/p", "/k", ("/a",), "/j", "/r", 15000, 64, 1000, 32, 30000, 1000,
                       60000, 20000, 60000, 0, 1)
 RECORD = SessionRecord("edge-1", SESSION_ID, 1, 0, "active", 2000, 60000, "0" * 64, 1000, 1000)
 CLAIM_VALUES: dict[str, Any] = {
@@ -51,7 +51,7 @@ OFFER = {"offerId": "offer-1", "deliveryKind": "new_claim", "candidate": {"runId
 #: path used to declare with @dataclass.
 SAMPLES: dict[type[Frozen], tuple[tuple[Any, ...], dict[str, Any]]] = {
     Origin: (("cluster.example", 7443, False, "https://cluster.example:7443"), {}),
-    WorkerConfig: ((ORIGIN, "edge-1", "/c", "/p", "/k", ("/a",), "/j", 15000, 64, 1000, 32, 30000, 1000, 60000,
+    WorkerConfig: ((ORIGIN, "edge-1", "/c", "/p", "/k", ("/a",), "/j", "/r", 15000, 64, 1000, 32, 30000, 1000, 60000,
                     20000, 60000, 0, 1), {}),
     ListenerConfig: (("127.0.0.1", 5700), {}),
     LocalApiConfig: ((ListenerConfig("127.0.0.1", 5700), "/db", "/pepper", 5000), {}),
@@ -91,7 +91,7 @@ DEFAULTS: dict[type[Frozen], dict[str, Any]] = {
     JournalOptions: {"maximum_entries": 64, "abandoned_maximum_entries": 32, "retention_ms": 604_800_000,
                      "ownership_stale_ms": JournalOptions().ownership_stale_ms},
     PullResult: dict.fromkeys(("offer_id", "run_id", "reason", "next_attempt_at_ms", "http_status",
-                               "retry_after_ms", "attempt_count", "stats")),
+                               "retry_after_ms", "attempt_count", "stats", "error_code", "counted")),
     SessionOutcome: {"replaced": False, "detail": ""},
 }
 SECRETS = (SECRET, TOKEN, "CERT", "KEY", "ANCHOR", "secret")

@@ -2,13 +2,14 @@
 keeper and the pull coordinator (no TLS, no sockets).
 
 Every non-200 answer becomes a :class:`~qinglong_edge.errors.TransportError` carrying
-only the HTTP status and the parsed ``Retry-After``, as the real transport reports it
-(offer-delivery.md 1.6: never the body). The end-to-end tests use the real transport
+only the HTTP status, the parsed ``Retry-After`` and the answer's ``code``, as the real
+transport reports it (offer-delivery.md 1.6: never the body). The end-to-end tests use the real transport
 over TLS instead (tests/cli/test_pull_cli.py).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 
@@ -53,8 +54,9 @@ class DirectIngress:
             raise TransportError("response lost", code="request_rejected")
         if reply.status != 200:
             retry = dict(reply.headers).get("retry-after")
+            code = json.loads(reply.body).get("code") if reply.body else None
             raise TransportError(f"HTTP {reply.status}", code="response_rejected", http_status=reply.status,
-                                 retry_after_ms=int(retry) * 1000 if retry else None)
+                                 retry_after_ms=int(retry) * 1000 if retry else None, error_code=code)
         assert len(reply.body) <= max_response_bytes
         return Response(reply.body)
 

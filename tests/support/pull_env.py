@@ -11,7 +11,8 @@ qinglong_edge`` from this checkout); the packaging tests pass the zipapp or an
 installed launcher instead, so the same cycle runs through each artefact.
 
 Defaults keep the suite fast: ``requestTimeoutMs`` 1000 (the minimum), ``backoffBaseMs``
-100, ``pullIntervalMs`` 200, no splay. ``worker_overrides`` replace any key.
+100, ``pullIntervalMs`` 200, no splay; the runtime directory ("RAM") is ``<root>/run``
+(standing in for ``/run/qinglong-edge``). ``worker_overrides`` replace any key.
 """
 
 from __future__ import annotations
@@ -76,11 +77,14 @@ class PullEnv:
         self.state_dir = root / "state"
         self.state_dir.mkdir(mode=0o700)
         self.journal = self.state_dir / "worker"
+        self.run_base = root / "run"
+        self.run_base.mkdir(mode=0o700)
         self.config_path = root / "config.json"
         self.write_config(**worker_overrides)
 
     def write_config(self, **worker_overrides: Any) -> None:
-        document = self.cluster.agent_config(self.state_dir, self.files, **{**FAST_WORKER, **worker_overrides})
+        worker = {**FAST_WORKER, "runtimeDirectory": str(self.run_base), **worker_overrides}
+        document = self.cluster.agent_config(self.state_dir, self.files, **worker)
         self.config_path.write_text(json.dumps(document))
 
     # -- running the CLI -----------------------------------------------------------------------
@@ -108,12 +112,13 @@ class PullEnv:
         return Outcome(proc.returncode, stdout.decode(), stderr.decode())
 
     def pull_until_settled(self, *args: str, limit: int = 20) -> list[Outcome]:
-        """Run cycles until one ends without a pending claim (waiting for backoff in between)."""
+        """Run cycles until one is answered (accepted, replayed or idle: an idle answer
+        keeps its claim), waiting for the claim's backoff in between."""
         outcomes = []
         for _ in range(limit):
             outcomes.append(self.pull("--json", *args))
             claim = self.claim()
-            if claim is None:
+            if claim is None or outcomes[-1].last().get("status") in ("accepted", "replayed", "idle"):
                 return outcomes
             self.wait_until_due(claim)
         raise AssertionError(f"no convergence after {limit} cycles: {[o.stdout for o in outcomes]}")
@@ -144,8 +149,23 @@ class PullEnv:
         return {name.removesuffix(".json"): json.loads((directory / name).read_bytes())
                 for name in sorted(os.listdir(directory)) if name.endswith(".json")}
 
+    @property
+    def runtime(self) -> pathlib.Path:
+        """This journal's runtime directory (``<run>/journal-<key>``)."""
+        from qinglong_edge.worker.runtime import journal_key
+
+        return self.run_base / journal_key(str(self.journal))
+
     def session(self) -> dict[str, Any] | None:
-        path = self.journal / "session.json"
+        """The Worker Session record (in the runtime directory), or None."""
+        path = self.runtime / "session.json"
+        if not path.exists():
+            return None
+        session: dict[str, Any] | None = json.loads(path.read_bytes())["session"]
+        return session
+
+    def marker(self) -> dict[str, Any] | None:
+        path = self.runtime / "attempt.json"
         return json.loads(path.read_bytes()) if path.exists() else None
 
 

@@ -1,0 +1,255 @@
+"""The runtime directory: small files in RAM for what is not precious.
+
+Spec README, "Decisions for storage on flash": an idle cron cycle writes nothing to
+persistent storage. What a cycle must remember but can afford to lose at a reboot lives
+here, in a directory on a RAM file system (``/run`` on systemd: ``RuntimeDirectory=``
+with ``RuntimeDirectoryPreserve=yes`` keeps it between timer runs; ``/var/run`` on
+OpenWrt, where the init script creates it)::
+
+    <worker.runtimeDirectory>/            0700 (made by systemd or the init script)
+      journal-<16 hex>/                   0700, one per journal root (sha256 of its path),
+                                          so two configurations never share a session
+        owner.json                        owner record of the journal lock (ownerlock.py)
+        session.json                      the Worker Session: ids, generation, heartbeat
+                                          version, Retry-After (session.py)
+        attempt.json                      attempt-in-flight marker of the claim (pull.py)
+        notice.<key>                      once-per-boot and once-per-day notices
+
+A reboot loses all of it, by design (docs/architecture.md, "What a reboot loses"): the
+next cycle registers a new session, a claim bound to the old one is dropped or
+abandoned, and notices are shown again.
+
+Rules:
+
+* the directory is created 0700 (its parent must exist), checked like a journal
+  directory (a real directory, ours, no group/other bits) and used through one
+  ``O_DIRECTORY`` descriptor, so a path swapped after the check cannot redirect a write;
+* a file is written to ``.<name>.<32 hex>.tmp`` (``O_CREAT|O_EXCL|O_NOFOLLOW``, 0600)
+  and renamed over the name: a reader sees the old or the new complete file. Nothing
+  is fsynced (RAM; on the fallback below a power loss may lose the last write, which
+  costs at most a re-registration);
+* reads follow the journal's rules (``O_NOFOLLOW``, a regular file of ours, no
+  group/other bits, 2..16 384 bytes);
+* names are ``[a-z0-9][a-z0-9._-]{0,63}``.
+
+Fallback: when the configured directory cannot be used (its parent is missing or not
+ours to write, say a plain install as an ordinary user with the default ``/run``), the
+agent uses ``<journal root>/run`` instead and :attr:`RuntimeDirectory.fallback_reason`
+says why; everything works, but idle cycles then write to the journal's file system,
+and ``doctor`` warns (check ``runtime_dir``).
+
+Errors: :class:`~qinglong_edge.errors.JournalError` ``unsafe_storage`` /
+``storage_unavailable`` as :mod:`qinglong_edge.worker.files` maps them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+
+from qinglong_edge.config import DEFAULT_RUNTIME_DIRECTORY
+from qinglong_edge.contracts.digest import sha256
+from qinglong_edge.errors import JournalError
+from qinglong_edge.worker import files
+from qinglong_edge.worker.crashpoints import crashpoint
+
+__all__ = [
+    "DEFAULT_RUNTIME_DIRECTORY",
+    "FALLBACK_NAME",
+    "MAX_RUNTIME_FILE_BYTES",
+    "RuntimeDirectory",
+    "boot_id",
+    "journal_key",
+]
+
+#: ``<journal root>/run``: the fallback when the configured directory cannot be used.
+FALLBACK_NAME = "run"
+MAX_RUNTIME_FILE_BYTES = 16_384
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+_DAY_MS = 86_400_000
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def boot_id() -> str:
+    """``/proc/sys/kernel/random/boot_id`` (new at every boot), or ``"unknown"``."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            return handle.read().strip() or "unknown"
+    except (OSError, ValueError):
+        return "unknown"
+
+
+def journal_key(journal_root: str) -> str:
+    """``journal-<16 hex>``: the runtime subdirectory of one journal root."""
+    digest = sha256()
+    digest.update(os.path.normpath(journal_root).encode("utf-8", "surrogateescape"))
+    return "journal-" + digest.hexdigest()[:16]
+
+
+def _check_name(name: str) -> str:
+    if not isinstance(name, str) or _NAME.fullmatch(name) is None:
+        raise JournalError(f"runtime file name {name!r} is not allowed", code="invalid_configuration")
+    return name
+
+
+class RuntimeDirectory:
+    """One journal's runtime directory, open. Use :meth:`open`; close when done.
+
+    Attributes:
+        path: the directory in use.
+        configured: the configured base (``worker.runtimeDirectory``).
+        fallback_reason: why the configured base is not used (then ``path`` is
+            ``<journal root>/run``), or None.
+    """
+
+    def __init__(self, path: str, fd: int, configured: str, fallback_reason: str | None) -> None:
+        self.path = path
+        self.configured = configured
+        self.fallback_reason = fallback_reason
+        self._fd: int | None = fd
+        self._boot_id: str | None = None
+
+    @classmethod
+    def open(cls, configured: str, journal_root: str) -> RuntimeDirectory:
+        """Open (creating it 0700 if missing) the runtime directory of ``journal_root``.
+
+        Tries ``<configured>/journal-<key>``; when that fails, ``<journal_root>/run``
+        (creating the journal root 0700 if needed, as the journal itself would).
+
+        Raises:
+            JournalError: neither can be used (``unsafe_storage`` /
+                ``storage_unavailable``): the fallback's problem is the one reported.
+        """
+        preferred = os.path.join(os.path.normpath(configured), journal_key(journal_root))
+        try:
+            if not os.path.isdir(os.path.dirname(preferred)):
+                raise JournalError(f"{os.path.dirname(preferred)}: missing", code="unsafe_storage")
+            fd, _ = files.open_private_directory(preferred, dir_fd=None, what=preferred, create=True)
+        except JournalError as exc:
+            reason = exc.message
+        else:
+            return cls(preferred, fd, configured, None)
+        root = os.path.normpath(journal_root)
+        root_fd, created = files.open_private_directory(root, dir_fd=None, what=root, create=True)
+        try:
+            if created:
+                files.fsync_parent(root)  # as Journal.open does for a root it creates
+            fallback = os.path.join(root, FALLBACK_NAME)
+            fd, _ = files.open_private_directory(FALLBACK_NAME, dir_fd=root_fd, what=fallback, create=True)
+        finally:
+            os.close(root_fd)
+        return cls(fallback, fd, configured, reason)
+
+    @property
+    def on_fallback(self) -> bool:
+        return self.fallback_reason is not None
+
+    def _dir(self) -> int:
+        if self._fd is None:
+            raise JournalError(f"{self.path}: the runtime directory is closed", code="not_owned")
+        return self._fd
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def __enter__(self) -> RuntimeDirectory:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<RuntimeDirectory {self.path!r}{' (fallback)' if self.on_fallback else ''}>"
+
+    # -- files --------------------------------------------------------------------------------
+
+    def read(self, name: str) -> bytes | None:
+        """The file's bytes, or None when absent (journal read rules, 2..16 384 bytes).
+
+        Raises:
+            JournalError: ``unsafe_storage`` for a symlink, a foreign or loose file, a bad
+                size; ``storage_unavailable`` for I/O errors.
+        """
+        what = os.path.join(self.path, _check_name(name))
+        data = files.read_record(self._dir(), name, what)
+        if data is not None and len(data) > MAX_RUNTIME_FILE_BYTES:
+            raise JournalError(f"{what}: larger than {MAX_RUNTIME_FILE_BYTES} bytes", code="unsafe_storage")
+        return data
+
+    def write(self, name: str, data: bytes) -> None:
+        """Replace ``name`` with ``data`` (temp file + rename, no fsync).
+
+        Raises:
+            JournalError: ``storage_unavailable`` (ENOSPC...) / ``unsafe_storage``; the
+                old file is intact on every failure.
+        """
+        what = os.path.join(self.path, _check_name(name))
+        if not 2 <= len(data) <= MAX_RUNTIME_FILE_BYTES:
+            raise JournalError(f"{what}: {len(data)} bytes is outside 2..{MAX_RUNTIME_FILE_BYTES}",
+                               code="unsafe_storage")
+        dir_fd = self._dir()
+        crashpoint("runtime_write.begin")
+        tmp = files.temp_name(name)
+        try:
+            fd = os.open(tmp, _TEMP_FLAGS, 0o600, dir_fd=dir_fd)
+        except OSError as exc:
+            raise files.journal_error(exc, f"{what}: create temp file") from None
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+            crashpoint("runtime_write.tmp_written")
+            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            raise files.journal_error(exc, f"{what}: write") from None
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            raise
+        crashpoint("runtime_write.renamed")
+
+    def remove(self, name: str) -> bool:
+        """Unlink ``name`` (no fsync). False when it was absent."""
+        what = os.path.join(self.path, _check_name(name))
+        try:
+            os.unlink(name, dir_fd=self._dir())
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise files.journal_error(exc, f"{what}: unlink") from None
+        return True
+
+    # -- notices ------------------------------------------------------------------------------
+
+    def _notice(self, key: str, stamp: str) -> bool:
+        name = f"notice.{key}"
+        try:
+            if self.read(name) == stamp.encode("ascii") + b"\n":
+                return False
+            self.write(name, stamp.encode("ascii") + b"\n")
+        except JournalError:
+            return True  # a notice we cannot remember is shown again: never hidden
+        return True
+
+    def once_per_boot(self, key: str) -> bool:
+        """True the first time ``key`` is asked for in this boot (then remembered).
+
+        Keyed by the kernel's boot id, so it holds on the fallback directory too. A
+        failure to remember says True (a notice is shown again rather than hidden).
+        """
+        if self._boot_id is None:
+            self._boot_id = boot_id()
+        return self._notice(key, f"boot {self._boot_id}")
+
+    def once_per_day(self, key: str, now_ms: int) -> bool:
+        """True the first time ``key`` is asked for on this UTC day (then remembered)."""
+        return self._notice(key, f"day {now_ms // _DAY_MS}")
