@@ -223,6 +223,11 @@ class Journal(RecordReads):
                 files.fsync_parent(root)
             lock = OwnerLock.acquire(root, stale_ms=options.ownership_stale_ms, runtime=runtime)
             files.remove_stray_temp_files(root_fd, root)
+            new = created or not all(
+                os.path.lexists(os.path.join(root, name)) for name in (OFFERS_DIR, ABANDONED_DIR)
+            )
+            if new:
+                files.probe_file_system(root_fd, root)
             offers_fd, made_offers = files.open_private_directory(
                 OFFERS_DIR, dir_fd=root_fd, what=os.path.join(root, OFFERS_DIR), create=True
             )
@@ -232,8 +237,6 @@ class Journal(RecordReads):
             )
             if made_offers or made_abandoned:
                 files.fsync_directory(root_fd, root)
-            if created or made_offers or made_abandoned:
-                files.probe_file_system(root_fd, root)
             files.list_records(offers_fd, dirs.what(OFFERS_DIR))
             files.list_records(dirs.abandoned_fd, dirs.what(ABANDONED_DIR))
         except BaseException:

@@ -514,7 +514,7 @@ def _open_lock_file(path: str) -> int:
         raise journal_error(exc, path) from None
 
 
-def _lock(fd: int, path: str, runtime: RuntimeDirectory | None) -> bool:
+def _lock(fd: int, path: str, runtime: RuntimeDirectory | None = None) -> bool:
     """flock ``fd``; False when the locked inode is no longer the one at ``path``."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

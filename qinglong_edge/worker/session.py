@@ -397,18 +397,22 @@ class SessionKeeper:
         # kept in the state file, never trusted across a clock step back (pacing.waiting).
         self._retry_after: tuple[int, int] | None = None
         self._saved: SessionState | None = None
+        self._found = False
 
     @property
     def capabilities_hash(self) -> str:
         return self._capabilities_hash
 
     def _load(self) -> SessionState:
+        data: bytes | None = None
+        bad = False
         try:
             data = self._store.read(STATE_NAME)
             state = SessionState(None) if data is None else parse_session_state(data)
         except (ContractError, OSError):
-            state = SessionState(None)  # a record we cannot read is replaced by a new registration
-        self._saved = state
+            state, bad = SessionState(None), True  # unreadable: replaced by a new registration
+        self._saved = None if bad else state  # an unreadable file is rewritten at the next save
+        self._found = bad or data is not None
         return state
 
     def _usable(self, record: SessionRecord | None) -> SessionRecord | None:
@@ -467,7 +471,8 @@ class SessionKeeper:
         if step == "wait_unavailable":
             raise SessionError("the cluster asked to retry the session call later (Retry-After)",
                                code="session_unavailable")
-        return SessionOutcome(self._register(slots), "registered", replaced=stored is not None)
+        return SessionOutcome(self._register(slots), "registered",
+                              replaced=stored is not None or (record is None and self._found and stored is None))
 
     # -- calls -----------------------------------------------------------------------------
 

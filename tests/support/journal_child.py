@@ -9,12 +9,17 @@ Commands:
                           answer stdin lines: "check" -> {"event":"check","code":...},
                           "release" -> release and exit 0. EOF exits.
     try ROOT              try once: {"event":"try","code":null|"already_owned",...,"ms":elapsed}
-    cycle ROOT            golden vector A from nothing: claim create (t=1000), attempt
-                          (rev 1), accept (t=1001), clear; {"event":"done","result":...}
+    cycle ROOT            golden vector A from nothing, the journal writes of a pull that
+                          is offered work: claim create (t=1000), accept (t=1001), clear
+                          (the attempt's marker is in the runtime directory, not here);
+                          {"event":"done","result":...}
     resume ROOT           a fresh process after a crash: open the journal and finish
                           the cycle from whatever state is on disk (the "server"
                           always answers vector A, as a replay would);
                           {"event":"done","result":"accepted"|"replayed"|"already"}
+    count ROOT            a claim (rev 0) is on disk and a marker of it was found at
+                          start: rewrite it with the attempt counted (rev 1, the update
+                          algorithm); after a crash, only finish that rewrite
     abandon ROOT          create vector A's claim and abandon it (offer_fenced, t=5000);
                           with an existing claim (after a crash) only abandon it again
 """
@@ -81,12 +86,26 @@ def _cycle(root: str, resume: bool) -> int:
                 _emit(event="done", result="already")
                 return 0
             claim = journal.create_claim(PendingClaim.create(vectors.authority(), 1000))
-        if claim.revision == 0:
-            attempt = claim.replace(revision=1, attempt_count=1, last_attempt_at_ms=1000)
-            claim = journal.replace_claim(attempt, 0)
         result, _record = journal.accept_offer(vectors.offer(), 1001)
         journal.clear_claim(claim.offer_id, claim.revision)
     _emit(event="done", result=result)
+    return 0
+
+
+def _count(root: str) -> int:
+    from qinglong_edge.contracts.journal_records import PendingClaim
+    from qinglong_edge.worker.journal import Journal
+    from tests.worker import offer_vectors as vectors
+
+    with Journal.open(root) as journal:
+        claim = journal.read_claim()
+        if claim is None:
+            claim = journal.create_claim(PendingClaim.create(vectors.authority(), 1000))
+            _emit(event="created")
+            return 0
+        if claim.revision == 0:
+            journal.replace_claim(claim.replace(revision=1, attempt_count=1, last_attempt_at_ms=1000), 0)
+    _emit(event="done", result="counted")
     return 0
 
 
@@ -114,6 +133,8 @@ def main(argv: list[str]) -> int:
         return _try(root)
     if command == "abandon":
         return _abandon(root)
+    if command == "count":
+        return _count(root)
     if command in ("cycle", "resume"):
         return _cycle(root, resume=command == "resume")
     raise SystemExit(f"unknown command {command}")

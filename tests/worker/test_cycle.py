@@ -1,11 +1,14 @@
-"""run_pull in process (the loop around session + pull): the wall-clock floor, the splay,
-the duration loop, the early stop on a rejected credential and the abort signal. The
-cluster is the double's state machine called directly; the journal is real."""
+"""run_pull in process (the loop around session + pull): the wall-clock floor, the
+duration loop, the early stop on a rejected credential, the abort signal, the runtime
+directory (and its fallback) and the daily certificate warning. The cluster is the
+double's state machine called directly; the journal and the runtime directory are real.
+The splay phase is tested in tests/worker/test_pacing.py."""
 
 from __future__ import annotations
 
 import os
 import pathlib
+import stat
 from typing import Any
 
 import pytest
@@ -14,6 +17,7 @@ from qinglong_edge.config import WorkerConfig, parse_config
 from qinglong_edge.errors import TransportError
 from qinglong_edge.worker.cycle import CLOCK_FLOOR_MS, run_pull
 from qinglong_edge.worker.pull import AbortSignal, PullAborted
+from qinglong_edge.worker.runtime import RuntimeDirectory, journal_key
 from tests.support.cluster_state import ClusterState
 from tests.support.cluster_tasks import build_task
 from tests.support.direct_ingress import DirectIngress
@@ -24,10 +28,12 @@ NOW = 1_700_000_000_000
 def _worker(tmp_path: pathlib.Path, **overrides: Any) -> WorkerConfig:
     state = tmp_path / "state"
     state.mkdir(mode=0o700, exist_ok=True)
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700, exist_ok=True)
     document = {"schema": "qinglong/edge-agent@v1", "stateDirectory": str(state), "worker": {
         "origin": "https://cluster.example:7443", "workerId": "edge-1", "credentialFile": "/c",
         "certificateFile": "/p", "privateKeyFile": "/k", "trustAnchorFiles": ["/a"], "pullIntervalMs": 100,
-        **overrides}}
+        "runtimeDirectory": str(run), **overrides}}
     worker = parse_config(document).worker
     assert worker is not None
     return worker
@@ -51,21 +57,25 @@ def test_a_clock_before_2020_pulls_nothing(tmp_path: pathlib.Path, ingress: Clos
     assert ingress.calls == []
 
 
-def test_splay_sleeps_a_random_share_of_splay_max_before_the_journal_is_opened(tmp_path: pathlib.Path,
-                                                                               ingress: Closable) -> None:
-    slept: list[float] = []
-    worker = _worker(tmp_path, splayMaxMs=8000)
-
-    def sleep(seconds: float) -> None:
-        assert not pathlib.Path(worker.journal_directory).exists()  # no lock held while splaying
-        slept.append(seconds)
-
-    reports = list(run_pull(worker, clock_ms=lambda: NOW, sleep=sleep, random=lambda: 0.25,
-                            transport=ingress))  # type: ignore[arg-type]
-    assert slept == [2.0]
+def test_the_runtime_directory_holds_the_session_and_owner_records(tmp_path: pathlib.Path,
+                                                                    ingress: Closable) -> None:
+    worker = _worker(tmp_path)
+    reports = list(run_pull(worker, clock_ms=lambda: NOW, transport=ingress))  # type: ignore[arg-type]
     assert reports[0].result is not None and reports[0].result.status == "idle"
-    list(run_pull(worker, splay=False, clock_ms=lambda: NOW, sleep=sleep, transport=ingress))  # type: ignore[arg-type]
-    assert slept == [2.0]
+    runtime = tmp_path / "run" / journal_key(worker.journal_directory)
+    assert sorted(os.listdir(runtime)) == ["owner.json", "session.json"]
+    assert stat.S_IMODE(runtime.stat().st_mode) == 0o700
+    assert sorted(os.listdir(worker.journal_directory)) == [".owner.lock", "abandoned", "offers", "pending-claim.json"]
+
+
+def test_an_unusable_runtime_directory_falls_back_to_the_journal(tmp_path: pathlib.Path, ingress: Closable) -> None:
+    worker = _worker(tmp_path, runtimeDirectory=str(tmp_path / "no" / "such"))
+    reports = list(run_pull(worker, clock_ms=lambda: NOW, transport=ingress))  # type: ignore[arg-type]
+    assert reports[0].result is not None and reports[0].result.status == "idle"
+    fallback = pathlib.Path(worker.journal_directory) / "run"
+    assert sorted(os.listdir(fallback)) == ["owner.json", "session.json"]
+    with RuntimeDirectory.open(worker.runtime_directory, worker.journal_directory) as runtime:
+        assert runtime.on_fallback and "missing" in str(runtime.fallback_reason)
 
 
 def test_duration_loop_stops_after_a_rejected_credential(tmp_path: pathlib.Path, ingress: Closable) -> None:

@@ -1,7 +1,9 @@
-"""Crash matrix: SIGKILL a real child at every step boundary of claim create / attempt /
-accept / clear; a fresh process must find the old or the new complete state, and
-finishing the cycle must yield exactly one inbox file (offer-delivery.md 3.5, field
-lessons 8).
+"""Crash matrix: SIGKILL a real child at every step boundary of the journal writes a
+pull makes -- claim create / accept / clear when it is offered work, the claim rewrite
+that counts an attempt of unknown outcome, the abandonment -- a fresh process must find
+the old or the new complete state, and finishing the cycle must yield exactly one inbox
+file (offer-delivery.md 3.5, field lessons 8). (An idle pull writes nothing here: the
+claim is kept and its attempt marker is in the runtime directory, RAM.)
 
 The child stops itself at the named point (``QINGLONG_EDGE_CRASHPOINT=<point>:pause``),
 the test sees it stopped and sends a real ``SIGKILL``. A killed process keeps the page
@@ -42,9 +44,8 @@ def _expectations() -> dict[str, Expect]:
     table: dict[str, Expect] = {}
     phases = [
         ("claim_create", Expect(None, False), Expect(CLAIM_REV0, False), "linked"),
-        ("claim_replace", Expect(CLAIM_REV0, False), Expect(CLAIM_REV1, False), "renamed"),
-        ("offer_accept", Expect(CLAIM_REV1, False), Expect(CLAIM_REV1, True), "linked"),
-        ("claim_clear", Expect(CLAIM_REV1, True), Expect(None, True), "unlinked"),
+        ("offer_accept", Expect(CLAIM_REV0, False), Expect(CLAIM_REV0, True), "linked"),
+        ("claim_clear", Expect(CLAIM_REV0, True), Expect(None, True), "unlinked"),
     ]
     for op, old, new, commit in phases:
         steps = crashpoints.OPERATIONS[op]
@@ -56,9 +57,19 @@ def _expectations() -> dict[str, Expect]:
 EXPECT = _expectations()
 
 
+def _count_expectations() -> dict[str, bytes]:
+    """Point -> the claim a fresh process must find after a kill while counting."""
+    steps = crashpoints.OPERATIONS["claim_replace"]
+    return {f"claim_replace.{step}": CLAIM_REV1 if steps.index(step) >= steps.index("renamed") else CLAIM_REV0
+            for step in steps}
+
+
+COUNT_EXPECT = _count_expectations()
+
+
 def test_matrix_covers_more_than_twenty_points() -> None:
-    assert len(EXPECT) >= 20
-    assert set(EXPECT) <= set(crashpoints.POINTS)
+    assert len(EXPECT) + len(COUNT_EXPECT) >= 20
+    assert set(EXPECT) | set(COUNT_EXPECT) <= set(crashpoints.POINTS)
 
 
 def _snapshot(root: pathlib.Path) -> tuple[bytes | None, dict[str, bytes], list[str]]:
@@ -109,12 +120,33 @@ def test_uninterrupted_cycle_leaves_exactly_the_golden_inbox_file(tmp_path: path
     assert sorted(os.listdir(root)) == [".owner.lock", "abandoned", "offers"]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("point", list(COUNT_EXPECT))
+def test_sigkill_while_counting_an_attempt_leaves_the_old_or_new_claim(tmp_path: pathlib.Path, point: str) -> None:
+    root = tmp_path / "journal"
+    created = run_child("count", str(root))
+    assert created.returncode == 0 and last_event(created.stdout)["event"] == "created"
+    child = Child("count", str(root), env={crashpoints.ENV: f"{point}:pause"})
+    try:
+        assert wait_stopped(child.pid), f"count never reached {point}: {child.stderr_text()}"
+        child.signal(signal.SIGKILL)
+        child.wait()
+    finally:
+        child.close()
+    claim, _offers, temps = _snapshot(root)
+    assert claim == COUNT_EXPECT[point]
+    assert all(name.startswith(".pending-claim.json.") for name in temps)
+    finished = run_child("count", str(root))
+    assert finished.returncode == 0, finished.stderr.decode()
+    assert _snapshot(root) == (CLAIM_REV1, {}, [])  # counted exactly once
+
+
 def test_crash_with_exit_mode_kills_without_cleanup(tmp_path: pathlib.Path) -> None:
     root = tmp_path / "journal"
     result = run_child("cycle", str(root), env={crashpoints.ENV: "offer_accept.tmp_partial"})
     assert result.returncode == 137
     claim, offers, temps = _snapshot(root)
-    assert claim == CLAIM_REV1 and offers == {} and len(temps) == 1
+    assert claim == CLAIM_REV0 and offers == {} and len(temps) == 1
     # The torn temp file holds half the record: it is never what a reader sees.
     assert 0 < len((root / temps[0]).read_bytes()) < len(vectors.OFFER_RECORD_T1001)
 

@@ -2,7 +2,10 @@
 
 write(tmp) -> fsync(tmp) -> link/rename -> fsync(dir), and the claim is unlinked only
 after the inbox file's directory entry was fsynced. This is what protects against
-power loss, which the crash matrix (process kills) cannot simulate.
+power loss, which the crash matrix (process kills) cannot simulate. The cycle traced is
+a pull that is offered work (claim create, accept, clear); the claim rewrite that
+counts an attempt of unknown outcome is traced on its own. That an idle pull makes no
+write at all is tests/cli/test_pull_idle_writes.py.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ class Call:
         return _NAME.findall(self.args)
 
 
-def _trace_cycle(tmp_path: pathlib.Path) -> tuple[list[Call], pathlib.Path]:
+def _trace_cycle(tmp_path: pathlib.Path, command: str = "cycle") -> tuple[list[Call], pathlib.Path]:
     strace = shutil.which("strace")
     if strace is None:
         pytest.skip("strace is not installed (CI installs it)")
@@ -48,7 +51,7 @@ def _trace_cycle(tmp_path: pathlib.Path) -> tuple[list[Call], pathlib.Path]:
     out = tmp_path / "trace.txt"
     proc = subprocess.run(
         [strace, "-f", "-qq", "-y", "-s", "64", "-e", f"trace={TRACED}", "-o", str(out),
-         sys.executable, "-m", "tests.support.journal_child", "cycle", str(root)],
+         sys.executable, "-m", "tests.support.journal_child", command, str(root)],
         capture_output=True, env=child_env(), cwd=REPO, timeout=120, check=False,
     )
     if proc.returncode != 0 and b"ptrace" in proc.stderr:
@@ -95,20 +98,32 @@ def test_claim_and_offer_syscall_order(tmp_path: pathlib.Path) -> None:
     claim_size = len(vectors.CLAIM_T1000)
 
     created, created_synced = _publication(calls, root, "link", root, target="pending-claim.json", size=claim_size)
-    replaced, replaced_synced = _publication(calls, root, "rename", root, target="pending-claim.json",
-                                             size=claim_size, after=created_synced)
     accepted, accepted_synced = _publication(calls, root, "link", offers, target="offer-1.json",
-                                             size=len(vectors.OFFER_RECORD_T1001), after=replaced_synced)
+                                             size=len(vectors.OFFER_RECORD_T1001), after=created_synced)
 
     clear = _index(calls, lambda c: c.name == "unlinkat" and c.names == ["pending-claim.json"])
     # Only then is the claim cleared: after the inbox entry's directory fsync...
     assert accepted_synced < clear
     # ...and the clear itself is made durable.
     _index(calls, lambda c: c.name == "fsync" and c.fd_paths == [str(root)], clear)
-    # Nothing touched the claim by name between its attempt and the accept's fsync.
-    assert not [c for c in calls[replaced_synced:accepted_synced] if "pending-claim.json" in c.names
+    # Nothing touched the claim by name between its creation and the accept's fsync.
+    assert not [c for c in calls[created_synced:accepted_synced] if "pending-claim.json" in c.names
                 and c.name != "openat"]
-    assert created < replaced < accepted
+    assert created < accepted
+    # This open created the journal, so the hard-link probe ran, once, before the claim.
+    probes = [c for c in calls if c.name.startswith("link") and any(".journal-probe" in n for n in c.names)]
+    assert len(probes) == 1 and calls.index(probes[0]) < created
+
+
+def test_counting_an_attempt_rewrites_the_claim_durably(tmp_path: pathlib.Path) -> None:
+    root = tmp_path / "journal"
+    from tests.support.journal_proc import run_child
+
+    assert run_child("count", str(root)).returncode == 0  # the claim, revision 0 (not traced)
+    calls, _ = _trace_cycle(tmp_path, "count")
+    _publication(calls, root, "rename", root, target="pending-claim.json", size=len(vectors.CLAIM_T1000))
+    # An existing journal is not probed again.
+    assert not [c for c in calls if any(".journal-probe" in n for n in c.names)]
 
 
 def test_temp_files_are_never_created_in_offers(tmp_path: pathlib.Path) -> None:

@@ -3,7 +3,9 @@ state behind a direct (no TLS) ingress adapter, a pinned clock and a seeded rand
 
 The end-to-end behaviour over TLS with the real CLI is in tests/cli/test_pull_cli.py; here
 the subject is the arithmetic and the branch table of ADR-0110 section 3.7 plus the spec
-README decisions (abandon, Retry-After, inbox full, clock guards, abort).
+README decisions (abandon, Retry-After, inbox full, clock guards, abort, the budget that
+counts only attempts that may have reached the cluster, 409 by code, the claim kept
+across idle answers with its attempt-in-flight marker in a real runtime directory).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from qinglong_edge.worker.pull import (
     SessionAuthority,
     backoff_delay_ms,
 )
+from qinglong_edge.worker.runtime import RuntimeDirectory
 from tests.support.cluster_state import ClusterState
 from tests.support.cluster_tasks import build_task
 from tests.support.direct_ingress import DirectIngress, Response
@@ -66,8 +69,16 @@ def root(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 @pytest.fixture
-def journal(root: pathlib.Path) -> Iterator[Journal]:
-    opened = Journal.open(str(root), JournalOptions(maximum_entries=2))
+def runtime(tmp_path: pathlib.Path, root: pathlib.Path) -> Iterator[RuntimeDirectory]:
+    (tmp_path / "run").mkdir(mode=0o700)
+    opened = RuntimeDirectory.open(str(tmp_path / "run"), str(root))
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def journal(root: pathlib.Path, runtime: RuntimeDirectory) -> Iterator[Journal]:
+    opened = Journal.open(str(root), JournalOptions(maximum_entries=2), runtime=runtime)
     yield opened
     opened.close()
 
@@ -88,7 +99,23 @@ def _coordinator(journal: Journal, ingress: DirectIngress, clock: Clock, *, seed
                  base: int = 1000) -> tuple[PullCoordinator, random.Random]:
     draws = random.Random(seed)
     twin = random.Random(seed)  # the same sequence, for the expected values
-    return PullCoordinator(journal, ingress, backoff_base_ms=base, clock_ms=clock, random=draws.random), twin
+    assert journal.runtime is not None
+    return PullCoordinator(journal, ingress, runtime=journal.runtime, backoff_base_ms=base, clock_ms=clock,
+                           random=draws.random), twin
+
+
+def _unreached(message: str = "connect: Connection refused") -> TransportError:
+    """A failure before the request could reach the cluster's HTTP layer (DNS, connect,
+    handshake): what the transport marks ``reached_cluster = False``."""
+    error = TransportError(message, code="request_rejected")
+    error.reached_cluster = False  # type: ignore[attr-defined]  # the transport's attribute (worker-transport)
+    return error
+
+
+def _marker(journal: Journal) -> dict[str, Any] | None:
+    assert journal.runtime is not None
+    data = journal.runtime.read("attempt.json")
+    return None if data is None else json.loads(data)
 
 
 def _claim(root: pathlib.Path) -> dict[str, Any] | None:
@@ -117,12 +144,16 @@ def test_golden_backoff_example_of_section_4_1(journal: Journal, ingress: Direct
     at t + 400 backoff (no I/O); at t + 500 the same offerId and token are sent again."""
     session = _register(ingress)
     ingress.state.add_candidate(build_task("shell", now_ms=clock.now))
-    coordinator = PullCoordinator(journal, ingress, clock_ms=clock, random=lambda: 0.5)
+    assert journal.runtime is not None
+    coordinator = PullCoordinator(journal, ingress, runtime=journal.runtime, clock_ms=clock, random=lambda: 0.5)
     ingress.script.append(TransportError("boom", code="request_rejected"))
     result = coordinator.pull(session)
     assert (result.status, result.next_attempt_at_ms, result.attempt_count) == ("unavailable", T0 + 500, 1)
     claim = _claim(root)
-    assert claim is not None and claim["revision"] == 2 and claim["lastAttemptAtMs"] == T0
+    # created (revision 0), then the failed attempt and its backoff (revision 1): the
+    # attempt itself was marked in RAM, not written to the claim before sending
+    assert claim is not None and claim["revision"] == 1 and claim["lastAttemptAtMs"] == T0
+    assert _marker(journal) is None
     clock.now = T0 + 400
     before = len(ingress.calls)
     assert coordinator.pull(session).status == "backoff"
@@ -201,16 +232,26 @@ def test_response_lost_after_commit_is_recovered_with_the_same_body(
     assert _claim(root) is None
 
 
-def test_idle_clears_the_claim_and_the_next_pull_uses_a_new_offer_id(
+def test_idle_keeps_the_claim_unwritten_uncounted_and_sends_it_again(
     journal: Journal, ingress: DirectIngress, clock: Clock, root: pathlib.Path
 ) -> None:
     session = _register(ingress)
     coordinator, _ = _coordinator(journal, ingress, clock)
     first = coordinator.pull(session)
-    assert (first.status, first.reason) == ("idle", "no_candidates")
+    assert (first.status, first.reason, first.attempt_count) == ("idle", "no_candidates", 0)
+    kept = (root / "pending-claim.json").read_bytes()
+    assert json.loads(kept)["offerId"] == first.offer_id and _marker(journal) is None
+    for _ in range(20):  # an idle answer proves no work: it never counts toward the 16
+        clock.now += 5_000
+        again = coordinator.pull(session)
+        assert (again.status, again.offer_id, again.attempt_count) == ("idle", first.offer_id, 0)
+    assert (root / "pending-claim.json").read_bytes() == kept
+    assert len(set(ingress.offer_calls())) == 1  # the very same body every time
+    assert ingress.state.leases == {}  # nothing stored on the cluster for it
+    ingress.state.add_candidate(build_task("shell", now_ms=clock.now))
+    accepted = coordinator.pull(session)
+    assert (accepted.status, accepted.offer_id) == ("accepted", first.offer_id)
     assert _claim(root) is None
-    second = coordinator.pull(session)
-    assert second.offer_id != first.offer_id
 
 
 def test_stale_session_claim_is_abandoned_then_a_new_claim_is_made(
@@ -228,6 +269,47 @@ def test_stale_session_claim_is_abandoned_then_a_new_claim_is_made(
         "stale_session"
     ingress.state.add_candidate(build_task("shell", now_ms=clock.now))
     assert coordinator.pull(new).status == "accepted"
+
+
+def test_stale_claim_never_counted_is_replaced_in_the_same_cycle(
+    journal: Journal, ingress: DirectIngress, clock: Clock, root: pathlib.Path
+) -> None:
+    """A claim whose attempts were all answered idle (or never reached the cluster) has
+    no lease anywhere: after a re-registration (every reboot) it is simply replaced,
+    with no abandoned record and no failed cycle."""
+    old = _register(ingress)
+    coordinator, _ = _coordinator(journal, ingress, clock)
+    kept = coordinator.pull(old)
+    assert kept.status == "idle"
+    new = _register(ingress, "018f0000-0000-7000-8000-000000000002")
+    ingress.state.add_candidate(build_task("shell", now_ms=clock.now))
+    result = coordinator.pull(new)
+    assert result.status == "accepted" and result.offer_id != kept.offer_id
+    assert os.listdir(root / "abandoned") == []
+
+
+def test_409_other_than_the_fence_keeps_the_claim_and_reports_the_code(
+    journal: Journal, ingress: DirectIngress, clock: Clock, root: pathlib.Path
+) -> None:
+    """Spec README: only 409 worker_offer_fenced abandons; any other 409 keeps the claim,
+    backs off (counted: it reached the cluster) and is reported."""
+    session = _register(ingress)
+    ingress.state.add_candidate(build_task("shell", now_ms=clock.now))
+    coordinator, _ = _coordinator(journal, ingress, clock)
+    ingress.script.append(TransportError("HTTP 409", code="response_rejected", http_status=409,
+                                         error_code="claim_in_progress"))
+    result = coordinator.pull(session)
+    assert (result.status, result.http_status, result.error_code, result.attempt_count) == (
+        "unavailable", 409, "claim_in_progress", 1)
+    assert result.to_json()["errorCode"] == "claim_in_progress"
+    claim = _claim(root)
+    assert claim is not None and claim["offerId"] == result.offer_id
+    ingress.script.append(TransportError("HTTP 409", code="response_rejected", http_status=409))  # no code
+    clock.now = result.next_attempt_at_ms or clock.now
+    assert coordinator.pull(session).status == "unavailable"
+    clock.now += 60_000
+    assert coordinator.pull(session).status == "accepted"
+    assert os.listdir(root / "abandoned") == []
 
 
 def test_409_abandons_the_claim_as_offer_fenced(journal: Journal, ingress: DirectIngress, clock: Clock,
@@ -310,13 +392,14 @@ def test_a_clock_that_steps_back_never_moves_claim_times_backwards(
 def test_backoff_base_is_range_checked(journal: Journal, ingress: DirectIngress, clock: Clock) -> None:
     for base in (99, 60_001):
         with pytest.raises(DeliveryError) as info:
-            PullCoordinator(journal, ingress, backoff_base_ms=base, clock_ms=clock)
+            PullCoordinator(journal, ingress, runtime=journal.runtime, backoff_base_ms=base,  # type: ignore[arg-type]
+                            clock_ms=clock)
         assert info.value.code == "invalid_configuration"
 
 
 # -- abort ---------------------------------------------------------------------------------------------
 
-def test_an_abort_during_the_request_keeps_the_claim_at_its_attempt_revision(
+def test_an_abort_during_the_request_keeps_the_claim_and_its_marker(
     journal: Journal, ingress: DirectIngress, clock: Clock, root: pathlib.Path
 ) -> None:
     session = _register(ingress)
@@ -327,9 +410,77 @@ def test_an_abort_during_the_request_keeps_the_claim_at_its_attempt_revision(
         coordinator.pull(session)
     claim = _claim(root)
     assert claim is not None
-    assert (claim["revision"], claim["attemptCount"], claim["nextAttemptAtMs"]) == (1, 1, clock.now)
-    assert coordinator.pull(session).status == "accepted"  # due at once, replayed by the next cycle
+    assert (claim["revision"], claim["attemptCount"], claim["nextAttemptAtMs"]) == (0, 0, clock.now)
+    assert _marker(journal) == {"schemaVersion": 1, "offerId": claim["offerId"], "revision": 0,
+                                "startedAtMs": clock.now}
+    result = coordinator.pull(session)  # the next cycle counts the unknown outcome, then replays
+    assert (result.status, result.attempt_count) == ("accepted", 1)
     assert len(set(ingress.offer_calls())) == 1
+    assert _marker(journal) is None
+
+
+# -- the budget: only attempts that may have reached the cluster -----------------------------------
+
+def test_failures_that_never_reached_the_cluster_never_use_the_budget(
+    journal: Journal, ingress: DirectIngress, clock: Clock, root: pathlib.Path
+) -> None:
+    """Spec README: DNS, connect and handshake failures (and a TLS alert on the first
+    read) back off with full jitter but never count: 40 of them, then the path works and
+    the very same claim is replayed byte for byte."""
+    session = _register(ingress)
+    ingress.state.add_candidate(build_task("shell", now_ms=clock.now))
+    coordinator, twin = _coordinator(journal, ingress, clock, base=100)
+    for failure in range(1, 41):
+        ingress.script.append(_unreached())
+        result = coordinator.pull(session)
+        # the jitter ceiling still grows with the failures in a row (base x 2^(n-1), <= 60 s)
+        expected = clock.now + int(twin.random() * min(60_000, 100 * 2 ** (failure - 1)))
+        assert (result.status, result.attempt_count, result.counted) == ("unavailable", 0, False)
+        assert result.next_attempt_at_ms == expected
+        clock.now = expected
+    claim = _claim(root)
+    assert claim is not None and claim["attemptCount"] == 0
+    ingress.state.sessions[WORKER].lease_expires_at_ms = clock.now + 60_000  # heartbeats kept it alive
+    final = coordinator.pull(session)
+    assert (final.status, final.offer_id) == ("accepted", claim["offerId"])
+    assert len(set(ingress.offer_calls())) == 1
+
+
+def test_a_marker_found_at_start_counts_once_and_a_killing_answer_is_not_replayed_forever(
+    journal: Journal, ingress: DirectIngress, clock: Clock, root: pathlib.Path
+) -> None:
+    """An answer that kills the agent every time leaves the marker each time: each one
+    is counted at the next start, so after 16 the claim is abandoned."""
+    session = _register(ingress)
+    ingress.state.add_candidate(build_task("shell", now_ms=clock.now))
+    coordinator, _ = _coordinator(journal, ingress, clock)
+    for attempt in range(16):
+        ingress.script.append(PullAborted("SIGKILL"))  # stands in for a crash with the request in flight
+        with pytest.raises(PullAborted):
+            coordinator.pull(session)
+        claim = _claim(root)
+        assert claim is not None and claim["attemptCount"] == attempt
+        clock.now += 1000
+    result = coordinator.pull(session)
+    assert (result.status, result.reason, result.attempt_count) == ("abandoned", "attempt_budget_exhausted", 16)
+    assert _marker(journal) is None
+
+
+def test_a_stale_marker_of_another_revision_is_dropped_uncounted(
+    journal: Journal, ingress: DirectIngress, clock: Clock, root: pathlib.Path
+) -> None:
+    session = _register(ingress)
+    coordinator, _ = _coordinator(journal, ingress, clock)
+    assert coordinator.pull(session).status == "idle"
+    claim = _claim(root)
+    assert claim is not None and journal.runtime is not None
+    for stale in (b'{"schemaVersion":1,"offerId":"other","revision":0,"startedAtMs":1}\n', b"garbage!\n",
+                  json.dumps({"schemaVersion": 1, "offerId": claim["offerId"], "revision": 7,
+                              "startedAtMs": 1}).encode()):
+        journal.runtime.write("attempt.json", stale)
+        result = coordinator.pull(session)
+        assert (result.status, result.attempt_count) == ("idle", 0)
+        assert _marker(journal) is None
 
 
 def test_abort_signal_raises_only_inside_interruptible_sections() -> None:
@@ -351,10 +502,12 @@ def test_abort_signal_raises_only_inside_interruptible_sections() -> None:
 def test_claim_conflict_is_reported_for_a_claim_made_by_another_worker(
     journal: Journal, ingress: DirectIngress, clock: Clock
 ) -> None:
-    """A claim of another workerId is as stale as one of another session: abandoned."""
+    """A claim of another workerId is as stale as one of another session: abandoned
+    (once an attempt of it counted; see the test above for one that never did)."""
     session = _register(ingress)
     other = ClaimAuthority("edge-2", session.session_id, session.generation, "offer-x", "A" * 43)
-    journal.create_claim(PendingClaim.create(other, clock.now))
+    journal.create_claim(PendingClaim.create(other, clock.now).replace(revision=1, attempt_count=1,
+                                                                       last_attempt_at_ms=clock.now))
     coordinator, _ = _coordinator(journal, ingress, clock)
     assert coordinator.pull(session).reason == "stale_session"
 

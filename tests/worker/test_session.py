@@ -1,6 +1,7 @@
-"""SessionKeeper (offer-delivery.md 5.1): register, heartbeat cadence, fencing, expiry, the
-durable session.json in the real journal; the double's state machine answers in-process.
-Also the session record parser and the heartbeatIntervalMs configuration rule."""
+"""SessionKeeper (offer-delivery.md 5.1): register, heartbeat cadence, fencing, expiry,
+Retry-After remembered across processes, the session state in a real runtime directory;
+the double's state machine answers in-process. Also the record parsers, the legacy
+record's migration and the heartbeatIntervalMs configuration rule."""
 
 from __future__ import annotations
 
@@ -18,11 +19,17 @@ from qinglong_edge.config import parse_config
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.errors import ConfigError, SessionError, TransportError
 from qinglong_edge.worker.journal import Journal
+from qinglong_edge.worker.runtime import RuntimeDirectory
 from qinglong_edge.worker.session import (
     LEASE_MARGIN_MS,
+    STATE_NAME,
     SessionKeeper,
+    SessionRecord,
+    SessionState,
     local_capabilities,
+    migrate_legacy_record,
     parse_session_record,
+    parse_session_state,
 )
 from tests.support.cluster_state import ClusterState
 from tests.support.direct_ingress import DirectIngress, Response
@@ -51,28 +58,36 @@ def ingress(clock: Clock) -> DirectIngress:
 
 
 @pytest.fixture
-def journal(tmp_path: pathlib.Path) -> Iterator[Journal]:
-    opened = Journal.open(str(tmp_path / "worker"))
+def store(tmp_path: pathlib.Path) -> Iterator[RuntimeDirectory]:
+    base = tmp_path / "run"
+    base.mkdir(mode=0o700)
+    opened = RuntimeDirectory.open(str(base), str(tmp_path / "worker"))
+    assert not opened.on_fallback
     yield opened
     opened.close()
 
 
-def _keeper(journal: Journal, ingress: Any, clock: Clock, **kwargs: Any) -> SessionKeeper:
+def _stored(store: RuntimeDirectory) -> SessionState | None:
+    data = store.read(STATE_NAME)
+    return None if data is None else parse_session_state(data)
+
+
+def _keeper(store: RuntimeDirectory, ingress: Any, clock: Clock, **kwargs: Any) -> SessionKeeper:
     options: dict[str, Any] = {
         "worker_id": "edge-1", "max_concurrent_runs": 2, "lease_duration_ms": LEASE_MS,
         "heartbeat_interval_ms": HEARTBEAT_MS, "clock_ms": clock, "capabilities": local_capabilities("aarch64"),
     }
     options.update(kwargs)
-    return SessionKeeper(journal, ingress, **options)
+    return SessionKeeper(store, ingress, **options)
 
 
 def _ops(ingress: DirectIngress) -> list[str]:
     return [path.rsplit("/", 1)[1] for path, _ in ingress.calls]
 
 
-def test_first_ensure_registers_and_persists_the_session(journal: Journal, ingress: DirectIngress,
+def test_first_ensure_registers_and_persists_the_session(store: RuntimeDirectory, ingress: DirectIngress,
                                                          clock: Clock) -> None:
-    outcome = _keeper(journal, ingress, clock).ensure(available_slots=5)
+    outcome = _keeper(store, ingress, clock).ensure(available_slots=5)
     assert (outcome.action, outcome.replaced) == ("registered", False)
     record = outcome.session
     assert (record.generation, record.version, record.status) == (1, 0, "online")
@@ -82,25 +97,25 @@ def test_first_ensure_registers_and_persists_the_session(journal: Journal, ingre
     assert json.loads(body["capabilitiesJson"]) == {"architecture": "arm64", "executors": ["remote-worker"],
                                                     "protocolVersion": "1.0.0", "supportTier": "tier1"}
     assert (body["maxConcurrentRuns"], body["availableSlots"], body["leaseDurationMs"]) == (2, 2, LEASE_MS)
-    stored = journal.read_session_record()
-    assert stored is not None and parse_session_record(stored) == record
+    stored = _stored(store)
+    assert stored is not None and stored == SessionState(record, None)
 
 
-def test_within_the_interval_the_session_is_current_without_network_io(journal: Journal, ingress: DirectIngress,
+def test_within_the_interval_the_session_is_current_without_network_io(store: RuntimeDirectory, ingress: DirectIngress,
                                                                        clock: Clock) -> None:
-    keeper = _keeper(journal, ingress, clock)
+    keeper = _keeper(store, ingress, clock)
     keeper.ensure(1)
     clock.now += HEARTBEAT_MS - 1
     assert keeper.ensure(1).action == "current"
     assert _ops(ingress) == ["register"]
 
 
-def test_heartbeat_after_the_interval_increments_the_version(journal: Journal, ingress: DirectIngress,
+def test_heartbeat_after_the_interval_increments_the_version(store: RuntimeDirectory, ingress: DirectIngress,
                                                              clock: Clock) -> None:
-    keeper = _keeper(journal, ingress, clock)
+    keeper = _keeper(store, ingress, clock)
     first = keeper.ensure(1).session
     clock.now += HEARTBEAT_MS
-    beat = _keeper(journal, ingress, clock).ensure(0)  # a new process: state comes from session.json
+    beat = _keeper(store, ingress, clock).ensure(0)  # a new process: state comes from the runtime record
     assert (beat.action, beat.session.version, beat.session.session_id) == ("heartbeat", 1, first.session_id)
     assert beat.session.heartbeat_at_ms == clock.now and beat.session.registered_at_ms == T0
     assert json.loads(ingress.calls[-1][1]) == {"schema": "qinglong/worker-session-heartbeat@v1", "generation": 1,
@@ -110,16 +125,16 @@ def test_heartbeat_after_the_interval_increments_the_version(journal: Journal, i
 
 
 def test_a_clock_that_stepped_back_heartbeats_rather_than_trusting_the_record(
-    journal: Journal, ingress: DirectIngress, clock: Clock
+    store: RuntimeDirectory, ingress: DirectIngress, clock: Clock
 ) -> None:
-    keeper = _keeper(journal, ingress, clock)
+    keeper = _keeper(store, ingress, clock)
     keeper.ensure(1)
     clock.now -= 1
     assert keeper.ensure(1).action == "heartbeat"
 
 
-def test_fenced_heartbeat_registers_a_new_session(journal: Journal, ingress: DirectIngress, clock: Clock) -> None:
-    keeper = _keeper(journal, ingress, clock)
+def test_fenced_heartbeat_registers_a_new_session(store: RuntimeDirectory, ingress: DirectIngress, clock: Clock) -> None:
+    keeper = _keeper(store, ingress, clock)
     old = keeper.ensure(1).session
     ingress.state.expire_session("edge-1")
     clock.now += HEARTBEAT_MS
@@ -130,9 +145,9 @@ def test_fenced_heartbeat_registers_a_new_session(journal: Journal, ingress: Dir
     assert _ops(ingress) == ["register", "heartbeat", "register"]
 
 
-def test_lease_over_by_our_clock_registers_without_a_heartbeat(journal: Journal, ingress: DirectIngress,
+def test_lease_over_by_our_clock_registers_without_a_heartbeat(store: RuntimeDirectory, ingress: DirectIngress,
                                                                clock: Clock) -> None:
-    keeper = _keeper(journal, ingress, clock)
+    keeper = _keeper(store, ingress, clock)
     keeper.ensure(1)
     clock.now = T0 + LEASE_MS - LEASE_MARGIN_MS
     outcome = keeper.ensure(1)
@@ -140,9 +155,9 @@ def test_lease_over_by_our_clock_registers_without_a_heartbeat(journal: Journal,
     assert _ops(ingress) == ["register", "register"]
 
 
-def test_transient_heartbeat_failure_keeps_the_running_session(journal: Journal, ingress: DirectIngress,
+def test_transient_heartbeat_failure_keeps_the_running_session(store: RuntimeDirectory, ingress: DirectIngress,
                                                                clock: Clock) -> None:
-    keeper = _keeper(journal, ingress, clock)
+    keeper = _keeper(store, ingress, clock)
     old = keeper.ensure(1).session
     clock.now += HEARTBEAT_MS
     ingress.script.append(TransportError("timed out", code="request_rejected"))
@@ -150,10 +165,10 @@ def test_transient_heartbeat_failure_keeps_the_running_session(journal: Journal,
     assert (outcome.action, outcome.detail, outcome.session) == ("stale", "session_unavailable", old)
 
 
-def test_retry_after_on_a_heartbeat_is_honoured(journal: Journal, ingress: DirectIngress, clock: Clock) -> None:
+def test_retry_after_on_a_heartbeat_is_honoured(store: RuntimeDirectory, ingress: DirectIngress, clock: Clock) -> None:
     # spec README: 429/503 with Retry-After never retry sooner than it says (a `pull
     # --duration` loop cycles every 2 s; field-lessons 7: no 429 loops).
-    keeper = _keeper(journal, ingress, clock)
+    keeper = _keeper(store, ingress, clock)
     old = keeper.ensure(1).session
     clock.now += HEARTBEAT_MS
     ingress.script.append(TransportError("busy", code="response_rejected", http_status=429, retry_after_ms=30_000))
@@ -167,8 +182,8 @@ def test_retry_after_on_a_heartbeat_is_honoured(journal: Journal, ingress: Direc
     assert keeper.ensure(1).action == "heartbeat"
 
 
-def test_retry_after_on_a_registration_is_honoured(journal: Journal, ingress: DirectIngress, clock: Clock) -> None:
-    keeper = _keeper(journal, ingress, clock)
+def test_retry_after_on_a_registration_is_honoured(store: RuntimeDirectory, ingress: DirectIngress, clock: Clock) -> None:
+    keeper = _keeper(store, ingress, clock)
     ingress.script.append(TransportError("busy", code="response_rejected", http_status=503, retry_after_ms=20_000))
     with pytest.raises(SessionError):
         keeper.ensure(1)
@@ -181,16 +196,89 @@ def test_retry_after_on_a_registration_is_honoured(journal: Journal, ingress: Di
     assert keeper.ensure(1).action == "registered"
 
 
+def test_retry_after_outlives_the_process_that_got_it(store: RuntimeDirectory, ingress: DirectIngress,
+                                                      clock: Clock) -> None:
+    """Issue 18 item 6: the next cron run (a new keeper) honours a session call's
+    Retry-After; the window is in the session record."""
+    _keeper(store, ingress, clock).ensure(1)
+    clock.now += HEARTBEAT_MS
+    ingress.script.append(TransportError("busy", code="response_rejected", http_status=503, retry_after_ms=30_000))
+    assert _keeper(store, ingress, clock).ensure(1).action == "stale"
+    stored = _stored(store)
+    assert stored is not None and stored.retry_after == (clock.now, clock.now + 30_000)
+    calls = len(ingress.calls)
+    clock.now += 20_000  # a later cycle, a new process (the stored lease still runs)
+    outcome = _keeper(store, ingress, clock).ensure(1)
+    assert (outcome.action, outcome.detail) == ("stale", "retry_after")
+    assert len(ingress.calls) == calls
+    clock.now += 10_000
+    assert _keeper(store, ingress, clock).ensure(1).action == "heartbeat"
+    after = _stored(store)
+    assert after is not None and after.retry_after is None  # cleared by the answered call
+
+
+def test_retry_after_on_a_registration_is_remembered_without_a_session(store: RuntimeDirectory,
+                                                                        ingress: DirectIngress, clock: Clock) -> None:
+    ingress.script.append(TransportError("busy", code="response_rejected", http_status=429, retry_after_ms=30_000))
+    with pytest.raises(SessionError):
+        _keeper(store, ingress, clock).ensure(1)
+    assert _stored(store) == SessionState(None, (T0, T0 + 30_000))
+    clock.now += 29_999
+    with pytest.raises(SessionError) as info:
+        _keeper(store, ingress, clock).ensure(1)  # another process
+    assert info.value.code == "session_unavailable" and len(ingress.calls) == 1
+    clock.now += 1
+    assert _keeper(store, ingress, clock).ensure(1).action == "registered"
+
+
+class CountingStore:
+    """The runtime directory, counting writes (a rename can reuse an inode number, so
+    the file's identity cannot tell a rewrite)."""
+
+    def __init__(self, inner: RuntimeDirectory) -> None:
+        self.inner = inner
+        self.writes = 0
+
+    def read(self, name: str) -> bytes | None:
+        return self.inner.read(name)
+
+    def write(self, name: str, data: bytes) -> None:
+        self.writes += 1
+        self.inner.write(name, data)
+
+
+def test_the_record_is_written_only_when_it_changes(store: RuntimeDirectory, ingress: DirectIngress,
+                                                    clock: Clock) -> None:
+    counting = CountingStore(store)
+
+    def ensure() -> str:
+        return SessionKeeper(counting, ingress, worker_id="edge-1", max_concurrent_runs=2,
+                             lease_duration_ms=LEASE_MS, heartbeat_interval_ms=HEARTBEAT_MS, clock_ms=clock,
+                             capabilities=local_capabilities("aarch64")).ensure(1).action
+
+    assert ensure() == "registered" and counting.writes == 1
+    clock.now += 1
+    assert ensure() == "current" and counting.writes == 1
+    clock.now += HEARTBEAT_MS
+    ingress.script.append(TransportError("reset", code="request_rejected"))
+    assert ensure() == "stale" and counting.writes == 1  # no Retry-After: nothing new to keep
+    assert ensure() == "heartbeat" and counting.writes == 2  # the version moved
+    clock.now += HEARTBEAT_MS
+    ingress.script.append(TransportError("busy", code="response_rejected", http_status=503, retry_after_ms=5_000))
+    assert ensure() == "stale" and counting.writes == 3  # a new Retry-After window is a change
+    assert ensure() == "stale" and counting.writes == 3  # waiting: nothing written
+
+
 @pytest.mark.parametrize("case", [
     ("register", 401, "credential_rejected"),
     ("register", 403, "credential_rejected"),
     ("register", 503, "session_unavailable"),
     ("heartbeat", 401, "credential_rejected"),
 ], ids=lambda case: f"{case[0]}-{case[1]}")
-def test_rejects_session_calls_with_the_mapped_code(journal: Journal, ingress: DirectIngress, clock: Clock,
+def test_rejects_session_calls_with_the_mapped_code(store: RuntimeDirectory, ingress: DirectIngress, clock: Clock,
                                                     case: tuple[str, int, str]) -> None:
     operation, status, code = case
-    keeper = _keeper(journal, ingress, clock)
+    keeper = _keeper(store, ingress, clock)
     if operation == "heartbeat":
         keeper.ensure(1)
         clock.now += HEARTBEAT_MS
@@ -202,11 +290,11 @@ def test_rejects_session_calls_with_the_mapped_code(journal: Journal, ingress: D
 
 
 @pytest.mark.parametrize("code", ["credentials_unavailable", "invalid_configuration"])
-def test_credential_file_problems_are_configuration_errors(journal: Journal, ingress: DirectIngress,
+def test_credential_file_problems_are_configuration_errors(store: RuntimeDirectory, ingress: DirectIngress,
                                                            clock: Clock, code: str) -> None:
     ingress.script.append(TransportError("credential file has group bits", code=code))
     with pytest.raises(SessionError) as info:
-        _keeper(journal, ingress, clock).ensure(1)
+        _keeper(store, ingress, clock).ensure(1)
     assert info.value.code == code
 
 
@@ -214,49 +302,49 @@ def test_credential_file_problems_are_configuration_errors(journal: Journal, ing
     b'{"schema":"qinglong/worker-session-register@v1"}',
     b"not json",
 ])
-def test_rejects_a_register_response_that_breaks_the_contract(journal: Journal, clock: Clock,
+def test_rejects_a_register_response_that_breaks_the_contract(store: RuntimeDirectory, clock: Clock,
                                                               answer: bytes) -> None:
     class Broken:
         def post_json(self, path: str, body: bytes, **_: Any) -> Response:
             return Response(answer)
 
     with pytest.raises(SessionError) as info:
-        _keeper(journal, Broken(), clock).ensure(1)
+        _keeper(store, Broken(), clock).ensure(1)
     assert info.value.code == "invalid_response"
-    assert journal.read_session_record() is None
+    assert _stored(store) is None
 
 
-def test_register_echo_mismatch_is_invalid(journal: Journal, ingress: DirectIngress, clock: Clock) -> None:
+def test_register_echo_mismatch_is_invalid(store: RuntimeDirectory, ingress: DirectIngress, clock: Clock) -> None:
     class OtherSession:
         def post_json(self, path: str, body: bytes, **kwargs: Any) -> Response:
             other = path.replace(path.split("/")[-2], "018f0000-0000-7000-8000-00000000beef")
             return ingress.post_json(other, body, **kwargs)
 
     with pytest.raises(SessionError) as info:
-        _keeper(journal, OtherSession(), clock).ensure(1)
+        _keeper(store, OtherSession(), clock).ensure(1)
     assert info.value.code == "invalid_response"
 
 
 @pytest.mark.parametrize("change", ["corrupt", "other_worker", "other_capabilities"])
-def test_an_unusable_record_is_replaced_by_a_registration(journal: Journal, ingress: DirectIngress, clock: Clock,
+def test_an_unusable_record_is_replaced_by_a_registration(store: RuntimeDirectory, ingress: DirectIngress, clock: Clock,
                                                           change: str) -> None:
-    _keeper(journal, ingress, clock).ensure(1)
+    _keeper(store, ingress, clock).ensure(1)
     if change == "corrupt":
-        journal.write_session_record(b'{"schemaVersion":1}\n')
-        keeper = _keeper(journal, ingress, clock)
+        store.write(STATE_NAME, b'{"schemaVersion":1}\n')
+        keeper = _keeper(store, ingress, clock)
     elif change == "other_worker":
         ingress.state.add_credential("edge-2.primary", "edge-2", ingress.secret)
-        keeper = _keeper(journal, ingress, clock, worker_id="edge-2")
+        keeper = _keeper(store, ingress, clock, worker_id="edge-2")
         ingress.authorization = f"Worker ql3w_edge-2.primary_{ingress.secret}"
     else:
-        keeper = _keeper(journal, ingress, clock, capabilities=local_capabilities("x86_64"))
+        keeper = _keeper(store, ingress, clock, capabilities=local_capabilities("x86_64"))
     outcome = keeper.ensure(1)
     assert (outcome.action, outcome.replaced) == ("registered", True)
 
 
-def test_heartbeat_interval_is_bounded_by_half_the_lease(journal: Journal, ingress: DirectIngress,
+def test_heartbeat_interval_is_bounded_by_half_the_lease(store: RuntimeDirectory, ingress: DirectIngress,
                                                          clock: Clock) -> None:
-    keeper = _keeper(journal, ingress, clock, lease_duration_ms=10_000, heartbeat_interval_ms=9_000)
+    keeper = _keeper(store, ingress, clock, lease_duration_ms=10_000, heartbeat_interval_ms=9_000)
     keeper.ensure(1)
     clock.now += 5_000
     assert keeper.ensure(1).action == "heartbeat"
@@ -276,7 +364,8 @@ def test_local_capabilities_map_the_platform(machine: str, architecture: str, ti
 def test_rejects_platforms_the_cluster_cannot_place_work_on(machine: str) -> None:
     with pytest.raises(SessionError) as info:
         local_capabilities(machine)
-    assert info.value.code == "unsupported_platform"
+    assert info.value.code == "unsupported_architecture"
+    assert "mips has none" in info.value.message
 
 
 # -- the record ----------------------------------------------------------------------------------
@@ -321,6 +410,55 @@ def test_record_parser_survives_single_byte_corruption(position: int, value: int
         parse_session_record(bytes(data))
     except ContractError:
         pass
+
+
+# -- the runtime session state and the legacy record ----------------------------------------------
+
+def test_state_round_trips_byte_for_byte() -> None:
+    record = parse_session_record(RECORD)
+    for state in (SessionState(record, (5, 10)), SessionState(None, None), SessionState(record, None)):
+        data = state.to_bytes()
+        assert parse_session_state(data) == state and parse_session_state(data).to_bytes() == data
+
+
+@pytest.mark.parametrize(("document", "code"), [
+    ({"schemaVersion": 1, "session": None, "retryAfter": None}, "schema"),
+    ({"schemaVersion": 2, "session": None}, "key_set"),
+    ({"schemaVersion": 2, "session": None, "retryAfter": {"setAtMs": 10, "untilMs": 5}}, "out_of_range"),
+    ({"schemaVersion": 2, "session": None, "retryAfter": [1, 2]}, "not_object"),
+    ({"schemaVersion": 2, "session": {"schemaVersion": 1}, "retryAfter": None}, "key_set"),
+])
+def test_rejects_invalid_session_states(document: dict[str, Any], code: str) -> None:
+    with pytest.raises(ContractError) as info:
+        parse_session_state(json.dumps(document).encode())
+    assert info.value.code == code
+
+
+@given(st.binary(max_size=600))
+def test_state_parser_is_total_over_bytes(data: bytes) -> None:
+    try:
+        parse_session_state(data)
+    except ContractError:
+        pass
+
+
+def test_a_legacy_record_moves_from_the_journal_root_once(tmp_path: pathlib.Path, store: RuntimeDirectory) -> None:
+    """Versions before the runtime directory kept session.json in the journal root: it
+    is carried over (no new registration after an upgrade) and removed from flash."""
+    with Journal.open(str(tmp_path / "worker")) as journal:
+        (tmp_path / "worker" / "session.json").write_bytes(RECORD)
+        (tmp_path / "worker" / "session.json").chmod(0o600)
+        assert migrate_legacy_record(journal.take_legacy_session_record(), store)
+        assert not (tmp_path / "worker" / "session.json").exists()
+        assert journal.take_legacy_session_record() is None
+    assert _stored(store) == SessionState(parse_session_record(RECORD), None)
+    assert not migrate_legacy_record(RECORD, store)  # a session in the runtime directory wins
+    assert not migrate_legacy_record(b"{}", store)
+
+
+def test_record_from_a_state_is_a_session_record() -> None:
+    state = parse_session_state(SessionState(parse_session_record(RECORD)).to_bytes())
+    assert isinstance(state.record, SessionRecord) and state.record.version == 5
 
 
 # -- configuration -------------------------------------------------------------------------------
