@@ -26,6 +26,7 @@ agent's default applies, or the key is reported as required)::
         private_key_file         worker.privateKeyFile
         list trust_anchor_file   worker.trustAnchorFiles
         journal_directory        worker.journalDirectory
+        runtime_directory        worker.runtimeDirectory
         request_timeout_ms  inbox_maximum_entries  inbox_retention_ms
         abandoned_maximum_entries  ownership_stale_ms  backoff_base_ms
         session_lease_duration_ms  heartbeat_interval_ms  pull_interval_ms
@@ -141,6 +142,7 @@ UCI_SCHEMA: tuple[UciSectionType, ...] = (
         _text("private_key_file", "privateKeyFile"),
         UciOption("trust_anchor_file", ("trustAnchorFiles",), "list"),
         _text("journal_directory", "journalDirectory"),
+        _text("runtime_directory", "runtimeDirectory"),
         _int("request_timeout_ms", "requestTimeoutMs"),
         _int("inbox_maximum_entries", "inboxMaximumEntries"),
         _int("inbox_retention_ms", "inboxRetentionMs"),

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 import pytest
 
 from qinglong_edge.config import load_config
+from qinglong_edge.worker.runtime import journal_key
 from tests.packaging.conftest import Dist, Unpacked, unpack_ipk
 from tests.packaging.installed import STOP_MARGIN_S, Router, serve_stop_seconds, worker_options
 from tests.support.cli import Entry, unprivileged_python
@@ -138,7 +139,7 @@ def test_start_creates_the_agents_directories_outside_the_state_directory(busybo
     })
     result = router.call(busybox, "start_service")
     assert result.returncode == 0, result.stderr
-    for directory in (router.state, base / "ram/journal", base / "flash/db", base / "flash/pepper",
+    for directory in (router.state, base / "ram/journal", router.runtime, base / "flash/db", base / "flash/pepper",
                       shared / "logs", shared / "work"):
         assert _owned_private(directory), directory
     # An existing shared directory is never taken over.
@@ -248,6 +249,9 @@ def test_crontab_line_pulls_as_the_service_user_only_while_enabled(busybox: str,
     inbox = device.inbox()
     assert len(inbox) == 1 and list(inbox) == list(cluster.state.leases_by_offer())
     assert _owned_private(device.journal)
+    # The session and owner records went to the RAM runtime directory, not the journal.
+    assert sorted(p.name for p in router.runtime.iterdir()) == [journal_key(str(device.journal))]
+    assert not (device.journal / "run").exists() and not (device.journal / "session.json").exists()
 
     seen = len(cluster.exchanges)
     assert router.call(busybox, "stop_service").returncode == 0

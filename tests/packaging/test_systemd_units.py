@@ -51,8 +51,23 @@ def test_serve_and_pull_commands() -> None:
     pull = _unit("qinglong-edge-pull.service")
     assert pull["Service"]["ExecStart"].endswith(" pull") and pull["Service"]["Type"] == "oneshot"
     timer = _unit("qinglong-edge-pull.timer")
+    # Second 0 of every minute, precisely and unrandomized: the agent's stable phase
+    # (worker.splayMaxMs) is measured from it.
     assert timer["Timer"]["OnCalendar"] == "*-*-* *:*:00"
+    assert (timer["Timer"]["AccuracySec"], timer["Timer"]["RandomizedDelaySec"]) == ("1s", "0")
     assert timer["Install"]["WantedBy"] == "timers.target"
+
+
+def test_pull_keeps_its_runtime_directory_in_ram_between_runs() -> None:
+    """Spec README, storage on flash: /run/qinglong-edge (the config's default
+    worker.runtimeDirectory) survives between timer runs; serve does not own it (its
+    stop would remove it)."""
+    from qinglong_edge.config import DEFAULT_RUNTIME_DIRECTORY
+
+    pull = _unit("qinglong-edge-pull.service")["Service"]
+    assert "/run/" + pull["RuntimeDirectory"] == DEFAULT_RUNTIME_DIRECTORY
+    assert (pull["RuntimeDirectoryMode"], pull["RuntimeDirectoryPreserve"]) == ("0700", "yes")
+    assert "RuntimeDirectory" not in _unit("qinglong-edge.service")["Service"]
 
 
 def test_serve_stop_leaves_the_runs_to_the_controller() -> None:
