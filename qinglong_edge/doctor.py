@@ -7,6 +7,15 @@ USB sticks, FUSE).
 
 A check is *required* when the configured roles cannot work without it; the
 command exits 0 only when every required check passes.
+
+One source of truth (issue 18 item 5): directories are judged by
+:func:`qinglong_edge.filecheck.directory_problem` (the journal and the Local store use
+the same rules), the worker's credential, certificate, key and trust anchors by the very
+functions ``pull`` reads them with (:mod:`qinglong_edge.worker.ingress_material`), so a
+file that fails ``pull`` fails ``doctor`` with the same words. One root cause is one
+failure: a directory that is not ours (another owner, loose mode, a symlink) is reported
+once, with the chown/chmod remedy, and the probes inside it are not run (each would fail
+with EACCES and suggest another file system).
 """
 
 from __future__ import annotations
@@ -23,7 +32,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
-from qinglong_edge.config import EdgeConfig
+from qinglong_edge.config import EdgeConfig, WorkerConfig
+from qinglong_edge.filecheck import Problem, directory_problem
 
 __all__ = ["Check", "run_checks"]
 
@@ -156,32 +166,28 @@ _ADMIN_INIT = "qinglong-edge admin init"
 
 
 def check_directory(directory: str, name: str, required: bool, *, creator: str = "") -> Check:
-    """Exists, is a real directory owned by us, with no group/other permission bits.
+    """Exists, is a real directory owned by us, with no group/other permission bits
+    (:func:`qinglong_edge.filecheck.directory_problem`).
 
     ``creator``: the remedy when it is missing (default ``mkdir -p -m 0700 DIR``).
     """
-    try:
+    return _directory_check(directory, name, required, creator=creator)[0]
+
+
+def _directory_check(directory: str, name: str, required: bool, *, creator: str = "") -> tuple[Check, Problem | None]:
+    problem = directory_problem(directory, creator=creator)
+    if problem is None:
         st = os.lstat(directory)
-    except FileNotFoundError:
-        return Check(name, False, required, f"{directory}: missing",
-                     creator or f"mkdir -p -m 0700 {shlex.quote(directory)}")
-    except OSError as exc:
-        return Check(name, False, required, f"{directory}: {exc.strerror}", "check the path")
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        return Check(
-            name, False, required, f"{directory}: not a real directory", "use a real directory, not a symlink"
-        )
-    problems = []
-    if st.st_uid != os.geteuid():
-        problems.append(f"owned by uid {st.st_uid}, not {os.geteuid()}")
-    if st.st_mode & 0o077:
-        problems.append(f"mode {stat.S_IMODE(st.st_mode):04o} allows group/other")
-    if problems:
-        return Check(
-            name, False, required, f"{directory}: {'; '.join(problems)}",
-            f"chown {os.geteuid()} {shlex.quote(directory)} && chmod 0700 {shlex.quote(directory)}",
-        )
-    return Check(name, True, required, f"{directory}: mode {stat.S_IMODE(st.st_mode):04o}, owner ok")
+        return Check(name, True, required, f"{directory}: mode {stat.S_IMODE(st.st_mode):04o}, owner ok"), None
+    detail = problem.message
+    if problem.root_cause:
+        detail += " (the probes inside it are skipped until this is fixed)"
+    return Check(name, False, required, detail, problem.remedy), problem
+
+
+def _inside(path: str, roots: list[str]) -> bool:
+    path = os.path.normpath(path)
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
 
 def _exists(directory: str) -> bool:
@@ -310,83 +316,188 @@ def check_clock() -> Check:
     return Check("clock", ok, True, f"UTC year {year}", remedy)
 
 
-def check_secret_file(path: str, name: str, max_bytes: int) -> Check:
-    """A private file: regular, not a symlink, ours, no group/other bits, 1..max bytes."""
+def _worker_file_remedy(path: str, forbidden: int) -> str:
+    directory = os.path.dirname(path) or "/"
+    quoted, parent = shlex.quote(path), shlex.quote(directory)
+    if forbidden == 0o077:
+        return (f"chown {os.geteuid()} {parent} {quoted} && chmod 0700 {parent} && chmod 0600 {quoted} "
+                "(a regular file of the agent's user in a directory only it can enter)")
+    return f"chmod go-w {parent} {quoted} (readable by all is fine; writable by others is not)"
+
+
+def check_worker_file(path: str, name: str, what: str, *, forbidden: int, credential: bool = False) -> Check:
+    """Read the file exactly as ``pull`` does before every request
+    (:func:`qinglong_edge.worker.ingress_material.read_guarded_file`: the file *and its
+    directory* with no ``forbidden`` bits, not a symlink, 1 byte - its limit; the
+    credential also parsed as a ``ql3w`` token). Nothing read is shown."""
+    from qinglong_edge.errors import TransportError
+    from qinglong_edge.worker.ingress_material import (
+        MAX_CREDENTIAL_BYTES,
+        MAX_TLS_MATERIAL_BYTES,
+        read_authorization,
+        read_guarded_file,
+    )
+
     try:
-        st = os.lstat(path)
-    except OSError as exc:
-        return Check(name, False, True, f"{path}: {exc.strerror}", f"install the file at {path}")
-    problems = []
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
-        problems.append("not a regular file")
-    if st.st_mode & 0o077:
-        problems.append(f"mode {stat.S_IMODE(st.st_mode):04o} allows group/other")
-    if st.st_uid != os.geteuid():
-        problems.append(f"owned by uid {st.st_uid}")
-    if not 1 <= st.st_size <= max_bytes:
-        problems.append(f"size {st.st_size} outside 1..{max_bytes}")
-    if problems:
-        return Check(
-            name, False, True, f"{path}: {'; '.join(problems)}",
-            f"chmod 0600 {path} and make it a regular file owned by the agent user",
-        )
-    return Check(name, True, True, f"{path}: private, {st.st_size} bytes")
+        if credential:
+            read_authorization(path)
+            size = os.stat(path).st_size
+        else:
+            size = len(read_guarded_file(path, MAX_TLS_MATERIAL_BYTES, forbidden, what))
+    except TransportError as exc:
+        missing = not os.path.lexists(path)
+        remedy = f"install the file at {shlex.quote(path)}" if missing else _worker_file_remedy(path, forbidden)
+        return Check(name, False, True, exc.message, remedy)
+    limit = MAX_CREDENTIAL_BYTES if credential else MAX_TLS_MATERIAL_BYTES
+    kind = "a ql3w token" if credential else f"{size} bytes (limit {limit})"
+    rule = "private" if forbidden == 0o077 else "not writable by others"
+    return Check(name, True, True, f"{path}: {rule}, {kind}")
 
 
-def check_readable(path: str, name: str) -> Check:
+def check_architecture(worker: WorkerConfig | None, machine: str | None = None) -> Check:
+    """The machine, its QingLong architecture and support tier (offer-delivery.md 5.1).
+
+    With the worker role: required, failing when QingLong has no worker architecture
+    for this machine (mips...: the cluster can never place work here); a warning when
+    the tier is not ``tier1`` (placement requires tier1 unless a task lists the tier).
+    """
+    from qinglong_edge.worker.session import platform_architecture, unsupported_architecture_message
+
+    machine, architecture, tier = platform_architecture(machine)
+    if architecture is None:
+        detail = f"{machine!r}: no QingLong worker architecture"
+        if worker is None:
+            return Check("architecture", True, False, detail + " (only the Local API is configured)")
+        return Check("architecture", False, True, unsupported_architecture_message(machine),
+                     "use this device for the Local run API only (remove the worker section), or a device "
+                     "with a supported architecture for the Remote Worker")
+    detail = f"{machine}: {architecture}, support tier {tier}"
+    if worker is None or tier == "tier1":
+        return Check("architecture", True, False, detail)
+    return Check("architecture", False, False,
+                 detail + f": only tasks whose placement lists {tier} in supportTiers get offers (the default "
+                 "placement requires tier1)",
+                 f"add \"{tier}\" to the placement's supportTiers of the tasks this device should run")
+
+
+def check_runtime_directory(worker: WorkerConfig) -> Check:
+    """``worker.runtimeDirectory``: usable, and in RAM (an idle pull writes there only).
+
+    A warning when ``pull`` would fall back to ``<journal>/run`` (the directory, or the
+    subdirectory of this journal, cannot be used) or when it is not on a RAM file system.
+    Nothing is created.
+    """
+    from qinglong_edge.worker.runtime import FALLBACK_NAME, journal_key
+
+    base = worker.runtime_directory
+    fallback = os.path.join(worker.journal_directory, FALLBACK_NAME)
+    remedy = (f"install -d -m 0700 -o {os.geteuid()} {shlex.quote(base)} (systemd: RuntimeDirectory= in the pull "
+              "unit; OpenWrt: the init script makes it), or set worker.runtimeDirectory to a tmpfs directory of "
+              "the agent's user")
+    problem = directory_problem(base)
+    if problem is None or problem.kind == "foreign_owner":
+        own = os.path.join(base, journal_key(worker.journal_directory))
+        inner = directory_problem(own)
+        if inner is not None and inner.kind != "missing":
+            problem = inner
+        elif problem is not None and not os.access(base, os.W_OK | os.X_OK):
+            problem = Problem("unwritable", f"{base}: not writable by uid {os.geteuid()}", remedy)
+        else:
+            problem = None
+    if problem is not None:
+        return Check("runtime_dir", False, False,
+                     f"{problem.message}: pull keeps its session and owner records in {fallback} instead, so idle "
+                     "cycles write to the state's file system", remedy if problem.kind != "foreign_owner" else
+                     problem.remedy)
+    fstype = _file_system_type(base)
+    detail = f"{base}: {fstype or 'unknown file system'}"
+    if fstype not in ("tmpfs", "ramfs"):
+        return Check("runtime_dir", False, False, detail + ": not in RAM, idle cycles write to it",
+                     "set worker.runtimeDirectory to a directory on tmpfs (/run, /var/run, /tmp)")
+    return Check("runtime_dir", True, False, detail + " (RAM: an idle pull writes nothing to persistent storage)")
+
+
+def _file_system_type(path: str) -> str | None:
+    """The type of the mount holding ``path`` (``/proc/self/mountinfo``), or None."""
     try:
-        with open(path, "rb") as handle:
-            size = len(handle.read(1024 * 1024 + 1))
-    except OSError as exc:
-        return Check(name, False, True, f"{path}: {exc.strerror}", f"install the file at {path}")
-    ok = 1 <= size <= 1024 * 1024
-    return Check(name, ok, True, f"{path}: {size} bytes", "" if ok else "1 byte to 1 MiB expected")
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    path = os.path.realpath(path)
+    best, best_len = None, -1
+    for line in lines:
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        mount = fields[4].replace("\\040", " ")
+        if (path == mount or path.startswith(mount.rstrip("/") + "/")) and len(mount) > best_len:
+            best, best_len = line.split(" - ", 1)[1].split()[0], len(mount)
+    return best
 
 
-def _storage_checks(directory: str, label: str, required: bool, creator: str = "") -> Iterator[Check]:
-    yield check_directory(directory, f"{label}_dir", required, creator=creator)
-    if not _exists(directory):
-        return
+def _storage_checks(directory: str, label: str, required: bool, creator: str = "") -> tuple[list[Check], bool]:
+    """The directory check and the probes inside it; the bool says whether it is usable."""
+    check, problem = _directory_check(directory, f"{label}_dir", required, creator=creator)
+    if problem is not None and (problem.root_cause or problem.kind == "missing"):
+        return [check], False
+    results = [check]
     probes: list[Callable[[str, bool], Check]] = [
         check_hard_links, check_exclusive_create, check_fsync, check_flock, check_free_space,
     ]
     for probe in probes:
         result = probe(directory, required)
-        yield Check(f"{label}_{result.name}" if label != "state" else result.name,
-                    result.ok, result.required, result.detail, result.remedy)
+        results.append(Check(f"{label}_{result.name}" if label != "state" else result.name,
+                             result.ok, result.required, result.detail, result.remedy))
+    return results, True
 
 
 def run_checks(config: EdgeConfig) -> list[Check]:
     """Run every check that applies to ``config``'s roles, in a stable order."""
     worker, local = config.worker, config.local_api
-    checks = [check_python(), check_tls13(worker is not None), check_sqlite(local is not None)]
+    checks = [check_python(), check_tls13(worker is not None), check_sqlite(local is not None),
+              check_architecture(worker)]
     # `admin init` opens the database first, which creates its directory 0700.
     made_by_init = local is not None and os.path.dirname(local.database_file) == config.state_directory
     state_creator = f"mkdir -p -m 0700 {shlex.quote(config.state_directory)}" + (
         f" (or run '{_ADMIN_INIT}', which creates it)" if made_by_init else ""
     )
-    checks.extend(_storage_checks(config.state_directory, "state", True, state_creator))
+    state, usable = _storage_checks(config.state_directory, "state", True, state_creator)
+    checks.extend(state)
+    # Directories whose root cause was already reported: nothing inside them is probed.
+    broken = [] if usable or not os.path.lexists(config.state_directory) else [config.state_directory]
     if worker is not None:
-        if worker.journal_directory != config.state_directory and _exists(worker.journal_directory):
-            checks.extend(_storage_checks(worker.journal_directory, "journal", True))
-        checks.append(check_secret_file(worker.credential_file, "worker_credential", 256))
-        checks.append(check_secret_file(worker.private_key_file, "worker_private_key", 1024 * 1024))
-        checks.append(check_readable(worker.certificate_file, "worker_certificate"))
+        journal = worker.journal_directory
+        if journal != config.state_directory and _exists(journal) and not _inside(journal, broken):
+            found, ok = _storage_checks(journal, "journal", True)
+            checks.extend(found)
+            if not ok:
+                broken.append(journal)
+        checks.append(check_runtime_directory(worker))
+        checks.append(check_worker_file(worker.credential_file, "worker_credential", "credential file",
+                                        forbidden=0o077, credential=True))
+        checks.append(check_worker_file(worker.private_key_file, "worker_private_key", "private key file",
+                                        forbidden=0o077))
+        checks.append(check_worker_file(worker.certificate_file, "worker_certificate", "certificate file",
+                                        forbidden=0o077))
         for index, anchor in enumerate(worker.trust_anchor_files):
-            checks.append(check_readable(anchor, f"trust_anchor_{index}"))
+            checks.append(check_worker_file(anchor, f"trust_anchor_{index}", "trust anchor file", forbidden=0o022))
     if local is not None:
         db_dir = os.path.dirname(local.database_file)
-        if _exists(db_dir):
+        if _inside(db_dir, broken):
+            pass  # its directory's problem is the one to fix first
+        elif _exists(db_dir):
             checks.extend(check_sqlite_journal(db_dir, config.profile, True))
         else:
             checks.append(Check(
                 "sqlite_write", False, True, f"{db_dir}: missing",
                 f"mkdir -p -m 0700 {shlex.quote(db_dir)} (or run '{_ADMIN_INIT}', which creates it)",
             ))
-        checks.append(check_directory(
-            local.pepper_keyring_directory, "pepper_dir", True,
-            creator=f"run '{_ADMIN_INIT}' as the agent's user (it creates the keyring 0700 and its first key)",
-        ))
+        if not _inside(local.pepper_keyring_directory, broken):
+            checks.append(check_directory(
+                local.pepper_keyring_directory, "pepper_dir", True,
+                creator=f"run '{_ADMIN_INIT}' as the agent's user (it creates the keyring 0700 and its first key)",
+            ))
     if config.execution is not None:
         checks.append(check_cgroups())
     checks.append(check_clock())

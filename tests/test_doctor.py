@@ -8,11 +8,12 @@ import os
 import pathlib
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 
 import pytest
 
-from tests.support.cli import run_cli
+from tests.support.cli import REPO, run_cli
 
 
 def _config(tmp_path: pathlib.Path, state: pathlib.Path) -> pathlib.Path:
@@ -122,3 +123,83 @@ def test_missing_directories_name_the_command_that_makes_them(tmp_path: pathlib.
         assert f"mkdir -p -m 0700 {tmp_path / 'state'}" in remedy
         assert "qinglong-edge admin init" in remedy
     assert not any("the command that creates it" in str(c["remedy"]) for c in checks.values())
+
+
+# -- one source of truth for file checks (issue 18 item 5) ------------------------------------
+
+def test_a_credential_directory_at_0755_fails_doctor_exactly_as_it_fails_pull(tmp_path: pathlib.Path) -> None:
+    from tests.support.cluster_double import ClusterDouble
+    from tests.support.pull_env import PullEnv
+
+    with ClusterDouble() as cluster:
+        env = PullEnv(tmp_path, cluster)
+        private = pathlib.Path(env.files["credentialFile"]).parent
+        private.chmod(0o755)
+        pulled = env.pull("--json")
+        assert pulled.status == 78 and pulled.last()["code"] == "credentials_unavailable"
+        doctor = env.cli("doctor", "--json")
+    assert doctor.status == 69
+    checks = _checks(json.loads(doctor.stdout))
+    failed = {name for name, check in checks.items() if not check["ok"] and check["required"]}
+    assert failed == {"worker_credential", "worker_private_key", "worker_certificate"}
+    credential = checks["worker_credential"]
+    assert "parent directory mode 0755" in str(credential["detail"])
+    # pull reads the certificate first: the very same words as doctor's check of it
+    assert str(checks["worker_certificate"]["detail"]) in pulled.last()["detail"]
+    assert "chmod 0700" in str(credential["remedy"]) and "chmod 0600" in str(credential["remedy"])
+    private.chmod(0o700)
+    with ClusterDouble() as cluster:
+        healthy = _checks(json.loads(env.cli("doctor", "--json").stdout))
+    assert all(healthy[name]["ok"] for name in ("worker_credential", "worker_private_key", "worker_certificate",
+                                                 "trust_anchor_0"))
+
+
+def test_a_state_directory_of_another_user_is_one_failure(tmp_path: pathlib.Path) -> None:
+    """As root the probes would pass (root ignores modes): the rule still says no."""
+    if os.geteuid() != 0:
+        pytest.skip("chown needs root")
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    os.chown(state, 65534, 65534)
+    checks = _checks(run_cli("--config", str(_config(tmp_path, state)), "doctor", "--json").json())
+    failed = [name for name, check in checks.items() if not check["ok"]]
+    assert failed == ["state_dir"]
+    assert "owned by uid 65534, not 0" in str(checks["state_dir"]["detail"])
+    assert str(checks["state_dir"]["remedy"]).startswith(f"chown 0 {state} && chmod 0700 {state}")
+    for probe in ("hard_links", "o_excl", "fsync", "flock", "sqlite_write", "sqlite_wal", "pepper_dir"):
+        assert probe not in checks
+
+
+def test_as_the_wrong_user_doctor_reports_one_cause_and_admin_init_exits_73(tmp_path: pathlib.Path) -> None:
+    """Issue 18: state owned by another uid made doctor print seven failures with
+    unrelated remedies ("put it on ext4"), and admin init exit 74."""
+    if os.geteuid() != 0:
+        pytest.skip("running as another user needs root")
+    from tests.support.cli import unprivileged_python
+
+    python = unprivileged_python()
+    top = pathlib.Path(tempfile.mkdtemp(prefix="qle-doctor-"))
+    try:
+        top.chmod(0o755)
+        state = top / "state"
+        state.mkdir(mode=0o700)  # root's
+        config = _config(top, state)
+        config.chmod(0o644)
+        environ = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONPATH": str(REPO)}
+
+        def as_nobody(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([python, "-m", "qinglong_edge", "--config", str(config), *args], capture_output=True,
+                                  text=True, env=environ, cwd="/", user=65534, group=65534, extra_groups=[],
+                                  timeout=60, check=False)
+
+        doctor = as_nobody("doctor")
+        assert doctor.returncode == 69, doctor.stdout + doctor.stderr
+        failed = [line for line in doctor.stdout.splitlines() if line.startswith("FAIL")]
+        assert len(failed) == 1 and " state_dir " in failed[0], doctor.stdout
+        assert "owned by uid 0, not 65534" in failed[0] and "chown 65534" in failed[0]
+        assert "ext4" not in doctor.stdout
+        init = as_nobody("admin", "init")
+        assert init.returncode == 73, init.stderr
+        assert "unsafe_storage" in init.stderr and "owned by uid 0" in init.stderr
+    finally:
+        shutil.rmtree(top)

@@ -15,6 +15,7 @@ RANK = {
     "contracts": 0,
     "errors": 1,
     "config": 1,
+    "filecheck": 1,
     "process": 2,
     "worker": 3,
     "local": 4,
@@ -65,7 +66,7 @@ def test_module_respects_layers(path: pathlib.Path) -> None:
             assert top in sys.stdlib_module_names, f"{path}:{lineno}: {name} is not standard library"
 
 
-SQLITE_FREE = ("contracts", "errors", "config", "process", "worker")
+SQLITE_FREE = ("contracts", "errors", "config", "filecheck", "process", "worker")
 
 
 @pytest.mark.parametrize(

@@ -221,6 +221,13 @@ def _prepare_file(path: str) -> None:
             info = os.lstat(path)
         except FileNotFoundError:
             info = None
+        except PermissionError:
+            # A directory of another user that we cannot even look into: that is the
+            # cause (unsafe_storage, 73), not an I/O failure of the file (issue 18).
+            directory_uid = os.stat(directory).st_uid
+            if directory_uid != euid:
+                raise _other_owner(f"{directory}: the database directory", directory_uid, euid) from None
+            raise
         if info is not None:
             if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
                 raise StoreError(f"{path}: database path is not a regular file", code="unsafe_storage")

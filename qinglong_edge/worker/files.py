@@ -42,6 +42,7 @@ from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.fields import dispatch_id
 from qinglong_edge.contracts.ids import JOURNAL_OFFER_ID
 from qinglong_edge.errors import JournalError
+from qinglong_edge.filecheck import stat_problem
 from qinglong_edge.worker import crashpoints
 from qinglong_edge.worker.crashpoints import crashpoint
 
@@ -95,14 +96,12 @@ def unsafe(message: str) -> JournalError:
 
 
 def check_private(st: os.stat_result, what: str, *, directory: bool) -> None:
-    """Require a real file/directory owned by us with no group/other bits (section 3.1)."""
-    kind_ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
-    if not kind_ok:
-        raise unsafe(f"{what}: not a {'directory' if directory else 'regular file'}")
-    if st.st_uid != os.geteuid():
-        raise unsafe(f"{what}: owned by uid {st.st_uid}, not {os.geteuid()}")
-    if st.st_mode & 0o077:
-        raise unsafe(f"{what}: mode {stat.S_IMODE(st.st_mode):04o} allows group/other access")
+    """Require a real file/directory owned by us with no group/other bits (section 3.1;
+    the rules and words are :func:`qinglong_edge.filecheck.stat_problem`'s, which
+    ``doctor`` uses too)."""
+    problem = stat_problem(st, what, directory=directory)
+    if problem is not None:
+        raise unsafe(problem.message)
 
 
 def open_private_directory(name: str, *, dir_fd: int | None, what: str, create: bool) -> tuple[int, bool]:
