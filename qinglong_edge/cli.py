@@ -127,6 +127,33 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+#: The options accepted before the command (argparse also takes unique prefixes of them).
+_GLOBAL_OPTIONS = ("--config", "--json", "--help")
+_GLOBAL_VALUE_OPTIONS = ("--config",)
+
+
+def _unknown_global_option(argv: Sequence[str]) -> str | None:
+    """The first option before the command that is none of the global ones, or None.
+
+    argparse would take ``--confg x doctor`` as an unknown option followed by the
+    command ``x`` and complain about ``x`` ("invalid choice"), never naming the option
+    the user mistyped (issue 18).
+    """
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        if arg == "--" or not arg.startswith("-"):
+            return None
+        name = arg.split("=", 1)[0]
+        if arg in ("-h",):
+            return None
+        matches = [option for option in _GLOBAL_OPTIONS if option.startswith(name)] if name.startswith("--") else []
+        if len(matches) != 1:
+            return name
+        index += 2 if matches[0] in _GLOBAL_VALUE_OPTIONS and "=" not in arg else 1
+    return None
+
+
 def _plain_args(argv: Sequence[str]) -> argparse.Namespace | None:
     """The cron-run ``pull`` without argparse (:func:`qinglong_edge.commands.pull.plain_args`),
     else None."""
@@ -154,6 +181,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _plain_args(args_list)
         if args is None:
             parser = build_parser(args_list)
+            unknown = _unknown_global_option(args_list)
+            if unknown is not None:
+                import difflib
+
+                close = difflib.get_close_matches(unknown, _GLOBAL_OPTIONS, n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise _ArgumentError(f"unknown option {unknown}{hint}: options before the command are "
+                                     f"{', '.join(_GLOBAL_OPTIONS)}", parser.format_usage())
             args = parser.parse_args(args_list)
             # Defaults are applied here, not with set_defaults: argparse shares the
             # parent's action objects with every sub-parser, so a default set on one

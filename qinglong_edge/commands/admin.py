@@ -368,17 +368,28 @@ def _credential_revoke(args: argparse.Namespace) -> int:
 
 def _role(args: argparse.Namespace) -> int:
     from qinglong_edge.contracts.ids import new_uuid4
-    from qinglong_edge.local.identity import Subject
+    from qinglong_edge.errors import StoreError
+    from qinglong_edge.local.identity import Subject, get_subject
     from qinglong_edge.local.policy import grant_role, revoke_role
     from qinglong_edge.local.store import now_ms
 
     subject = Subject(args.subject_type, args.subject_id)
     mutation = args.mutation_id or new_uuid4()
+
+    def grant(conn: Any) -> Any:
+        # A binding for a subject that does not exist would be a role nobody can use,
+        # and hides a typo in --subject-id (issue 18): refuse it, in the same operation.
+        if get_subject(conn, subject) is None:
+            raise StoreError(
+                f"subject {subject.type}:{subject.id} does not exist: create it first with 'qinglong-edge admin "
+                f"subject create --type {subject.type} --id {subject.id}'", code="not_found")
+        return grant_role(conn, args.project, subject, args.role, mutation_id=mutation, changed_by=_admin_subject(),
+                          now_ms=now_ms())
+
     with _Context(args) as ctx:
         store = ctx.open()
         if args.action == "grant":
-            result = store.run(lambda c: grant_role(c, args.project, subject, args.role, mutation_id=mutation,
-                                                    changed_by=_admin_subject(), now_ms=now_ms()))
+            result = store.run(grant)
         else:
             result = store.run(lambda c: revoke_role(c, args.project, subject, mutation_id=mutation,
                                                      changed_by=_admin_subject(), now_ms=now_ms()))

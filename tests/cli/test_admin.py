@@ -171,6 +171,8 @@ def test_task_create_list_and_runs_list(site: pathlib.Path) -> None:
                       "--role", "god"), 64, id="bad_role"),
         pytest.param(("role", "grant", "--project", "nope", "--subject-type", "user", "--subject-id", "a",
                       "--role", "viewer"), 65, id="unknown_project"),
+        pytest.param(("role", "grant", "--project", "default", "--subject-type", "user", "--subject-id", "ghost",
+                      "--role", "viewer"), 65, id="role_for_an_unknown_subject"),
         pytest.param(("credential", "issue", "--id", "bad id", "--subject-type", "user", "--subject-id", "a"),
                      65, id="bad_credential_id"),
         pytest.param(("credential", "issue", "--id", "c", "--subject-type", "user", "--subject-id", "ghost"),
@@ -193,6 +195,20 @@ def test_rejects_bad_input_with_a_clear_status(site: pathlib.Path, args: tuple[s
     assert result.status == status, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     assert result.stderr.startswith("qinglong-edge: ") or "usage:" in result.stderr
+
+
+def test_role_grant_names_the_missing_subject_and_writes_nothing(site: pathlib.Path) -> None:
+    """Issue 18: `admin role grant` accepted a subject that does not exist."""
+    ok_json(site, "init")
+    ok_json(site, "project", "create", "--id", "default", "--name", "Default")
+    result = admin(site, "role", "grant", "--project", "default", "--subject-type", "user", "--subject-id", "alcie",
+                   "--role", "operator")
+    assert result.status == 65
+    assert "not_found" in result.stderr and "user:alcie does not exist" in result.stderr
+    assert "admin subject create --type user --id alcie" in result.stderr
+    with Store.open(str(site / "state" / "local.db")) as store:
+        rows = store.run(lambda c: c.execute('SELECT count(*) FROM "QingLong3ProjectRoleBindings"').fetchone()[0])
+    assert rows == 0
 
 
 def test_a_corrupted_database_is_refused_by_the_cli(site: pathlib.Path) -> None:
