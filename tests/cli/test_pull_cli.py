@@ -301,6 +301,31 @@ def test_claim_answered_409_is_abandoned_as_offer_fenced(env: PullEnv, how: str)
     assert env.pull("--json").last()["status"] == "accepted"
 
 
+@pytest.mark.parametrize("code", ["claim_in_progress", "worker_session_fenced", "conflict"])
+def test_a_409_other_than_the_fence_keeps_the_claim_backs_off_and_reports_the_code(env: PullEnv, code: str) -> None:
+    """Spec README: only 409 worker_offer_fenced abandons; the cluster double answers
+    409 with other codes (Fault.status_answer) and the real transport reads the code."""
+    env.cluster.push_fault(Fault.status_answer(409, code))
+    first = env.pull("--json")
+    line = first.last()
+    assert first.status == 75
+    assert (line["status"], line["httpStatus"], line["errorCode"], line["attemptCount"]) == (
+        "unavailable", 409, code, 1)
+    claim = env.claim()
+    assert claim is not None and claim["offerId"] == line["offerId"] and env.abandoned() == {}
+    env.wait_until_due(claim)
+    final = env.pull_until_settled()[-1].last()
+    assert (final["status"], final["offerId"]) == ("accepted", claim["offerId"])  # the same claim, replayed
+    assert env.abandoned() == {}
+
+
+def test_the_human_line_names_the_409_code(env: PullEnv) -> None:
+    env.cluster.push_fault(Fault.status_answer(409, "claim_in_progress"))
+    outcome = env.pull()
+    assert outcome.status == 75
+    assert "HTTP 409 claim_in_progress" in outcome.stdout and "kept" in outcome.stdout
+
+
 # -- credentials --------------------------------------------------------------------------------------------
 
 def test_401_on_offers_exits_77_and_keeps_the_claim(env: PullEnv) -> None:

@@ -118,3 +118,28 @@ def test_an_abort_during_a_cycle_stops_the_loop_after_the_report(tmp_path: pathl
         next(cycles)
     # the journal was released: a new cycle can open it
     assert next(run_pull(_worker(tmp_path), clock_ms=lambda: NOW, transport=ingress)).result is not None  # type: ignore[arg-type]
+
+
+def test_the_client_certificate_expiry_warning_once_a_day(tmp_path: pathlib.Path, ingress: Closable) -> None:
+    """Issue 18 item 7: inside 14 days of the client certificate's expiry, one warning
+    line a day (remembered in the runtime directory)."""
+    from tests.support.tls_server import cert_path
+
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    certificate = private / "client.pem"
+    certificate.write_bytes(cert_path("client.pem").read_bytes())
+    certificate.chmod(0o600)
+    worker = _worker(tmp_path, certificateFile=str(certificate))
+    not_after = 4_102_444_799_000  # Dec 31 23:59:59 2099 GMT, the committed client certificate
+    day = 86_400_000
+    near = (not_after - 10 * day) // day * day  # 0:00 UTC, ten days and a bit before
+    ingress.state.clock_ms = lambda: near
+    notices: list[str] = []
+    for _ in range(3):
+        list(run_pull(worker, clock_ms=lambda: near, transport=ingress, notice=notices.append))  # type: ignore[arg-type]
+    assert len(notices) == 1 and notices[0].startswith("certificate_expiring: ")
+    assert f"{certificate} expires in 10 day(s)" in notices[0]
+    far = not_after - 30 * day
+    list(run_pull(worker, clock_ms=lambda: far, transport=ingress, notice=notices.append))  # type: ignore[arg-type]
+    assert len(notices) == 1  # outside the window: nothing (the day changed, it was checked)

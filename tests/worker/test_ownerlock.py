@@ -374,3 +374,35 @@ def test_owner_process_fails_closed_after_its_lock_file_is_changed(private_dir: 
         assert newcomer["code"] is None
     finally:
         owner.close()
+
+
+def test_with_a_runtime_directory_the_record_lives_there_and_the_lock_file_is_not_written(
+    private_dir: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    """Spec README, storage on flash: taking and holding the lock writes nothing to the
+    journal's file system (no record, no fchmod of a lock file already 0600)."""
+    from qinglong_edge.worker.runtime import RuntimeDirectory
+
+    (tmp_path / "run").mkdir(mode=0o700)
+    OwnerLock.acquire(str(private_dir), stale_ms=STALE_MS).release()  # the lock file exists (0600)
+    path = private_dir / LOCK_NAME
+    path.write_bytes(b"")
+    before = path.stat()
+    with RuntimeDirectory.open(str(tmp_path / "run"), str(private_dir)) as runtime:
+        lock = OwnerLock.acquire(str(private_dir), stale_ms=STALE_MS, runtime=runtime)
+        try:
+            first = lock.record.refreshed_at_ms
+            deadline = time.monotonic() + 10
+            while lock.record.refreshed_at_ms == first and time.monotonic() < deadline:
+                time.sleep(0.05)  # let the refresh thread run at least once
+            assert lock.record.refreshed_at_ms > first
+            assert read_owner_record(str(private_dir), runtime) == lock.record
+            assert parse_owner_record((pathlib.Path(runtime.path) / "owner.json").read_bytes()) == lock.record
+            with pytest.raises(JournalError) as info:  # a second owner names the first
+                OwnerLock.acquire(str(private_dir), stale_ms=STALE_MS, runtime=runtime)
+            assert f"pid {os.getpid()}" in info.value.message
+        finally:
+            lock.release()
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_ctime_ns) == (before.st_size, before.st_mtime_ns,
+                                                                     before.st_ctime_ns)
