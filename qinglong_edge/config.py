@@ -28,7 +28,7 @@ Shape (camelCase, like the QingLong configs; defaults in brackets)::
         "sessionLeaseDurationMs": 5000-600000,      [180000: survives a missed cron minute]
         "heartbeatIntervalMs": 5000-300000,         [10000; 2 x interval <= the session lease]
         "pullIntervalMs": 100-60000,                [2000 edge, 500 standalone]
-        "splayMaxMs": 0-60000,                      [50000: this device's stable phase in the minute]
+        "splayMaxMs": 0-60000,                      [60000: this device's stable phase in the minute]
         "maxConcurrentRuns": 1-1024                 [1]
       },
       "localApi": {                                            absent: no Local API role
@@ -95,9 +95,10 @@ DEFAULT_CONFIG_PATH = "/etc/qinglong-edge/config.json"
 #: "Decisions for storage on flash"; systemd ``RuntimeDirectory=qinglong-edge``; the
 #: OpenWrt UCI defaults say ``/var/run/qinglong-edge``). See qinglong_edge.worker.runtime.
 DEFAULT_RUNTIME_DIRECTORY = "/run/qinglong-edge"
-#: ``worker.splayMaxMs``: a fleet's devices spread over the first 50 s of each cron
-#: minute by a stable per-device phase (qinglong_edge.worker.pacing; benchmarks/bench_fleet.py).
-DEFAULT_SPLAY_MAX_MS = 50_000
+#: ``worker.splayMaxMs``: a fleet's devices spread over the whole cron minute by a stable
+#: per-device phase plus a little jitter (qinglong_edge.worker.pacing; benchmarks/bench_fleet.py:
+#: 50 s left the per-second load above a cluster sized at 1.1 x the mean).
+DEFAULT_SPLAY_MAX_MS = 60_000
 ENV_CONFIG = "QINGLONG_EDGE_CONFIG"
 MAX_CONFIG_BYTES = 64 * 1024
 _WORKER_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")

@@ -42,7 +42,7 @@ class Problem(Frozen):
         remedy: a command to run (paths shell-quoted).
     """
 
-    __slots__ = ("kind", "message", "remedy")  # noqa: RUF023 (field order)
+    __slots__ = ("kind", "message", "remedy")
 
     kind: str
     message: str
@@ -79,7 +79,8 @@ def stat_problem(st: os.stat_result, path: str, *, directory: bool, forbidden: i
     euid = os.geteuid()
     remedy = ownership_remedy(path, directory=directory, uid=euid, forbidden=forbidden)
     if st.st_uid != euid:
-        return Problem("foreign_owner", f"{path}: owned by uid {st.st_uid}, not {euid} (the user running qinglong-edge)",
+        return Problem("foreign_owner",
+                       f"{path}: owned by uid {st.st_uid}, not {euid} (the user running qinglong-edge)",
                        f"{remedy} (or run qinglong-edge as uid {st.st_uid})")
     if st.st_mode & forbidden:
         bits = "group/other access" if forbidden == PRIVATE_BITS else "group/other write access"

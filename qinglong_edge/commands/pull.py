@@ -255,6 +255,7 @@ def _unsupported(args: argparse.Namespace, worker: object, machine: str) -> int:
 
 def _splay(worker: object, abort: object, no_splay: bool) -> None:
     """Wait for this device's phase in the minute (before the heavy imports)."""
+    import random
     import time
 
     from qinglong_edge.config import WorkerConfig
@@ -264,7 +265,7 @@ def _splay(worker: object, abort: object, no_splay: bool) -> None:
     assert isinstance(worker, WorkerConfig) and isinstance(abort, AbortSignal)
     if no_splay:
         return
-    delay = splay_delay_ms(worker.worker_id, worker.splay_max_ms, time.time_ns() // 1_000_000)
+    delay = splay_delay_ms(worker.worker_id, worker.splay_max_ms, time.time_ns() // 1_000_000, random.random())
     if delay <= 0:
         return
     if sys.stderr.isatty():

@@ -194,7 +194,7 @@ def run_pull(
             runtime.close()
 
 
-def _run_journal(  # noqa: PLR0913 (run_pull's arguments, passed on)
+def _run_journal(
     worker: WorkerConfig,
     runtime: RuntimeDirectory,
     capabilities: dict[str, object],

@@ -45,11 +45,11 @@ from qinglong_edge.errors import TransportError
 
 __all__ = [
     "DEFAULT_MAX_REQUEST_BYTES",
+    "MAX_ERROR_BODY_BYTES",
     "MAX_HEADER_FIELDS",
     "MAX_HEAD_BYTES",
     "MAX_REQUEST_BYTES_CEILING",
     "MAX_RESPONSE_BYTES_CEILING",
-    "MAX_ERROR_BODY_BYTES",
     "MAX_RETRY_AFTER_MS",
     "BodyDecoder",
     "ChunkedBody",

@@ -9,12 +9,17 @@ arithmetic rather than a copy of it. All times are wall-clock milliseconds.
 Splay (issue 18 item 8: a fleet on one crontab must not call the cluster in the same
 second). Cron (busybox crond, the systemd timer) starts ``pull`` at second 0 of every
 minute. Each device has a *stable phase* inside the minute,
-``sha256("qinglong-edge/splay\\0" + workerId) mod splayMaxMs``, and a cycle waits until
-that offset of the current minute before it talks to the cluster. The phase is the same
-every minute, so a device calls every 60 s and a fleet of N devices spreads evenly over
-the first ``splayMaxMs`` of each minute (peak / mean <= 60 s / splayMaxMs plus the
-hash's own unevenness; see docs/benchmarks.md). A cycle that starts after its phase
-(a late cron, a manual run) does not wait for the next minute: it runs at once.
+``sha256("qinglong-edge/splay\\0" + workerId) mod splayMaxMs``, and each cycle waits until
+its phase plus a small random jitter (uniform over :data:`SPLAY_JITTER_MS`, 10 s,
+centred on the phase; wrapping inside the window) of the current minute. So a device
+calls about every 60 s (never two cycles a few seconds apart, except at the window's
+edge) and a fleet of N devices spreads evenly over the first ``splayMaxMs`` of each
+minute: peak / mean <= 60 s / splayMaxMs plus the binomial spread (see
+docs/benchmarks.md, fleet). The jitter is what keeps a cluster near its capacity fair:
+with a purely stable phase the devices of a crowded second would be refused (503)
+every minute, forever (benchmarks/bench_fleet.py measured that). A cycle that starts
+after its offset (a late cron, a manual run) does not wait for the next minute: it runs
+at once.
 
 Backoff (offer-delivery.md 3.7): full jitter,
 ``floor(r * min(60000, base * 2^max(0, attempt - 1)))``, never sooner than a
@@ -30,6 +35,7 @@ __all__ = [
     "BACKOFF_CAP_MS",
     "LEASE_MARGIN_MS",
     "MAX_RETRY_AFTER_MS",
+    "SPLAY_JITTER_MS",
     "SPLAY_PERIOD_MS",
     "backoff_delay_ms",
     "claim_due",
@@ -38,6 +44,7 @@ __all__ = [
     "retry_delay_ms",
     "session_step",
     "splay_delay_ms",
+    "splay_offset_ms",
     "splay_phase_ms",
     "waiting",
 ]
@@ -48,6 +55,8 @@ BACKOFF_CAP_MS = 60_000
 MAX_RETRY_AFTER_MS = 3_600_000
 #: The cron period the splay phase lives in.
 SPLAY_PERIOD_MS = 60_000
+#: Width of the random jitter around a device's phase (at most the splay window).
+SPLAY_JITTER_MS = 10_000
 #: A session lease that ends within this margin is treated as already over (our clock
 #: and the cluster's differ a little; re-registering is cheaper than a refused heartbeat).
 LEASE_MARGIN_MS = 2000
@@ -63,14 +72,22 @@ def splay_phase_ms(worker_id: str, splay_max_ms: int) -> int:
     return int.from_bytes(digest.digest()[:8], "big") % splay_max_ms
 
 
-def splay_delay_ms(worker_id: str, splay_max_ms: int, now_ms: int) -> int:
-    """How long a cycle started at ``now_ms`` waits for its phase (see the module docstring).
+def splay_offset_ms(worker_id: str, splay_max_ms: int, r: float) -> int:
+    """This cycle's offset after second 0: the phase plus ``(r - 0.5) x jitter``, wrapped
+    into ``0..splay_max_ms`` (``r`` uniform in [0, 1); 0 when the splay is off)."""
+    if splay_max_ms <= 0:
+        return 0
+    jitter = min(SPLAY_JITTER_MS, splay_max_ms)
+    return (splay_phase_ms(worker_id, splay_max_ms) + int((r - 0.5) * jitter)) % splay_max_ms
 
-    Returns ``phase - (now_ms mod 60000)`` when that is positive, else 0 (the phase of
-    this minute has passed: go now rather than in a minute).
+
+def splay_delay_ms(worker_id: str, splay_max_ms: int, now_ms: int, r: float) -> int:
+    """How long a cycle started at ``now_ms`` waits (see the module docstring).
+
+    Returns ``offset - (now_ms mod 60000)`` when that is positive, else 0 (this minute's
+    offset has passed: go now rather than in a minute).
     """
-    phase = splay_phase_ms(worker_id, splay_max_ms)
-    return max(0, phase - now_ms % SPLAY_PERIOD_MS)
+    return max(0, splay_offset_ms(worker_id, splay_max_ms, r) - now_ms % SPLAY_PERIOD_MS)
 
 
 def backoff_delay_ms(attempt_count: int, base_ms: int, r: float) -> int:
@@ -145,7 +162,8 @@ def session_step(
         ``register``, or ``wait_unavailable`` (no usable session and Retry-After
         forbids registering).
     """
-    if lease_expires_at_ms is not None and heartbeat_at_ms is not None and lease_expires_at_ms - LEASE_MARGIN_MS > now_ms:
+    running = lease_expires_at_ms is not None and lease_expires_at_ms - LEASE_MARGIN_MS > now_ms
+    if running and heartbeat_at_ms is not None:
         if heartbeat_at_ms <= now_ms < heartbeat_at_ms + heartbeat_interval_ms:
             return "current"
         return "wait_stale" if waiting(window, now_ms) else "heartbeat"

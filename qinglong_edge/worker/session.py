@@ -240,7 +240,7 @@ class SessionState(Frozen):
     """The runtime ``session.json``: the session (or None) and the Retry-After window
     ``(set at, not before)`` of the last session call that had one (or None)."""
 
-    __slots__ = ("record", "retry_after")  # noqa: RUF023 (field order)
+    __slots__ = ("record", "retry_after")
 
     record: SessionRecord | None
     retry_after: tuple[int, int] | None

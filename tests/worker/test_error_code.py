@@ -9,7 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qinglong_edge.worker.ingress_http import MAX_ERROR_BODY_BYTES, error_body_decoder, parse_error_code, parse_response_head
+from qinglong_edge.worker.ingress_http import (
+    MAX_ERROR_BODY_BYTES,
+    error_body_decoder,
+    parse_error_code,
+    parse_response_head,
+)
 
 
 def _head(*fields: str, status: int = 409) -> bytes:

@@ -18,6 +18,7 @@ from qinglong_edge.worker.pacing import (
     retry_delay_ms,
     session_step,
     splay_delay_ms,
+    splay_offset_ms,
     splay_phase_ms,
     waiting,
 )
@@ -43,16 +44,36 @@ def test_phases_of_a_fleet_fill_the_splay_window_evenly() -> None:
     assert max(per_second.values()) < 1.3 * 10_000 / 50  # within the binomial spread
 
 
-@pytest.mark.parametrize(("offset", "expected"), [(0, "phase"), (300, "phase-300"), ("after", 0)])
-def test_the_delay_waits_for_the_phase_of_this_minute_or_none(offset: object, expected: object) -> None:
-    phase = splay_phase_ms("edge-1", 50_000)
-    if offset == "after":
-        assert splay_delay_ms("edge-1", 50_000, T + phase + 1) == 0  # late: go now, not next minute
-        assert splay_delay_ms("edge-1", 50_000, T + 59_999) == 0
-        return
-    assert isinstance(offset, int)
-    assert splay_delay_ms("edge-1", 50_000, T + offset) == phase - offset
-    assert splay_delay_ms("edge-1", 0, T + offset) == 0
+def test_the_offset_is_the_phase_with_a_jitter_of_five_seconds_either_way() -> None:
+    phase = splay_phase_ms("edge-1", 60_000)
+    assert splay_offset_ms("edge-1", 60_000, 0.5) == phase
+    offsets = {splay_offset_ms("edge-1", 60_000, r / 100) for r in range(100)}
+    distances = {min((o - phase) % 60_000, (phase - o) % 60_000) for o in offsets}
+    assert max(distances) <= 5_000 and len(offsets) == 100
+    assert splay_offset_ms("edge-1", 4_000, 0.999) < 4_000  # the jitter never leaves a small window
+    assert splay_offset_ms("edge-1", 0, 0.7) == 0
+
+
+def test_the_delay_waits_for_this_minutes_offset_or_none() -> None:
+    offset = splay_offset_ms("edge-1", 60_000, 0.25)
+    assert splay_delay_ms("edge-1", 60_000, T, 0.25) == offset
+    if offset > 300:
+        assert splay_delay_ms("edge-1", 60_000, T + 300, 0.25) == offset - 300
+    assert splay_delay_ms("edge-1", 60_000, T + offset + 1, 0.25) == 0  # late: go now, not next minute
+    assert splay_delay_ms("edge-1", 0, T + 5, 0.25) == 0
+
+
+def test_a_fleet_calls_about_once_a_minute() -> None:
+    """Consecutive offsets of one device are 60 s +- 10 s apart (except at the window's edge)."""
+    import random
+
+    draws = random.Random(3)
+    for i in range(200):
+        worker = f"router-{i}"
+        phase = splay_phase_ms(worker, 60_000)
+        if 6_000 <= phase <= 54_000:
+            a, b = (splay_offset_ms(worker, 60_000, draws.random()) for _ in range(2))
+            assert abs((60_000 + b) - a - 60_000) <= 10_000
 
 
 def test_retry_after_is_never_undercut_and_capped() -> None:
