@@ -9,9 +9,11 @@ so every pull is idle) with the same certificates, credential and trust anchor:
 * ``pull``: ``python -S bin/qinglong-edge pull --config C --no-splay`` through the
   router's launcher (packaging/files/launcher, the package linked in as
   ``lib/qinglong-edge``) -- one complete cron cycle: CLI and config, journal open
-  (owner lock, probe), inbox prune, session record read (current: no session call),
-  claim created, attempt persisted, one TLS 1.3 mTLS POST of the claim, idle response
-  parsed, claim cleared, lock released.
+  (owner lock, its record in the RAM runtime directory), inbox prune, session record
+  read (current: no session call), the kept claim read, its attempt marker written to
+  the runtime directory, one TLS 1.3 mTLS POST of the claim, idle response parsed (the
+  claim kept as it is), the marker removed, lock released. Nothing is written to the
+  journal (benchmarks/bench_idle_writes.py measures that).
 * ``baseline``: a minimal script (only ``ssl``, ``http.client`` and ``json`` imported)
   that makes the same TLS 1.3 context (anchor, client chain and key), POSTs one claim
   body to the same offers route with the same ``Authorization`` and parses the JSON.

@@ -48,6 +48,8 @@ PLAN: dict[str, tuple[list[str], list[str]]] = {
     "pull": (["--runs", "40"], ["--runs", "3"]),
     "startup": (["--runs", "60", "--site"], ["--runs", "5"]),
     "envelope": (["--load-seconds", "15"], ["--load-seconds", "5"]),
+    "fleet": (["--devices", "10000"], ["--devices", "2000", "--max-minutes", "40"]),
+    "idle_writes": (["--cycles", "20"], ["--cycles", "5"]),
 }
 TIMEOUT_S = 420
 _PR_SET_CHILD_SUBREAPER = 36

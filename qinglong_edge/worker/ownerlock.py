@@ -507,7 +507,12 @@ class OwnerLock:
 
 def _open_lock_file(path: str) -> int:
     try:
-        return os.open(path, _OPEN_FLAGS, 0o600)
+        try:
+            # An existing lock file is opened without O_CREAT: an idle cycle asks the
+            # (flash) file system for nothing it could write.
+            return os.open(path, _OPEN_FLAGS & ~os.O_CREAT)
+        except FileNotFoundError:
+            return os.open(path, _OPEN_FLAGS, 0o600)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise unsafe(f"{path}: is a symlink") from None

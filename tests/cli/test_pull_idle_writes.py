@@ -76,7 +76,8 @@ def test_idle_cycles_make_no_fsync_and_write_no_byte_under_strace(env: PullEnv, 
             pytest.skip(f"strace cannot trace here: {proc.stderr.decode(errors='replace').strip()}")
         assert proc.returncode == 0, proc.stderr.decode()
         assert json.loads(proc.stdout.decode().splitlines()[-1])["session"]["action"] == "heartbeat"
-        assert (writes.fsyncs, writes.bytes_written, writes.mutations) == (0, 0, []), "\n".join(writes.lines)
+        assert (writes.fsyncs, writes.bytes_written, writes.mutations, writes.opens_with_create) == (0, 0, [], 0), \
+            "\n".join(writes.lines)
         # The traced run did read the journal (so the filter sees it at all).
         assert any("pending-claim.json" in line for line in writes.lines)
 

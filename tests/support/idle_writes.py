@@ -13,7 +13,8 @@ Two independent measurements of one cycle:
   (``rename*``, ``link*``, ``unlink*``, ``mkdir*``, ``rmdir``, ``symlink*``,
   ``fchmod*``/``chmod``, ``fchown*``, ``*truncate``, ``utimensat``). An ``O_CREAT``
   open of a file that already exists creates nothing, so it is reported apart
-  (``opens_with_create``) and the snapshot below decides.
+  (``opens_with_create``; an idle cycle of the agent makes none) and the snapshot
+  below decides.
 * :func:`snapshot` records ``(inode, size, mtime_ns, ctime_ns)`` of every entry under
   the directory: any write, rename, link count or mode change moves a ``ctime``, and
   a created or removed name changes the listing.
