@@ -127,7 +127,7 @@ def _count(device: Device, cluster: Cluster, run: Run, t_ms: int) -> None:
         device.to_answer += 1
 
 
-def _session_call(device: Device, cluster: Cluster, run: Run, t_ms: int, worker: Any, step: str) -> bool:
+def _session_call(device: Device, cluster: Cluster, run: Run, t_ms: int, worker: Any, *, step: str) -> bool:
     """One register/heartbeat; returns whether a usable session exists afterwards."""
     _count(device, cluster, run, t_ms)
     answer = cluster.answer(t_ms)
@@ -188,7 +188,7 @@ def simulate(devices: int, splay_max_ms: int, *, outage_from_s: int, outage_s: i
                                     worker.heartbeat_interval_ms, device.window)
                 usable = step in ("current", "wait_stale")
                 if step in ("heartbeat", "register"):
-                    usable = _session_call(device, cluster, run, t_ms, worker, step)
+                    usable = _session_call(device, cluster, run, t_ms, worker, step=step)
                 if usable:
                     heapq.heappush(events, (at_s + BETWEEN_CALLS_S, index, "offers"))
                 continue
