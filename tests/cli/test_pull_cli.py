@@ -326,6 +326,41 @@ def test_the_human_line_names_the_409_code(env: PullEnv) -> None:
     assert "HTTP 409 claim_in_progress" in outcome.stdout and "kept" in outcome.stdout
 
 
+_TRANSPORT_SAYS_REACHED = hasattr(__import__("qinglong_edge.errors", fromlist=["TransportError"]).TransportError(
+    "probe"), "reached_cluster")
+
+
+@pytest.mark.skipif(not _TRANSPORT_SAYS_REACHED,
+                    reason="needs TransportError.reached_cluster from the transport (branch worker-transport); "
+                           "the coordinator side is tests/worker/test_pull_coordinator.py")
+def test_a_claim_survives_any_number_of_refused_connections_and_is_replayed(env: PullEnv,
+                                                                           tmp_path: pathlib.Path) -> None:
+    """Spec README: connect failures never consume the budget of 16; once the path works
+    the same claim is replayed byte for byte (and recovers the lease the cluster holds)."""
+    import socket
+
+    env.cluster.push_fault(Fault.drop())  # the cluster commits, the answer is lost: a lease exists
+    assert env.pull("--json").status == 75
+    claim = env.claim()
+    assert claim is not None and claim["attemptCount"] == 1
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        dead_port = closed.getsockname()[1]  # nothing listens once this socket is closed
+    env.write_config(origin=f"https://127.0.0.1:{dead_port}")
+    for _ in range(20):  # more than the 16 attempts a reachable cluster would have got
+        refused = env.pull("--json")
+        line = refused.last()
+        assert refused.status == 75 and (line["status"], line.get("counted")) in (("unavailable", False),
+                                                                                   ("backoff", None))
+        current = env.claim()
+        assert current is not None and current["attemptCount"] == 1
+        env.wait_until_due(current)
+    env.write_config()
+    final = env.pull_until_settled()[-1].last()
+    assert (final["status"], final["reason"], final["offerId"]) == ("accepted", "lease_recovery", claim["offerId"])
+    assert len({x.body for x in env.cluster.exchanges_for("offers")}) == 1
+
+
 # -- credentials --------------------------------------------------------------------------------------------
 
 def test_401_on_offers_exits_77_and_keeps_the_claim(env: PullEnv) -> None:
