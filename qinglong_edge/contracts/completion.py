@@ -157,14 +157,18 @@ def artifact_upload_preamble(
         return len(data).to_bytes(4, "big") + data
 
 
-def parse_artifact_header(body_prefix: bytes) -> tuple[dict[str, Any], int]:
+def parse_artifact_header(body_prefix: bytes, *, content_length: int | None = None) -> tuple[dict[str, Any], int]:
     """The server-side view of an upload's start: ``(header, 4 + H)``.
 
     ``body_prefix`` is at least the first ``4 + H`` bytes of the body (more is ignored).
-    The caller then checks ``content-length == 4 + H + header["byteLength"]``.
+
+    Args:
+        content_length: the request's ``content-length``; when given it must be at least 6
+            and equal ``4 + H + header["byteLength"]`` (the cluster answers 400 otherwise).
 
     Raises:
-        CallError: ``artifact_request_invalid`` (reason ``framing`` for the length prefix).
+        CallError: ``artifact_request_invalid`` (reason ``framing`` for the length prefix
+            or the content length).
     """
     with guard("artifact_request_invalid"):
         if not isinstance(body_prefix, (bytes, bytearray)) or len(body_prefix) < 6:
@@ -181,6 +185,8 @@ def parse_artifact_header(body_prefix: bytes) -> tuple[dict[str, Any], int]:
         _check_fence_body(value)
         _log_artifact_id(value["logArtifactId"], "$.logArtifactId")
         _byte_length(value["byteLength"], "$.byteLength")
+        if content_length is not None and content_length != 4 + size + value["byteLength"]:
+            raise ContractError("framing", "$", "content-length is not 4 + H + byteLength")
         return value, 4 + size
 
 

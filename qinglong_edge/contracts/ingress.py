@@ -226,7 +226,8 @@ class Fence(Frozen):
         return self
 
 
-def _member(source: dict[str, Any], key: str, path: str) -> Any:
+def member(source: dict[str, Any], key: str, path: str) -> Any:
+    """``source[key]``, or ``key_set`` at ``path.key`` when it is missing."""
     if key not in source:
         raise ContractError("key_set", child(path, key), "missing key")
     return source[key]
@@ -246,21 +247,21 @@ def fence_of(offer: object, *, expected_lease_version: int | None = None, path: 
         ContractError: ``not_object`` / ``key_set`` for a part that is missing.
     """
     source = object_value(offer, path)
-    worker = object_value(_member(source, "worker", path), child(path, "worker"))
-    candidate = object_value(_member(source, "candidate", path), child(path, "candidate"))
-    lease = object_value(_member(source, "lease", path), child(path, "lease"))
+    worker = object_value(member(source, "worker", path), child(path, "worker"))
+    candidate = object_value(member(source, "candidate", path), child(path, "candidate"))
+    lease = object_value(member(source, "lease", path), child(path, "lease"))
     lease_path = child(path, "lease")
-    version = _member(lease, "version", lease_path) if expected_lease_version is None else expected_lease_version
+    version = member(lease, "version", lease_path) if expected_lease_version is None else expected_lease_version
     return Fence(
-        worker_id=_member(worker, "workerId", child(path, "worker")),
-        session_id=_member(worker, "sessionId", child(path, "worker")),
-        worker_generation=_member(worker, "generation", child(path, "worker")),
-        project_id=_member(candidate, "projectId", child(path, "candidate")),
-        run_id=_member(candidate, "runId", child(path, "candidate")),
-        attempt_id=_member(candidate, "attemptId", child(path, "candidate")),
-        offer_id=_member(source, "offerId", path),
-        lease_generation=_member(lease, "leaseGeneration", lease_path),
-        lease_token=_member(source, "leaseToken", path),
+        worker_id=member(worker, "workerId", child(path, "worker")),
+        session_id=member(worker, "sessionId", child(path, "worker")),
+        worker_generation=member(worker, "generation", child(path, "worker")),
+        project_id=member(candidate, "projectId", child(path, "candidate")),
+        run_id=member(candidate, "runId", child(path, "candidate")),
+        attempt_id=member(candidate, "attemptId", child(path, "candidate")),
+        offer_id=member(source, "offerId", path),
+        lease_generation=member(lease, "leaseGeneration", lease_path),
+        lease_token=member(source, "leaseToken", path),
         expected_lease_version=version,
     )
 

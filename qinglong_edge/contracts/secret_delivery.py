@@ -48,7 +48,7 @@ from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.execution_revision import parse_secret_ref
 from qinglong_edge.contracts.fields import MAX_INT32, dispatch_id, string
 from qinglong_edge.contracts.ids import HEX64, LEASE_TOKEN
-from qinglong_edge.contracts.ingress import echo, fence_of, guard, request_bytes
+from qinglong_edge.contracts.ingress import echo, fence_of, guard, member, request_bytes
 from qinglong_edge.contracts.strictjson import loads
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
@@ -210,7 +210,7 @@ def secrets_request(offer: dict[str, Any]) -> SecretsRequest | None:
         fence = fence_of(offer)
         source = object_value(offer, "$.offer")
         candidate = object_value(source["candidate"], "$.offer.candidate")
-        secret_refs, bundle_refs = secret_refs_of(source["executionRevision"])
+        secret_refs, bundle_refs = secret_refs_of(member(source, "executionRevision", "$.offer"))
         if not secret_refs and not bundle_refs:
             return None
         fence.check(project=False)  # the workerId / sessionId the provider's path needs
@@ -220,9 +220,9 @@ def secrets_request(offer: dict[str, Any]) -> SecretsRequest | None:
             "runId": fence.run_id,
             "attemptId": fence.attempt_id,
             "projectId": fence.project_id,
-            "taskId": candidate["taskId"],
-            "taskRevision": candidate["taskRevision"],
-            "executionDigest": source["executionDigest"],
+            "taskId": member(candidate, "taskId", "$.offer.candidate"),
+            "taskRevision": member(candidate, "taskRevision", "$.offer.candidate"),
+            "executionDigest": member(source, "executionDigest", "$.offer"),
             "offerId": fence.offer_id,
             "leaseGeneration": fence.lease_generation,
             "leaseToken": fence.lease_token,

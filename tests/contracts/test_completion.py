@@ -160,6 +160,14 @@ def test_server_side_framing(data: bytes, reason: str) -> None:
     assert code_reason(lambda: parse_artifact_header(data))[:2] == ("artifact_request_invalid", reason)
 
 
+@pytest.mark.parametrize("content_length", [366, 368, 361, 0])
+def test_content_length_must_be_4_plus_h_plus_n(content_length: int) -> None:
+    data = preamble() + vr.LOG
+    assert parse_artifact_header(data, content_length=367)[1] == 361
+    assert code_reason(lambda: parse_artifact_header(data, content_length=content_length)) == (
+        "artifact_request_invalid", "framing", "$")
+
+
 def test_server_side_header_rules() -> None:
     doc = vr.decoded(vr.ARTIFACT_HEADER)
     for key, value in (("schema", "x"), ("truncated", "no"), ("byteLength", 2**53), ("leaseToken", "t"),

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import copy
 import pickle
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.ingress import (
@@ -106,3 +109,63 @@ def test_a_missing_offer_part_is_named(missing: str) -> None:
     with pytest.raises(ContractError) as info:
         fence_of(offer)
     assert (info.value.code, info.value.path) == ("key_set", f"$.offer.{missing}")
+
+
+# --- every offer-taking contract on a damaged offer --------------------------------------------------------------
+
+def _paths(value: Any, prefix: tuple[Any, ...] = (), depth: int = 3) -> list[tuple[Any, ...]]:
+    out = [prefix] if prefix else []
+    if depth and isinstance(value, dict):
+        for key, item in value.items():
+            out += _paths(item, (*prefix, key), depth - 1)
+    elif depth and isinstance(value, list):
+        for index, item in enumerate(value):
+            out += _paths(item, (*prefix, index), depth - 1)
+    return out
+
+
+OFFER_PATHS = _paths(vr.api_key_offer())
+junk = st.none() | st.booleans() | st.integers(-(2**54), 2**54) | st.text(max_size=8) | st.just([]) | st.just({})
+
+
+def _damage(path: tuple[Any, ...], value: Any, delete: bool) -> dict[str, Any]:
+    offer = vr.api_key_offer()
+    target: Any = offer
+    for part in path[:-1]:
+        target = target[part]
+    if delete and isinstance(target, dict):
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    return offer
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(OFFER_PATHS), junk, st.booleans())
+def test_a_damaged_offer_gives_only_the_named_error(path: tuple[Any, ...], value: Any, delete: bool) -> None:
+    from qinglong_edge.contracts import activation, completion, launch, lease_control, secret_delivery
+
+    offer = _damage(path, value, delete)
+    only = vr.only_call_errors
+    only(lambda: activation.starting_request_body(offer), "activation_request_invalid")
+    only(lambda: activation.running_request_body(offer, executor_handle="h", log_artifact_id=None,
+                                                 callback_sequence=1, callback_token_digest=vr.TOKEN_DIGEST),
+         "activation_request_invalid")
+    only(lambda: activation.parse_activation_response(vr.STARTING_APPLIED, offer, operation="starting"),
+         "activation_response_invalid")
+    only(lambda: secret_delivery.secrets_request(offer), "secrets_request_invalid")
+    only(lambda: lease_control.lease_control_request_body(offer), "lease_control_request_invalid")
+    only(lambda: lease_control.parse_lease_control_response(vr.RENEWED, offer), "lease_control_response_invalid")
+    only(lambda: completion.artifact_upload_preamble(offer, log_artifact_id=vr.LOG_ID, byte_length=6,
+                                                     truncated=None), "artifact_request_invalid")
+    only(lambda: completion.parse_artifact_response(vr.ARTIFACT_ANSWER, offer, log_artifact_id=vr.LOG_ID,
+                                                    byte_length=6, truncated=False, sha256=vr.LOG_SHA256),
+         "artifact_response_invalid")
+    only(lambda: completion.completion_request_body(
+        offer, callback_sequence=1, callback_token_digest=vr.TOKEN_DIGEST, started_at_ms=1, finished_at_ms=2,
+        exit_code=0, log_artifact_id=vr.LOG_ID, byte_length=6, sha256=vr.LOG_SHA256, truncated=None),
+        "completion_request_invalid")
+    only(lambda: completion.parse_completion_response(vr.COMPLETION_APPLIED, offer, callback_sequence=1),
+         "completion_response_invalid")
+    only(lambda: launch.launch_plan(offer), "launch_invalid")
+    only(lambda: launch.materialize_environment(offer, None), "environment_invalid")
