@@ -273,8 +273,12 @@ def check_inbox_update(old: dict[str, Any], new: dict[str, Any], *, compare_deli
         ContractError: ``offer_conflict``, ``offer_revision_conflict``,
             ``invalid_transition`` (or a validation code for an invalid record).
     """
-    before = normalize_inbox_record(old)
-    after = normalize_inbox_record(new)
+    _check_normalized(normalize_inbox_record(old), normalize_inbox_record(new),
+                      compare_delivery_kind=compare_delivery_kind)
+
+
+def _check_normalized(before: dict[str, Any], after: dict[str, Any], *, compare_delivery_kind: bool = False) -> None:
+    """:func:`check_inbox_update` over two records that are already normalized."""
     if not same_offer_authority(before["offer"], after["offer"], compare_delivery_kind=compare_delivery_kind):
         raise ContractError("offer_conflict", "$.offer", "the offer authority changed")
     lease_before, lease_after = before["offer"]["lease"], after["offer"]["lease"]
@@ -350,7 +354,7 @@ def advance(
         new.pop("recoveryReason", None)
         new["completionAcknowledgedAtMs"] = new["updatedAtMs"]
     ordered = normalize_inbox_record({key: new[key] for key in (*_BASE_KEYS, *INBOX_OPTIONAL_KEYS) if key in new})
-    check_inbox_update(old, ordered)
+    _check_normalized(old, ordered)  # the journal's own check: it accepts every step made here
     return ordered
 
 
@@ -470,5 +474,6 @@ def with_renewed_lease(
         "offer": {**old["offer"], "lease": new_lease},
         "updatedAtMs": max(old["updatedAtMs"], renewed),
     }
-    check_inbox_update(old, new)
-    return normalize_inbox_record(new)
+    normalized = normalize_inbox_record(new)
+    _check_normalized(old, normalized)
+    return normalized
