@@ -4,8 +4,13 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# OpenWrt's real opkg-cl and uci for the tests (tests/support/openwrt_tools.py), built from
+# the pinned sources beside ../shared/tools/build-openwrt-tools.sh ($QINGLONG_EDGE_SHARED_TOOLS
+# overrides that directory) into an ignored directory of the clone.
+OPENWRT_TOOLS ?= .tools/openwrt
+SHARED_TOOLS  ?= $(or $(QINGLONG_EDGE_SHARED_TOOLS),$(firstword $(wildcard ../shared/tools ../../shared/tools)))
 
-.PHONY: test test-matrix lint typecheck unit bench dist demo clean
+.PHONY: test test-matrix test-foreign lint typecheck unit bench dist demo openwrt-tools clean
 
 $(STAMP): requirements-dev.txt pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
@@ -47,6 +52,12 @@ dist: $(STAMP)
 demo:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
 	$(PYTHON) demo/run_demo.py
+
+# Needs cmake gcc make pkg-config libjson-c-dev (.ci/run installs them); a few seconds.
+openwrt-tools:
+	@[ -n "$(SHARED_TOOLS)" ] && [ -f "$(SHARED_TOOLS)/build-openwrt-tools.sh" ] || \
+	    { echo "openwrt-tools: ../shared/tools/build-openwrt-tools.sh not found (set QINGLONG_EDGE_SHARED_TOOLS)" >&2; exit 2; }
+	sh "$(SHARED_TOOLS)/build-openwrt-tools.sh" "$(OPENWRT_TOOLS)"
 
 clean:
 	rm -rf $(VENV) dist build .mypy_cache .ruff_cache .pytest_cache .hypothesis
