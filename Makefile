@@ -35,6 +35,14 @@ unit: $(STAMP)
 test-matrix: $(STAMP)
 	$(BIN)/python -m pytest -q -m matrix || [ $$? -eq 5 ]  # 5: none collected yet
 
+# The zipapp in Debian bookworm arm64, armhf and mipsel roots under qemu-user (chroot):
+# version, doctor, admin init, serve + task.start + cancel, pull against the cluster double,
+# the idle pull cycle's wall time and peak RSS. Not part of `make test` nor .ci/run: needs
+# root and debootstrap qemu-user-static binfmt-support (apt); the roots are cached in
+# var/foreign/ ($$QINGLONG_EDGE_FOREIGN_ROOTS), ~5 min to build the first time, then ~1 min.
+test-foreign:
+	$(PYTHON) -m tests.foreign.run $(FOREIGN_ARGS)
+
 # Every benchmarks/bench_*.py, each with its baseline in the same run, then
 # docs/benchmarks.md (machine, commands, medians, ratios, targets). ~3 min on 2 cores;
 # the envelope part needs root and cgroups (skipped with the reason otherwise).

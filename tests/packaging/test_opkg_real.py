@@ -129,14 +129,14 @@ def test_install_files_info_upgrade_remove(openwrt_tools: OpenwrtTools, dist: Di
         DEPENDS_VERSIONS)
 
 
-@pytest.mark.parametrize(("missing", "installed", "message"), [
-    pytest.param("python3-sqlite3", {k: v for k, v in DEPENDS_VERSIONS.items() if k != "python3-sqlite3"},
+@pytest.mark.parametrize(("installed", "message"), [
+    pytest.param({k: v for k, v in DEPENDS_VERSIONS.items() if k != "python3-sqlite3"},
                  "cannot find dependency python3-sqlite3 for qinglong-edge", id="no-sqlite3"),
-    pytest.param("python3-light", {**DEPENDS_VERSIONS, "python3-light": "3.10.13-1"},
+    pytest.param({**DEPENDS_VERSIONS, "python3-light": "3.10.13-1"},
                  "cannot find dependency python3-light (>= 3.11) for qinglong-edge", id="python-3.10"),
 ])
 def test_opkg_reports_a_missing_dependency(openwrt_tools: OpenwrtTools, dist: Dist, tmp_path: pathlib.Path,
-                                           missing: str, installed: dict[str, str], message: str) -> None:
+                                           installed: dict[str, str], message: str) -> None:
     root = OfflineRoot(openwrt_tools, tmp_path / "root", "mipsel_24kc", installed)
     result = root.opkg("install", str(dist.ipk))
     assert result.status != 0, result
