@@ -51,9 +51,11 @@ bench: $(STAMP)
 
 # Every artefact into dist/, byte-reproducible from SOURCE_DATE_EPOCH (default: the
 # commit time of HEAD): the OpenWrt ipk, the tarball, the zipapp, the systemd units.
-dist: $(STAMP)
-	$(BIN)/python packaging/build.py --output dist
-	$(BIN)/python packaging/ipkcheck.py dist/qinglong-edge_*_all.ipk
+# Standard library only (no .venv): any Python >= 3.11 builds the same bytes.
+dist:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
+	$(PYTHON) -I -S packaging/build.py --output dist
+	$(PYTHON) -I -S packaging/ipkcheck.py dist/qinglong-edge_*_all.ipk
 
 # The whole mission end to end under ./var/demo/ (demo/run_demo.py). Needs only
 # Python >= 3.11 and openssl (curl if present): no .venv, the agent runs from the tree.
