@@ -130,24 +130,44 @@ class Report:
         self.line(arch, step, "SKIP", None, why)
 
 
+#: Spawns argv[2:] and writes its exit status, wall time and wait4 peak RSS to argv[1]. A
+#: fresh ``python3 -I -S`` (a few MiB) does the spawning because ru_maxrss counts the
+#: memory a child had before exec, i.e. its parent's: spawned from this runner (the cluster
+#: double's threads and TLS included) every figure would be at least the runner's RSS.
+MEASURE = r"""
+import json, os, sys, time
+report, argv = sys.argv[1], sys.argv[2:]
+started = time.perf_counter()
+pid = os.posix_spawn(argv[0], argv, os.environ)
+_, status, usage = os.wait4(pid, 0)
+wall = (time.perf_counter() - started) * 1000
+with open(report, "w") as handle:
+    json.dump({"status": os.waitstatus_to_exitcode(status), "wall_ms": wall, "maxrss_kib": usage.ru_maxrss}, handle)
+"""
+
+
 def _measure(argv: Sequence[str], env: dict[str, str], cwd: str, out: pathlib.Path) -> tuple[int, float, float, str]:
     """Run one process to completion: ``(exit status, wall ms, peak RSS MiB, stdout+stderr)``."""
+    program = shutil.which(argv[0]) or argv[0]
+    report = out.with_suffix(".rusage.json")
     with open(out, "wb") as handle:
-        started = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=cwd)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = (time.perf_counter() - started) * 1000
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, wall, usage.ru_maxrss / 1024, out.read_text(errors="replace")
+        proc = subprocess.run([sys.executable, "-I", "-S", "-c", MEASURE, str(report), program, *argv[1:]],
+                              stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=cwd, timeout=TIMEOUT_S,
+                              check=False)
+    output = out.read_text(errors="replace")
+    _check(proc.returncode == 0 and report.exists(), f"the measuring helper failed: {_tail(output)}")
+    figures = json.loads(report.read_text())
+    return int(figures["status"]), float(figures["wall_ms"]), figures["maxrss_kib"] / 1024, output
 
 
 class Scenario:
     """One architecture's steps against one cluster double (see the module docstring)."""
 
-    def __init__(self, name: str, entry: Entry, workdir: pathlib.Path, cluster: ClusterDouble, *,
+    def __init__(self, name: str, python: Sequence[str], pyz: str, workdir: pathlib.Path, cluster: ClusterDouble, *,
                  cycles: int, worker_supported: bool) -> None:
         self.name = name
-        self.entry = entry
+        self.python = tuple(python)  # the interpreter's argv prefix (chroot ROOT /usr/bin/python3, or the host's)
+        self.entry = Entry(name, (*self.python, "-I", pyz), ENV, str(workdir))
         self.workdir = workdir
         self.cluster = cluster
         self.cycles = cycles
@@ -155,8 +175,8 @@ class Scenario:
         (workdir / "worker").mkdir()
         (workdir / "local").mkdir()
         cluster.reset(tasks=("shell",))
-        self.device = PullEnv(workdir / "worker", cluster, entry=entry, **WORKER)
-        self.site = LocalSite(workdir / "local", entry)
+        self.device = PullEnv(workdir / "worker", cluster, entry=self.entry, **WORKER)
+        self.site = LocalSite(workdir / "local", self.entry)
         self.serve: Serve | None = None
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
@@ -258,9 +278,18 @@ class Scenario:
                 _check(status == 78, f"cycle {index}: exit {status}: {_tail(output)}")
             walls.append(wall)
             rss.append(peak)
+        bare_walls, bare_rss = [], []
+        for index in range(3):
+            status, wall, peak, output = _measure([*self.python, "-I", "-c", "pass"], self.entry.environment(),
+                                                  self.entry.cwd, self.workdir / f"bare-{index}.out")
+            _check(status == 0, f"python3 -I -c pass: exit {status}: {_tail(output)}")
+            bare_walls.append(wall)
+            bare_rss.append(peak)
         what = "idle cycle" if self.worker_supported else "refused cycle (exit 78)"
         return (f"{what}: wall {statistics.median(walls):.0f} ms median ({min(walls):.0f}-{max(walls):.0f}), "
-                f"peak RSS {statistics.median(rss):.1f} MiB median (max {max(rss):.1f}) over {self.cycles}")
+                f"peak RSS {statistics.median(rss):.1f} MiB median (max {max(rss):.1f}) over {self.cycles}; "
+                f"bare python3 -I -c pass: {statistics.median(bare_walls):.0f} ms, "
+                f"{statistics.median(bare_rss):.1f} MiB")
 
 
 def run_foreign(arch: ForeignArch, root: pathlib.Path, zipapp: bytes, cluster: ClusterDouble, report: Report, *,
@@ -268,11 +297,10 @@ def run_foreign(arch: ForeignArch, root: pathlib.Path, zipapp: bytes, cluster: C
     workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"qle-foreign-{arch.debian}-", dir="/tmp"))
     try:
         with Chroot(root, workdir, zipapp):
-            entry = Entry(arch.debian, ("chroot", str(root), "/usr/bin/python3", "-I", ZIPAPP_IN_ROOT), ENV,
-                          str(workdir))
             machine = subprocess.run(["chroot", str(root), "uname", "-m"], capture_output=True, text=True,
                                      check=False, timeout=60).stdout.strip()
-            scenario = Scenario(arch.debian, entry, workdir, cluster, cycles=cycles,
+            scenario = Scenario(arch.debian, ("chroot", str(root), "/usr/bin/python3"), ZIPAPP_IN_ROOT, workdir, cluster,
+                                cycles=cycles,
                                 worker_supported=arch.debian not in UNSUPPORTED_WORKER)
             name = arch.debian
             report.step(name, "version", lambda: scenario.version(machine))
@@ -298,8 +326,7 @@ def run_host(pyz: pathlib.Path, cluster: ClusterDouble, report: Report, cycles: 
     python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="qle-foreign-host-", dir="/tmp"))
     try:
-        entry = Entry("host", (python, "-I", str(pyz)), ENV, str(workdir))
-        scenario = Scenario("host", entry, workdir, cluster, cycles=cycles, worker_supported=True)
+        scenario = Scenario("host", (python,), str(pyz), workdir, cluster, cycles=cycles, worker_supported=True)
         name = f"host {platform.machine()}"
         if report.step(name, "pull", scenario.pull):
             report.step(name, "pull idle", scenario.idle_cycles)
