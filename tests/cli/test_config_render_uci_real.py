@@ -34,6 +34,8 @@ def readme_uci_commands() -> list[list[str]]:
         snippets += [line for line in (match.group(1) or match.group(2)).splitlines() if line.startswith("uci ")]
     commands = []
     for snippet in snippets:
+        if "..." in snippet:  # prose about the commands ("`uci set ...; uci commit`"), not one to run
+            continue
         for part in snippet.split(";"):
             words = shlex.split(part, comments=True)
             if words[:1] == ["uci"] and words[1:2] and words[1] in ("set", "add_list", "commit"):
