@@ -1,6 +1,6 @@
 """`make test-foreign`: the zipapp in Debian bookworm arm64, armhf and mipsel roots under qemu-user.
 
-usage: python3 -m tests.foreign.run [--arch arm64,armhf,mipsel] [--cycles N] [--rebuild]
+usage: python3 -m tests.foreign.run [--arch arm64,armhf,mipsel] [--cycles N] [--rebuild] [--zipapp PYZ]
 
 Needs root, ``debootstrap``, ``qemu-user-static`` and ``binfmt-support`` (Debian packages;
 tests/foreign/roots.py registers the binfmt_misc handlers when a container has not), and
@@ -351,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated, from {', '.join(ARCHITECTURES)} (default: all)")
     parser.add_argument("--cycles", type=int, default=5, help="idle pull cycles measured per architecture (5)")
     parser.add_argument("--rebuild", action="store_true", help="debootstrap the roots again")
+    parser.add_argument("--zipapp", type=pathlib.Path, help="run this qinglong-edge.pyz (default: build this checkout's)")
     args = parser.parse_args(argv)
     names = [name.strip() for name in args.arch.split(",") if name.strip()]
     unknown = [name for name in names if name not in ARCHITECTURES]
@@ -373,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     qemu = subprocess.run(["qemu-aarch64-static", "--version"], capture_output=True, text=True, check=False)
     print(f"qemu    {qemu.stdout.splitlines()[0] if qemu.stdout else 'unknown'}", flush=True)
-    zipapp = _zipapp()
+    zipapp = args.zipapp.read_bytes() if args.zipapp else _zipapp()
     report = Report()
     with ClusterDouble() as cluster, tempfile.TemporaryDirectory(prefix="qle-foreign-pyz-") as holder:
         for arch in arches:
