@@ -26,6 +26,7 @@ lost or spoiled):
 ``wrong_type``      200, the real body, ``Content-Type: text/plain; charset=utf-8``
 ``oversized``       200, the real JSON padded with spaces to one byte over the route's
                     response cap (:data:`RESPONSE_CAPS`), an honest Content-Length
+                    (``declared=False``: none, the body ends with the connection)
 ``wrong_echo``      200 with the real answer edited: ``Fault.wrong_echo(op,
                     leaseVersion=9)``, ``Fault.wrong_echo("starting",
                     snapshot={"runId": "other"})`` (dicts merge; :data:`DELETE` removes
@@ -112,6 +113,7 @@ class Fault:
     delay_s: float = 0.0
     changes: dict[str, Any] = field(default_factory=dict)
     edit: Callable[[Any], Any] | None = None
+    declared: bool = True
 
     @classmethod
     def drop(cls, op: str | None = "offers") -> Fault:
@@ -142,8 +144,10 @@ class Fault:
         return cls("wrong_type", op)
 
     @classmethod
-    def oversized(cls, op: str | None = "offers") -> Fault:
-        return cls("oversized", op)
+    def oversized(cls, op: str | None = "offers", *, declared: bool = True) -> Fault:
+        """One byte over the route's cap; ``declared=False``: no Content-Length, the body
+        runs to the end of the connection (the client must count it as it streams)."""
+        return cls("oversized", op, declared=declared)
 
     @classmethod
     def wrong_echo(cls, op: str | None = "offers", *, edit: Callable[[Any], Any] | None = None,
@@ -195,7 +199,11 @@ class Fault:
         if kind == "oversized":
             cap = RESPONSE_CAPS.get(op or "", 256 * 1024)
             body = reply.body + b" " * max(0, cap + 1 - len(reply.body))
-            return 200, Respond(response_bytes(200, _json_headers(body, request_id), body), close=reply.close)
+            headers = _json_headers(body, request_id)
+            if not self.declared:
+                headers = [(k, v) for k, v in headers if k != "content-length"] + [("connection", "close")]
+                return 200, Respond(response_bytes(200, headers, body), close=True)
+            return 200, Respond(response_bytes(200, headers, body), close=reply.close)
         if kind == "wrong_echo":
             answer = json.loads(reply.body)
             answer = self.edit(answer) if self.edit is not None else _merge(answer, self.changes)

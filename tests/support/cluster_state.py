@@ -300,7 +300,11 @@ class ClusterState:
             if method != "POST" or query or match is None:
                 raise _Failure(404, "worker_route_not_found")
             worker_id, session_id, op = match.group(1), match.group(2), match.group(3)
-            self._authenticate(_header(headers, "authorization"), worker_id)
+            try:
+                self._authenticate(_header(headers, "authorization"), worker_id)
+            except _Failure as failure:
+                failure.close = op == "artifacts"  # the stream's body is left unread
+                raise
             if op == "artifacts":
                 answer = self.execution.upload(worker_id, session_id, headers, body, complete=complete)
                 return self._reply(200, compact(answer), request_id, op=op, committed=True)

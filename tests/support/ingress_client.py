@@ -109,7 +109,7 @@ def post(
                     return Answer(response.status, found, exc.partial, "incomplete")
                 return Answer(response.status, found, data)
         except (OSError, http.client.HTTPException) as exc:
-            return Answer(None, {}, b"", type(exc).__name__)
+            return Answer(None, {}, b"", f"{type(exc).__name__}: {exc}")
 
 
 def artifact_header(offer: dict[str, Any], log_artifact_id: str, byte_length: int, truncated: bool | None, *,
