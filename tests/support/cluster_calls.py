@@ -17,7 +17,7 @@ import hashlib
 import json
 from typing import Any
 
-from qinglong_edge.contracts.offer import ClaimAuthority, claim_request_body, parse_offer_response
+from qinglong_edge.contracts.offer import ClaimAuthority, OfferedResponse, claim_request_body, parse_offer_response
 from qinglong_edge.contracts.session import capabilities_snapshot, register_request_body
 from qinglong_edge.worker.session import local_capabilities
 from qinglong_edge.worker.transport import IngressTransport
@@ -87,7 +87,9 @@ class WorkerCalls:
         response = self.transport.post_json(self.path("offers"), claim_request_body(authority),
                                             max_response_bytes=131_072)
         parsed = parse_offer_response(response.body, authority)
-        offer = dict(parsed.offer)  # type: ignore[attr-defined]
+        if not isinstance(parsed, OfferedResponse):
+            raise AssertionError(f"no offer: idle {parsed.reason}")
+        offer = dict(parsed.offer)
         self.offer = {**offer, "leaseToken": token}
         self.version = int(offer["lease"]["version"])
         return self.offer

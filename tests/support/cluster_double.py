@@ -374,8 +374,8 @@ class ClusterDouble:
         if fault is None:
             self._record(request, reply.op or op, reply.status, None, reply.committed)
             return Respond(response_bytes(reply.status, reply.headers, reply.body), close=reply.close)
-        status, answer = fault.committed(op, reply)
-        self._record(request, reply.op or op, status, fault, reply.committed)
+        sent, answer = fault.committed(op, reply)
+        self._record(request, reply.op or op, sent, fault, reply.committed)
         return answer
 
 

@@ -100,7 +100,7 @@ def post(
                 tls.sendall(head.encode("latin-1") + payload)
                 if send_bytes is not None:
                     socket.socket.shutdown(tls, socket.SHUT_WR)
-                response = http.client.HTTPResponse(tls)  # type: ignore[arg-type]
+                response = http.client.HTTPResponse(tls)  # type: ignore[arg-type,unused-ignore]
                 response.begin()
                 found = {k.lower(): v for k, v in response.getheaders()}
                 try:

@@ -389,7 +389,10 @@ class TLSServer(_LoopbackServer):
                     return
                 self._note("requests", request)
                 answer = self.handler(request)
-                if not self._answer(tls, answer) or not request.complete:
+                if not self._answer(tls, answer):
+                    return
+                if not request.complete:
+                    self._note("peer_closed")
                     return
         finally:
             tls.close()
