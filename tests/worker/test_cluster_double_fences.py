@@ -130,6 +130,7 @@ def test_every_route_fences_with_its_code(cluster: ClusterDouble, worker: Worker
     ("secrets", "running", "authority_mismatch"),
     ("secrets", "other_refs", "secret_scope_mismatch"),
     ("starting", "terminal", "version_mismatch"),
+    ("artifacts", "running_without_log", "state_mismatch"),
 ])
 def test_state_fences(cluster: ClusterDouble, worker: WorkerCalls, op: str, setup: str, reason: str) -> None:
     cluster.define_secret("OTHER", "x")
@@ -137,6 +138,8 @@ def test_state_fences(cluster: ClusterDouble, worker: WorkerCalls, op: str, setu
     worker.claim()
     if setup in ("running", "other_log", "terminal"):
         worker.run()
+    if setup == "running_without_log":
+        worker.run(log_id=None)  # the key is mandatory, null allowed
     if setup == "other_refs":
         worker.start()
     if setup == "terminal":
@@ -155,6 +158,20 @@ def test_state_fences(cluster: ClusterDouble, worker: WorkerCalls, op: str, setu
         answer = worker.raw(op)
     assert (answer.status, answer.code) == (409, CODES[op])
     assert cluster.fence_reasons()[-1].reason == reason
+
+
+@pytest.mark.parametrize(("op", "status", "code", "reason"), [
+    ("lease-control", 409, "worker_lease_control_fenced", "project_mismatch"),
+    ("artifacts", 409, "worker_completion_fenced", "authority_mismatch"),
+    ("completion", 409, "worker_completion_fenced", "state_mismatch"),  # the store is keyed by project
+    ("secrets", 503, "worker_ingress_unavailable", None),  # its refs are project-1's: invalid
+])
+def test_another_project(cluster: ClusterDouble, worker: WorkerCalls, op: str, status: int, code: str,
+                         reason: str | None) -> None:
+    prepare(cluster, worker, op)
+    answer = send(worker, op, projectId="project-2")
+    assert (answer.status, answer.code) == (status, code)
+    assert [r.reason for r in cluster.fence_reasons()] == ([reason] if reason else [])
 
 
 def test_lease_control_with_an_inconsistent_terminal_state_is_fenced(cluster: ClusterDouble,
