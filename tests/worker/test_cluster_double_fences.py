@@ -160,18 +160,18 @@ def test_state_fences(cluster: ClusterDouble, worker: WorkerCalls, op: str, setu
     assert cluster.fence_reasons()[-1].reason == reason
 
 
-@pytest.mark.parametrize(("op", "status", "code", "reason"), [
-    ("lease-control", 409, "worker_lease_control_fenced", "project_mismatch"),
-    ("artifacts", 409, "worker_completion_fenced", "authority_mismatch"),
-    ("completion", 409, "worker_completion_fenced", "state_mismatch"),  # the store is keyed by project
-    ("secrets", 503, "worker_ingress_unavailable", None),  # its refs are project-1's: invalid
+@pytest.mark.parametrize(("op", "expected"), [
+    ("lease-control", (409, "worker_lease_control_fenced", "project_mismatch")),
+    ("artifacts", (409, "worker_completion_fenced", "authority_mismatch")),
+    ("completion", (409, "worker_completion_fenced", "state_mismatch")),  # the store is keyed by project
+    ("secrets", (503, "worker_ingress_unavailable", None)),  # its refs are project-1's: invalid
 ])
-def test_another_project(cluster: ClusterDouble, worker: WorkerCalls, op: str, status: int, code: str,
-                         reason: str | None) -> None:
+def test_another_project(cluster: ClusterDouble, worker: WorkerCalls, op: str,
+                         expected: tuple[int, str, str | None]) -> None:
     prepare(cluster, worker, op)
     answer = send(worker, op, projectId="project-2")
-    assert (answer.status, answer.code) == (status, code)
-    assert [r.reason for r in cluster.fence_reasons()] == ([reason] if reason else [])
+    assert (answer.status, answer.code) == expected[:2]
+    assert [r.reason for r in cluster.fence_reasons()] == ([expected[2]] if expected[2] else [])
 
 
 def test_lease_control_with_an_inconsistent_terminal_state_is_fenced(cluster: ClusterDouble,
