@@ -73,6 +73,7 @@ from tests.support.tls_server import Action, Close, Request, Respond, TLSServer,
 
 __all__ = ["TASK_KINDS", "ClusterDouble", "Exchange", "Fault", "build_task", "command_task", "response_bytes"]
 
+
 @dataclass(frozen=True)
 class Exchange:
     """One request as the double saw it and what became of it.
@@ -111,8 +112,8 @@ class ClusterDouble:
             :class:`~tests.support.cluster_wire.Clock` (``advance_clock``/``set_clock``)
             unless it already is one.
         lease_duration_ms: how long a claimed lease runs.
-        renewal_duration_ms: what lease-control grants (default ``lease_duration_ms``;
-            5 000-600 000).
+        renewal_duration_ms: what lease-control grants (5 000-600 000, default 30 000 as
+            the reference's lease-control service).
         on_exchange: called (outside the lock) after every recorded exchange.
     """
 
@@ -125,7 +126,7 @@ class ClusterDouble:
         port: int = 0,
         clock_ms: Callable[[], int] = wall_ms,
         lease_duration_ms: int = 30_000,
-        renewal_duration_ms: int | None = None,
+        renewal_duration_ms: int = 30_000,
         on_exchange: Callable[[Exchange], None] | None = None,
     ) -> None:
         self.worker_id = worker_id

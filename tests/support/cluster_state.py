@@ -192,8 +192,9 @@ class ClusterState:
         clock_ms: the cluster's wall clock (ms).
         lease_duration_ms: how long a claimed lease runs.
         max_body_bytes: the ingress body cap (1 KiB-64 KiB in the reference).
-        renewal_duration_ms: what lease-control grants (default ``lease_duration_ms``;
-            5 000-600 000, the reference's ``leaseDurationMs`` option, default 30 000).
+        renewal_duration_ms: what lease-control grants (5 000-600 000; the reference's
+            lease-control ``leaseDurationMs`` option, default 30 000, independent of the
+            claim's duration).
     """
 
     def __init__(
@@ -203,7 +204,7 @@ class ClusterState:
         clock_ms: Callable[[], int] = wall_ms,
         lease_duration_ms: int = DEFAULT_LEASE_DURATION_MS,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        renewal_duration_ms: int | None = None,
+        renewal_duration_ms: int = DEFAULT_LEASE_DURATION_MS,
     ) -> None:
         if len(pepper) != 32:
             raise ValueError("the pepper is 32 bytes")
@@ -218,7 +219,7 @@ class ClusterState:
         self.replaced_sessions: list[SessionRow] = []
         self.candidates: list[Candidate] = []
         self.leases: dict[tuple[str, str], LeaseRow] = {}
-        self.execution = Executions(self, lease_duration_ms=renewal_duration_ms or lease_duration_ms)
+        self.execution = Executions(self, lease_duration_ms=renewal_duration_ms)
 
     # -- set-up and knobs ------------------------------------------------------------------
 
