@@ -57,6 +57,12 @@ Offers (``claimNext``), keyed by (workerId, offerId):
   leaseGeneration 1, expires now + ``lease_duration_ms``) bound to the token digest,
   answered ``new_claim``.
 
+An idle answer stores nothing keyed by the offerId (as the reference: its idle paths
+only read, and the offerId is written only by the lease claim's transaction; see
+docs/architecture.md "Idle answers and the kept claim"), so the same offerId and token
+sent again later are a fresh claim attempt: the worker keeps its claim across idle
+answers.
+
 Not modelled: the authentication shield's counters (429/503 come from scripted faults
 instead), active leases counted against ``availableSlots``, ``transition`` and
 ``attestations`` (503 ``worker_ingress_unavailable``).

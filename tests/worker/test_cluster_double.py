@@ -396,6 +396,22 @@ def test_idle_reasons(cluster: ClusterDouble, case: str, reason: str) -> None:
     parse_offer_response(answer.body, ClaimAuthority("edge-1", SESSION_1, generation, "offer-1", TOKEN_A))
 
 
+def test_an_idle_answer_stores_nothing_for_the_offer_id(cluster: ClusterDouble) -> None:
+    """As the reference (docs/architecture.md, "Idle answers and the kept claim"): the
+    same offerId and token answered idle, again and again, and then claimed as new."""
+    call(cluster, path("register"), register_body())
+    cluster.state.candidates.clear()
+    before = cluster.state.snapshot()
+    for _ in range(3):
+        answer = call(cluster, path("offers"), offers_body())
+        assert (answer.status, answer.json()["status"]) == (200, "idle")
+    assert cluster.state.snapshot() == before and cluster.state.leases == {}
+    cluster.add_task("shell")
+    claimed = call(cluster, path("offers"), offers_body())
+    assert claimed.json()["offer"]["deliveryKind"] == "new_claim"
+    assert list(cluster.state.leases_by_offer()) == ["offer-1"]
+
+
 # -- faults --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("fault", "status", "error"), [
