@@ -65,7 +65,7 @@ class WorkerSteps(DemoBase):
             The worker talks to its cluster only over TLS 1.3 with mutual TLS: it checks the
             cluster's certificate against the CA it was given, and shows a client certificate
             the cluster's client CA issued. Here both CAs are made on the spot (EC P-256 keys,
-            valid 7 days) with the openssl CLI.""")
+            valid 30 days) with the openssl CLI.""")
         self.shell.run(f"mkdir -m 0700 {self.rel(self.pki)}")
         c.command(f"cd {self.rel(self.pki)}")
 
@@ -125,7 +125,7 @@ class WorkerSteps(DemoBase):
             cluster's CA as trust anchor, and one JSON config file (schema
             qinglong/edge-agent@v1; unknown keys are rejected, every limit is range-checked).""")
         r = self.rel
-        self.shell.run(f"install -d -m 0700 {r(self.agent)} {r(self.private)} {r(self.state)}")
+        self.shell.run(f"install -d -m 0700 {r(self.agent)} {r(self.private)} {r(self.state)} {r(self.agent / 'run')}")
         self.shell.run(f"install -d -m 0755 {r(self.anchors)}")
         self.shell.run(f"install -m 0600 {r(self.issued)} {r(self.private / 'credential')}")
         self.shell.run(f"install -m 0600 {r(self.pki / 'worker.pem')} {r(self.private / 'client.pem')}")
@@ -142,9 +142,13 @@ class WorkerSteps(DemoBase):
                 "certificateFile": str(self.private / "client.pem"),
                 "privateKeyFile": str(self.private / "client.key"),
                 "trustAnchorFiles": [str(self.anchors / "cluster-ca.pem")],
+                # On a router this is a RAM directory (/var/run/qinglong-edge): the session
+                # record an idle pull keeps there, so idle cycles never write to flash.
+                "runtimeDirectory": str(self.agent / "run"),
             },
         }
-        self.write_config("the worker section; every other key keeps its default")
+        self.write_config("the worker section (the runtime directory stands in for the router's RAM one); "
+                          "every other key keeps its default")
         c.command(f"export QINGLONG_EDGE_CONFIG=$PWD/{r(self.config_path)}")
         self.shell.env["QINGLONG_EDGE_CONFIG"] = str(self.config_path)
         c.prose("`doctor` runs real probes where the agent will write (links, O_EXCL, fsync, "
@@ -160,8 +164,10 @@ class WorkerSteps(DemoBase):
             then pull one offer. Before it asks, it writes its claim (offer id + lease token)
             to the journal and fsyncs it; the offer goes into the inbox (link + fsync) before
             the claim is cleared. So whatever is lost on the way, the next cycle asks again
-            with the same claim and the cluster answers with the same lease.""")
-        first = self.qle("pull")
+            with the same claim and the cluster answers with the same lease. (--no-splay: from
+            cron, a cycle first waits for this device's phase in the minute, so a fleet spreads
+            out; by hand there is no reason to wait.)""")
+        first = self.qle("pull --no-splay")
         if "accepted offer" not in first.stdout or "(new_claim)" not in first.stdout:
             raise DemoError("the first cycle did not accept an offer")
         c.result("session registered; the shell task's offer is in the inbox")
@@ -171,7 +177,7 @@ class WorkerSteps(DemoBase):
         self.shell.run(f"kill -USR1 {self.cluster_pid}")
         self.shell.wait_for(lambda: "fault armed" in (self.logs / "cluster.log").read_text(), 5,
                             "the cluster to arm the fault")
-        lost = self.qle("pull", expect=(75,))
+        lost = self.qle("pull --no-splay", expect=(75,))
         if "claim" not in lost.stdout or "kept" not in lost.stdout:
             raise DemoError("the cycle with the lost response did not keep its claim")
         claim = self.claim()
@@ -194,7 +200,7 @@ class WorkerSteps(DemoBase):
         if delay > 0:
             c.info(f"waiting {delay:.1f} s for the claim's backoff (an earlier cycle would do no network I/O)")
             time.sleep(delay + 0.05)
-        replay = self.qle("pull")
+        replay = self.qle("pull --no-splay")
         if "(lease_recovery)" not in replay.stdout or claim["offerId"] not in replay.stdout:
             raise DemoError("the replay did not come back as lease_recovery for the same offer")
         requests = [r for r in self.cluster_state().get("offerRequests", []) if r["offerId"] == claim["offerId"]]
@@ -204,7 +210,7 @@ class WorkerSteps(DemoBase):
                  "answered lease_recovery")
         if not same:
             raise DemoError("the replayed request body differs from the lost one")
-        idle = self.qle("pull")
+        idle = self.qle("pull --no-splay")
         if "idle (no_candidates)" not in idle.stdout:
             raise DemoError("the last cycle was not idle")
         listing = self.qle("inbox list")
@@ -213,13 +219,15 @@ class WorkerSteps(DemoBase):
         leases = state.get("leases", {})
         if sorted(inbox_ids) != sorted(leases) or len(inbox_ids) != 2:
             raise DemoError(f"inbox {inbox_ids} does not match the cluster's leases {list(leases)}")
-        if self.claim() is not None:
-            raise DemoError("a pending claim is left after the idle cycle")
+        kept = self.claim()
+        if kept is None or kept["offerId"] in leases or kept["attemptCount"] != 0:
+            raise DemoError("the idle cycle did not keep its claim as it was")
         shown = self.qle(f"inbox show {claim['offerId']} --json", quiet=True)
         record = json.loads(shown.stdout)["record"]
         offer = record["offer"]
         command = offer["executionRevision"]["command"]
         c.output(f"{offer['candidate']['taskId']}: deliveryKind {offer['deliveryKind']}, state {record['state']}, "
                  f"leaseToken {offer['leaseToken']}, command {command['file']} {' '.join(command['args'][:2])} ...")
-        c.result(f"2 leases on the cluster, 2 offers in the inbox, no claim pending: nothing lost, "
+        c.result(f"2 leases on the cluster, 2 offers in the inbox, and the idle cycle's claim kept for the next "
+                 f"cycle (no lease on the cluster, nothing rewritten on disk): nothing lost, "
                  f"nothing duplicated ({state.get('requests')} requests in all)")

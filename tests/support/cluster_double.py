@@ -433,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
                             port=args.port, on_exchange=dump)
     files = cluster.provision(state_dir)
     (state_dir / "agent").mkdir(mode=0o700, exist_ok=True)
-    config = cluster.agent_config(state_dir / "agent", files)
+    (state_dir / "run").mkdir(mode=0o700, exist_ok=True)  # stands in for the device's RAM /run/qinglong-edge
+    config = cluster.agent_config(state_dir / "agent", files, runtimeDirectory=str(state_dir / "run"))
     _write_atomically(state_dir / "agent-config.json", compact(config) + b"\n", 0o600)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
