@@ -10,7 +10,8 @@ Two CAs, as a real deployment has them:
 Leaves: ``server`` (SAN ``DNS:localhost, IP:127.0.0.1``, EKU serverAuth) and
 ``worker`` (CN = the worker id, EKU clientAuth). Every key is EC P-256 (TLS 1.3 and
 security level 2 accept it, and it is fast to make); certificates are valid for 30 days
-from now (`pull` warns once a day within 14 days of the client certificate's end) with a random serial. Key files are 0600 in a 0700 directory.
+from now (`pull` warns once a day within 14 days of the client certificate's end) with a
+random serial. Key files are 0600 in a 0700 directory.
 
 Nothing here talks to the network; every step is one ``openssl`` command, passed to
 ``run`` so the demo can print it before running it.
