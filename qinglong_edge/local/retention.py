@@ -1,0 +1,646 @@
+"""Storage caps of the Local store and the Run logs: pruning in bounded steps (issue 16).
+
+Spec README, "Decisions for storage on flash": every store is bounded by a configured
+cap; pruning never touches a Run that is not terminal. The caps (``config.py``):
+
+=================================  ==========================================================
+``localApi.auditMaximumEntries``   security audit rows kept; the oldest (first inserted) go
+``localApi.auditRetentionMs``      audit rows older than this go
+``localApi.runMaximumEntries``     terminal Runs kept; the oldest (first created) go, with
+                                   their attempts, events, step runs and log files
+``localApi.runRetentionMs``        terminal Runs that ended longer ago than this go
+``localApi.databaseMaximumBytes``  used bytes of the database (pages in use x page size):
+                                   beyond it the oldest audit rows or terminal Runs go,
+                                   whichever is older, then free pages are given back
+``execution.maxTotalLogBytes``     bytes of all Run logs: beyond it the logs of the oldest
+                                   terminal Runs go (least recently written first); the
+                                   Runs stay, their attempt's ``log_artifact_id`` is
+                                   cleared (``logAvailable`` false)
+=================================  ==========================================================
+
+"Terminal" here is execution control's set (``succeeded``, ``failed``, ``cancelled``,
+``timed_out`` and ``lost``, local-api.md 8.1): nothing on this device moves a ``lost``
+Run again, and without it every crash would leave Runs no cap could remove. A Run that
+another Run names as ``parent_run_id`` or ``retry_of_run_id`` (nothing here writes those
+columns yet) is kept while that Run exists.
+
+Bounded steps: :meth:`Pruner.step` does at most one write transaction (at most
+:data:`RUN_BATCH` Runs, :data:`AUDIT_BATCH` audit rows, :data:`LOG_BATCH` logs or
+:data:`VACUUM_PAGES` pages) after one short read of the store's usage, so the store's
+queue is never held for long and the operations of the API and the controller run in
+between. :meth:`Pruner.run` repeats steps until every cap holds; ``serve`` calls it at
+start and every :data:`MAINTENANCE_INTERVAL_S` seconds (``commands/serve.py``), ``admin
+prune`` once. With nothing to prune a pass only reads (no write, no fsync).
+
+Crash safety: rows go first, files second. A Run's rows are deleted in one transaction,
+child tables first (step-run mutations, step runs, events, attempts, the Run); then its
+log files are removed. A log is pruned the same way: its ``log_artifact_id`` is cleared
+in one transaction, then the file goes. A crash between the two leaves a file whose
+attempt row is gone or has no ``log_artifact_id``; the first step of every new
+:class:`Pruner` (a restarted ``serve``, ``admin prune``) sweeps such orphans
+(:data:`SWEEP_BATCH` names per step). No row ever points at a deleted file, and every
+file left behind is found again: the order converges. A crash inside the transaction
+rolls back (SQLite's journal). See :mod:`qinglong_edge.local.run_logs` for the launch
+side of the invariant.
+
+Public API::
+
+    caps = RetentionCaps.from_config(config)
+    pruner = Pruner(store, caps)
+    report = pruner.run(should_stop=stop.is_set)        # PruneReport: what was removed
+    usage = store.run(measure_store)                     # StoreUsage, read-only
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from qinglong_edge.config import EdgeConfig
+from qinglong_edge.local.audit import audit_usage, prune_audit
+from qinglong_edge.local.run_logs import LogFile, LogScan, remove_attempt_logs, scan_logs
+from qinglong_edge.local.store import Store, foreign_keys_off, now_ms, read_transaction, write_transaction
+from qinglong_edge.worker.crashpoints import crashpoint
+
+__all__ = [
+    "AUDIT_BATCH",
+    "LOG_BATCH",
+    "MAINTENANCE_INTERVAL_S",
+    "PRUNABLE_RUN_STATUSES",
+    "RUN_BATCH",
+    "SWEEP_BATCH",
+    "VACUUM_PAGES",
+    "PruneReport",
+    "Pruner",
+    "RetentionCaps",
+    "StoreUsage",
+    "delete_runs",
+    "measure_store",
+]
+
+_log = logging.getLogger("qinglong_edge.retention")
+
+#: Terminal Runs the caps may remove (execution control's terminal set, module docstring).
+PRUNABLE_RUN_STATUSES = ("succeeded", "failed", "cancelled", "timed_out", "lost")
+#: Most Runs deleted by one step (one transaction: ~12 rows each).
+RUN_BATCH = 32
+#: Most audit rows deleted by one step.
+AUDIT_BATCH = 512
+#: Most logs pruned by one step.
+LOG_BATCH = 64
+#: Log directory names checked for orphans by one step.
+SWEEP_BATCH = 256
+#: Free pages given back to the file system by one step (1 MiB at 4 KiB pages).
+VACUUM_PAGES = 256
+#: How often ``serve`` runs a pruning pass, in seconds.
+MAINTENANCE_INTERVAL_S = 10.0
+#: The log directory is listed again after this many seconds, or when Runs ended.
+LOG_RESCAN_S = 60.0
+#: Runs kept because another Run refers to them, remembered so the next steps skip them.
+_MAX_PINNED = 1024
+
+_TERMINAL_SQL = "(" + ", ".join(f"'{status}'" for status in PRUNABLE_RUN_STATUSES) + ")"
+_ENDED_SQL = "coalesce(finished_at_ms, created_at_ms)"
+
+
+def _marks(values: Sequence[object]) -> str:
+    return ", ".join("?" * len(values))
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionCaps:
+    """The caps of one device (module docstring). Times in ms, sizes in bytes.
+
+    ``log_directory`` and ``max_total_log_bytes`` are ``None`` without an ``execution``
+    section (no Run logs are written then).
+    """
+
+    audit_maximum_entries: int
+    audit_retention_ms: int
+    run_maximum_entries: int
+    run_retention_ms: int
+    database_maximum_bytes: int
+    log_directory: str | None = None
+    max_total_log_bytes: int | None = None
+
+    @classmethod
+    def from_config(cls, config: EdgeConfig) -> RetentionCaps:
+        """The caps of ``config`` (which must have a ``localApi`` section).
+
+        Raises:
+            ValueError: no ``localApi`` section (a caller bug).
+        """
+        local = config.local_api
+        if local is None:
+            raise ValueError("the configuration has no localApi section")
+        execution = config.execution
+        return cls(
+            local.audit_maximum_entries, local.audit_retention_ms, local.run_maximum_entries,
+            local.run_retention_ms, local.database_maximum_bytes,
+            execution.log_directory if execution is not None else None,
+            execution.max_total_log_bytes if execution is not None else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StoreUsage:
+    """What the Local store holds now (one read transaction).
+
+    Attributes:
+        audit_rows, audit_oldest_ms: audit rows and the time of the oldest (or None).
+        runs, terminal_runs: every Run; those the caps may remove.
+        oldest_terminal_created_ms, oldest_terminal_ended_ms: of the oldest terminal
+            Run (first created), or None.
+        page_size, page_count, freelist_count: the database file's pages.
+        auto_vacuum: 0 none, 1 full, 2 incremental.
+    """
+
+    audit_rows: int
+    audit_oldest_ms: int | None
+    runs: int
+    terminal_runs: int
+    oldest_terminal_created_ms: int | None
+    oldest_terminal_ended_ms: int | None
+    page_size: int
+    page_count: int
+    freelist_count: int
+    auto_vacuum: int
+
+    @property
+    def used_bytes(self) -> int:
+        """Pages in use x page size: what the rows take (free pages excluded)."""
+        return (self.page_count - self.freelist_count) * self.page_size
+
+    @property
+    def file_bytes(self) -> int:
+        """The main database file's size (the rollback journal or WAL not included)."""
+        return self.page_count * self.page_size
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "auditRows": self.audit_rows, "auditOldestMs": self.audit_oldest_ms, "runs": self.runs,
+            "terminalRuns": self.terminal_runs, "oldestTerminalRunEndedMs": self.oldest_terminal_ended_ms,
+            "databaseUsedBytes": self.used_bytes, "databaseFileBytes": self.file_bytes,
+            "autoVacuum": ("none", "full", "incremental")[self.auto_vacuum] if 0 <= self.auto_vacuum <= 2 else "?",
+        }
+
+
+def measure_store(conn: sqlite3.Connection) -> StoreUsage:
+    """Read :class:`StoreUsage` in one snapshot; writes nothing.
+
+    Each figure is an index walk (``count(*)``) or a pragma: milliseconds for the edge
+    caps' row counts.
+    """
+    with read_transaction(conn):
+        audit_rows, audit_oldest = audit_usage(conn)
+        runs = int(conn.execute('SELECT count(*) FROM "Runs"').fetchone()[0])
+        terminal = int(conn.execute(f'SELECT count(*) FROM "Runs" WHERE status IN {_TERMINAL_SQL}').fetchone()[0])
+        oldest = conn.execute(
+            f'SELECT created_at_ms, {_ENDED_SQL} FROM "Runs" NOT INDEXED WHERE status IN {_TERMINAL_SQL}'
+            " ORDER BY rowid LIMIT 1"
+        ).fetchone()
+        pragmas = [int(conn.execute(f"PRAGMA {name}").fetchone()[0])
+                   for name in ("page_size", "page_count", "freelist_count", "auto_vacuum")]
+    return StoreUsage(
+        audit_rows, audit_oldest, runs, terminal,
+        None if oldest is None else int(oldest[0]), None if oldest is None else int(oldest[1]),
+        *pragmas,
+    )
+
+
+# -- Run deletion ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeletedRuns:
+    """What :func:`delete_runs` removed.
+
+    Attributes:
+        run_ids: the Runs whose rows are gone.
+        attempts: ``(run id, attempt id, log_artifact_id)`` of their attempts (their
+            log files still exist: the caller removes them).
+        pinned: Runs kept because another Run names them as parent or retry.
+    """
+
+    run_ids: tuple[str, ...]
+    attempts: tuple[tuple[str, str, str | None], ...]
+    pinned: tuple[str, ...]
+
+
+def delete_runs(conn: sqlite3.Connection, run_ids: Sequence[str]) -> DeletedRuns:
+    """Delete terminal Runs with every row that belongs to them, in one transaction.
+
+    Order: ``StepRunMutations``, ``StepRuns``, ``RunEvents``, ``RunAttempts``, ``Runs``
+    (children first, so no key is ever left dangling), with foreign key enforcement off
+    for the transaction (:func:`~qinglong_edge.local.store.foreign_keys_off`: otherwise
+    each deleted attempt and Run costs a scan of the unindexed ``RunEvents.attempt_id``
+    and ``Runs.parent_run_id``/``retry_of_run_id``). Inside the transaction the ids are
+    re-read: a Run that is missing or not terminal is skipped, one named by another
+    Run's ``parent_run_id``/``retry_of_run_id`` is kept (``pinned``).
+
+    Raises:
+        sqlite3.Error: the transaction failed and was rolled back.
+    """
+    ids = list(dict.fromkeys(run_ids))
+    if not ids:
+        return DeletedRuns((), (), ())
+    with foreign_keys_off(conn), write_transaction(conn):
+        marks = _marks(ids)
+        found = [str(row[0]) for row in conn.execute(
+            f'SELECT id FROM "Runs" WHERE id IN ({marks}) AND status IN {_TERMINAL_SQL}', ids)]
+        pinned: set[str] = set()
+        if found:
+            fm = _marks(found)
+            for parent, retry in conn.execute(
+                f'SELECT parent_run_id, retry_of_run_id FROM "Runs" WHERE parent_run_id IN ({fm})'
+                f" OR retry_of_run_id IN ({fm})", found + found,
+            ):
+                pinned.update(str(v) for v in (parent, retry) if v is not None)
+        doomed = [run_id for run_id in found if run_id not in pinned]
+        if not doomed:
+            return DeletedRuns((), (), tuple(sorted(pinned & set(found))))
+        dm = _marks(doomed)
+        attempts = tuple(
+            (str(run_id), str(attempt_id), None if artifact is None else str(artifact))
+            for run_id, attempt_id, artifact in conn.execute(
+                f'SELECT run_id, id, log_artifact_id FROM "RunAttempts" WHERE run_id IN ({dm})'
+                " ORDER BY run_id, attempt",
+                doomed,
+            )
+        )
+        for table, column in (("StepRunMutations", "run_id"), ("StepRuns", "run_id"), ("RunEvents", "run_id"),
+                              ("RunAttempts", "run_id"), ("Runs", "id")):
+            conn.execute(f'DELETE FROM "{table}" WHERE {column} IN ({dm})', doomed)
+        crashpoint("store_prune.rows_deleted")
+    crashpoint("store_prune.rows_committed")
+    return DeletedRuns(tuple(doomed), attempts, tuple(sorted(pinned & set(found))))
+
+
+def _oldest_terminal_runs(
+    conn: sqlite3.Connection, limit: int, *, ended_before_ms: int | None, skip: Iterable[str]
+) -> list[str]:
+    """Ids of the oldest terminal Runs (first created), optionally only those that ended
+    before ``ended_before_ms``. A scan in ``rowid`` (insertion) order that stops after
+    ``limit`` matches."""
+    skipped = sorted(skip)
+    where = f"status IN {_TERMINAL_SQL}"
+    params: list[object] = []
+    if ended_before_ms is not None:
+        where += f" AND created_at_ms < ? AND {_ENDED_SQL} < ?"
+        params += [ended_before_ms, ended_before_ms]
+    if skipped:
+        where += f" AND id NOT IN ({_marks(skipped)})"
+        params += skipped
+    rows = conn.execute(f'SELECT id FROM "Runs" NOT INDEXED WHERE {where} ORDER BY rowid LIMIT ?', [*params, limit])
+    return [str(row[0]) for row in rows]
+
+
+def _clear_log_artifacts(conn: sqlite3.Connection, attempt_ids: Sequence[str]) -> list[tuple[str, str, str]]:
+    """Clear ``log_artifact_id`` of terminal Runs' attempts (log pruning), one transaction.
+
+    Returns ``(run id, attempt id, old log_artifact_id)`` of the attempts changed.
+    """
+    ids = list(dict.fromkeys(attempt_ids))
+    if not ids:
+        return []
+    with write_transaction(conn):
+        rows = [
+            (str(run_id), str(attempt_id), str(artifact))
+            for run_id, attempt_id, artifact in conn.execute(
+                f'SELECT a.run_id, a.id, a.log_artifact_id FROM "RunAttempts" AS a JOIN "Runs" AS r ON r.id = a.run_id'
+                f" WHERE a.id IN ({_marks(ids)}) AND a.log_artifact_id IS NOT NULL"
+                f" AND r.status IN {_TERMINAL_SQL} AND a.status NOT IN ('claimed', 'starting', 'running')",
+                ids,
+            )
+        ]
+        if rows:
+            changed = [attempt_id for _, attempt_id, _ in rows]
+            conn.execute(f'UPDATE "RunAttempts" SET log_artifact_id = NULL WHERE id IN ({_marks(changed)})', changed)
+        crashpoint("log_prune.rows_updated")
+    crashpoint("log_prune.rows_committed")
+    return rows
+
+
+def _log_owners(conn: sqlite3.Connection, files: Sequence[LogFile]) -> dict[str, tuple[str, str, str, bool]]:
+    """file name -> ``(run id, attempt id, log_artifact_id, terminal)`` for the files whose
+    attempt row exists and still has a ``log_artifact_id``; the others are orphans."""
+    owners: dict[str, tuple[str, str, str, bool]] = {}
+    named = [f for f in files if f.attempt_id is not None]
+    legacy = [f for f in files if f.legacy_artifact_id is not None]
+    with read_transaction(conn):
+        if named:
+            ids = list(dict.fromkeys(str(f.attempt_id) for f in named))
+            rows = {
+                str(attempt_id): (str(run_id), str(artifact), status in PRUNABLE_RUN_STATUSES)
+                for attempt_id, run_id, artifact, status in conn.execute(
+                    f'SELECT a.id, a.run_id, a.log_artifact_id, r.status FROM "RunAttempts" AS a'
+                    f' JOIN "Runs" AS r ON r.id = a.run_id WHERE a.id IN ({_marks(ids)})'
+                    " AND a.log_artifact_id IS NOT NULL",
+                    ids,
+                )
+            }
+            for f in named:
+                row = rows.get(str(f.attempt_id))
+                if row is not None and row[0] == f.run_id:
+                    owners[f.name] = (row[0], str(f.attempt_id), row[1], row[2])
+        if legacy:
+            artifacts = list(dict.fromkeys(str(f.legacy_artifact_id) for f in legacy))
+            by_artifact = {
+                str(artifact): (str(run_id), str(attempt_id), status in PRUNABLE_RUN_STATUSES)
+                for attempt_id, run_id, artifact, status in conn.execute(
+                    f'SELECT a.id, a.run_id, a.log_artifact_id, r.status FROM "RunAttempts" AS a'
+                    f' JOIN "Runs" AS r ON r.id = a.run_id WHERE a.log_artifact_id IN ({_marks(artifacts)})',
+                    artifacts,
+                )
+            }
+            for f in legacy:
+                found = by_artifact.get(str(f.legacy_artifact_id))
+                if found is not None:
+                    owners[f.name] = (found[0], found[1], str(f.legacy_artifact_id), found[2])
+    return owners
+
+
+def _incremental_vacuum(conn: sqlite3.Connection, pages: int) -> int:
+    """Give at most ``pages`` free pages back to the file system; how many went."""
+    with write_transaction(conn):
+        before = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+        conn.execute(f"PRAGMA incremental_vacuum({int(pages)})").fetchall()
+        after = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+    return before - after
+
+
+# -- the pruner ----------------------------------------------------------------------------
+
+
+@dataclass
+class PruneReport:
+    """What a :meth:`Pruner.run` (or several) removed.
+
+    Attributes:
+        audit_rows: audit rows deleted, by reason (``count``, ``age``, ``database``).
+        runs: terminal Runs deleted (with their rows and logs), by reason.
+        logs: attempt logs deleted by ``maxTotalLogBytes`` (their Runs kept).
+        log_bytes: bytes of log files removed (with Runs and by the log cap).
+        orphan_files: log files or FIFOs without their row, removed by the sweep.
+        vacuum_pages: free database pages given back to the file system.
+        unremoved_files: files that could not be removed (retried by the next sweep).
+        pinned_runs: Runs kept because another Run refers to them.
+        steps: bounded steps done; max_step_ms: the longest one.
+    """
+
+    audit_rows: dict[str, int] = field(default_factory=dict)
+    runs: dict[str, int] = field(default_factory=dict)
+    logs: int = 0
+    log_bytes: int = 0
+    orphan_files: int = 0
+    vacuum_pages: int = 0
+    unremoved_files: int = 0
+    pinned_runs: int = 0
+    steps: int = 0
+    max_step_ms: float = 0.0
+
+    @property
+    def removed_anything(self) -> bool:
+        return bool(sum(self.audit_rows.values()) or sum(self.runs.values()) or self.logs or self.orphan_files
+                    or self.vacuum_pages)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "auditRows": sum(self.audit_rows.values()), "auditRowsBy": dict(sorted(self.audit_rows.items())),
+            "runs": sum(self.runs.values()), "runsBy": dict(sorted(self.runs.items())),
+            "logs": self.logs, "logBytes": self.log_bytes, "orphanFiles": self.orphan_files,
+            "vacuumPages": self.vacuum_pages, "unremovedFiles": self.unremoved_files,
+            "pinnedRuns": self.pinned_runs, "steps": self.steps, "maxStepMs": round(self.max_step_ms, 3),
+        }
+
+
+def _add(counter: dict[str, int], reason: str, n: int) -> None:
+    if n:
+        counter[reason] = counter.get(reason, 0) + n
+
+
+class Pruner:
+    """Keeps one Local store and its log directory within :class:`RetentionCaps`.
+
+    Args:
+        store: the opened store (its queue is shared with the API and the controller).
+        caps: the caps.
+        clock: wall clock in ms (the retention ages).
+        timeout_s: the limit of each store operation.
+
+    Not thread-safe: one thread calls :meth:`step`/:meth:`run` (``serve``'s main thread).
+    """
+
+    def __init__(self, store: Store, caps: RetentionCaps, *, clock: Callable[[], int] = now_ms,
+                 timeout_s: float = 60.0) -> None:
+        self.store = store
+        self.caps = caps
+        self.clock = clock
+        self.timeout_s = timeout_s
+        self._pinned: set[str] = set()
+        self._sweep: list[LogFile] | None = None if caps.log_directory else []
+        self._scan: LogScan | None = None
+        self._scan_at = 0.0
+        self._scan_key: tuple[int, int] | None = None
+        self.last_usage: StoreUsage | None = None
+
+    # -- one step ------------------------------------------------------------------------
+
+    def step(self, report: PruneReport | None = None) -> str | None:
+        """Do one bounded unit of pruning; what it did (``sweep``, ``audit``, ``runs``,
+        ``database``, ``logs``, ``vacuum``), or None when every cap holds.
+
+        Raises:
+            StoreError: the store failed (nothing half-done: the next step retries).
+            OSError: the log directory cannot be listed.
+        """
+        report = report if report is not None else PruneReport()
+        started = time.monotonic()
+        did = self._step(report)
+        if did is not None:
+            report.steps += 1
+            report.max_step_ms = max(report.max_step_ms, (time.monotonic() - started) * 1000)
+        return did
+
+    def _step(self, report: PruneReport) -> str | None:
+        if self._sweep is None or self._sweep:
+            return self._sweep_step(report)
+        usage = self._run(measure_store)
+        self.last_usage = usage
+        caps, now = self.caps, self.clock()
+        audit_cutoff = now - caps.audit_retention_ms
+        if usage.audit_rows > caps.audit_maximum_entries or (
+            usage.audit_oldest_ms is not None and usage.audit_oldest_ms < audit_cutoff
+        ):
+            count_excess = usage.audit_rows - caps.audit_maximum_entries
+            n = self._run(lambda c: prune_audit(c, maximum_entries=caps.audit_maximum_entries,
+                                                older_than_ms=audit_cutoff, limit=AUDIT_BATCH))
+            if n:
+                _add(report.audit_rows, "count" if count_excess > 0 else "age", n)
+                return "audit"
+        excess = usage.terminal_runs - caps.run_maximum_entries
+        if excess > 0 and self._delete_runs(report, "count", min(excess, RUN_BATCH), None):
+            return "runs"
+        run_cutoff = now - caps.run_retention_ms
+        if (usage.oldest_terminal_created_ms is not None and usage.oldest_terminal_created_ms < run_cutoff
+                and self._delete_runs(report, "age", RUN_BATCH, run_cutoff)):
+            return "runs"
+        if usage.used_bytes > caps.database_maximum_bytes and self._database_step(report, usage):
+            return "database"
+        if self._logs_step(report, usage):
+            return "logs"
+        if (usage.auto_vacuum == 2 and usage.freelist_count > 0
+                and usage.file_bytes > caps.database_maximum_bytes):
+            n = self._run(lambda c: _incremental_vacuum(c, VACUUM_PAGES))
+            if n > 0:
+                report.vacuum_pages += n
+                return "vacuum"
+        return None
+
+    def _run(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        return self.store.run(fn, timeout_s=self.timeout_s)
+
+    def _delete_runs(self, report: PruneReport, reason: str, limit: int, ended_before_ms: int | None) -> bool:
+        skip = set(self._pinned)
+        ids = self._run(lambda c: _oldest_terminal_runs(c, limit, ended_before_ms=ended_before_ms, skip=skip))
+        if not ids:
+            return False
+        deleted: DeletedRuns = self._run(lambda c: delete_runs(c, ids))
+        remembered = False
+        new = set(deleted.pinned) - self._pinned
+        if new and len(self._pinned) + len(new) <= _MAX_PINNED:
+            self._pinned |= new
+            report.pinned_runs += len(new)
+            remembered = True
+            _log.info("kept %d terminal Run(s) another Run refers to", len(new))
+        _add(report.runs, reason, len(deleted.run_ids))
+        for run_id, attempt_id, artifact in deleted.attempts:
+            self._remove_logs(report, run_id, attempt_id, artifact)
+        crashpoint("store_prune.files_removed")
+        # Progress only if rows went or newly pinned Runs are now skipped (no endless loop).
+        return bool(deleted.run_ids) or remembered
+
+    def _remove_logs(self, report: PruneReport, run_id: str, attempt_id: str, artifact: str | None) -> None:
+        directory = self.caps.log_directory
+        if directory is None:
+            return
+        try:
+            report.log_bytes += remove_attempt_logs(directory, run_id, attempt_id, artifact)
+        except OSError as exc:
+            report.unremoved_files += 1
+            _log.warning("run %s: its log could not be removed (%s); the next sweep retries", run_id,
+                         exc.strerror or type(exc).__name__)
+        self._scan = None
+
+    def _database_step(self, report: PruneReport, usage: StoreUsage) -> bool:
+        """Over ``databaseMaximumBytes``: delete a batch of the oldest records, audit rows or
+        terminal Runs, whichever is older."""
+        audit_at = usage.audit_oldest_ms
+        run_at = usage.oldest_terminal_ended_ms
+        audit_first = audit_at is not None and (run_at is None or audit_at <= run_at)
+        if audit_first:
+            n = self._run(lambda c: prune_audit(c, maximum_entries=0, older_than_ms=None, limit=AUDIT_BATCH))
+            _add(report.audit_rows, "database", n)
+            if n:
+                return True
+        if run_at is not None and self._delete_runs(report, "database", RUN_BATCH, None):
+            return True
+        if not audit_first and audit_at is not None:
+            late: int = self._run(lambda c: prune_audit(c, maximum_entries=0, older_than_ms=None, limit=AUDIT_BATCH))
+            _add(report.audit_rows, "database", late)
+            return late > 0
+        return False
+
+    # -- logs ------------------------------------------------------------------------------
+
+    def log_scan(self, usage: StoreUsage | None = None) -> LogScan | None:
+        """The log directory's files (listed again after :data:`LOG_RESCAN_S` or when the
+        number of Runs changed), or None without a log directory."""
+        directory = self.caps.log_directory
+        if directory is None:
+            return None
+        key = None if usage is None else (usage.runs, usage.terminal_runs)
+        if (self._scan is None or time.monotonic() - self._scan_at > LOG_RESCAN_S
+                or (key is not None and key != self._scan_key)):
+            self._scan = scan_logs(directory)
+            self._scan_at = time.monotonic()
+            self._scan_key = key
+        return self._scan
+
+    def _logs_step(self, report: PruneReport, usage: StoreUsage) -> bool:
+        cap, directory = self.caps.max_total_log_bytes, self.caps.log_directory
+        if cap is None or directory is None:
+            return False
+        scan = self.log_scan(usage)
+        if scan is None or scan.total_bytes <= cap:
+            return False
+        oldest = sorted((f for f in scan.files if not f.fifo and f.bytes > 0), key=lambda f: (f.mtime_ns, f.name))
+        window = oldest[: LOG_BATCH * 4]
+        owners = self._run(lambda c: _log_owners(c, window))
+        over, chosen = scan.total_bytes - cap, []
+        for f in window:
+            owner = owners.get(f.name)
+            if owner is None or not owner[3]:
+                continue  # an orphan (the sweep's) or a Run still in flight: never pruned
+            chosen.append(owner[1])
+            over -= f.bytes
+            if over <= 0 or len(chosen) >= LOG_BATCH:
+                break
+        if not chosen:
+            return False
+        cleared = self._run(lambda c: _clear_log_artifacts(c, chosen))
+        for run_id, attempt_id, artifact in cleared:
+            before = report.log_bytes
+            self._remove_logs(report, run_id, attempt_id, artifact)
+            if report.log_bytes > before:
+                report.logs += 1
+        return bool(cleared)
+
+    def _sweep_step(self, report: PruneReport) -> str:
+        """Remove log files and FIFOs whose attempt row is gone or has no
+        ``log_artifact_id`` (a crash between the rows and the files), a batch per step."""
+        directory = self.caps.log_directory
+        if self._sweep is None:
+            self._sweep = list(scan_logs(directory).files) if directory is not None else []
+        batch, self._sweep = self._sweep[:SWEEP_BATCH], self._sweep[SWEEP_BATCH:]
+        if not batch or directory is None:
+            return "sweep"
+        owners = self._run(lambda c: _log_owners(c, batch))
+        for f in batch:
+            if f.name in owners:
+                continue
+            try:
+                os.unlink(os.path.join(directory, f.name))
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                report.unremoved_files += 1
+                _log.warning("orphan log %s could not be removed (%s)", f.name, exc.strerror or type(exc).__name__)
+                continue
+            report.orphan_files += 1
+            report.log_bytes += f.bytes
+            self._scan = None
+        return "sweep"
+
+    # -- passes ----------------------------------------------------------------------------
+
+    def run(self, *, should_stop: Callable[[], bool] | None = None, max_steps: int = 1_000_000,
+            report: PruneReport | None = None) -> PruneReport:
+        """Steps until every cap holds (or ``should_stop()``, or ``max_steps``).
+
+        Raises:
+            StoreError, OSError: as :meth:`step` (what the earlier steps removed stays removed).
+        """
+        report = report if report is not None else PruneReport()
+        for _ in range(max_steps):
+            if should_stop is not None and should_stop():
+                break
+            if self.step(report) is None:
+                break
+        return report
+
