@@ -53,6 +53,7 @@ Public API::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
@@ -62,8 +63,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qinglong_edge.config import EdgeConfig
+from qinglong_edge.errors import StoreError
 from qinglong_edge.local.audit import audit_usage, prune_audit
-from qinglong_edge.local.run_logs import LogFile, LogScan, remove_attempt_logs, scan_logs
+from qinglong_edge.local.run_logs import LogFile, LogScan, attempt_log_path, remove_attempt_logs, scan_logs
 from qinglong_edge.local.store import Store, foreign_keys_off, now_ms, read_transaction, write_transaction
 from qinglong_edge.worker.crashpoints import crashpoint
 
@@ -365,6 +367,18 @@ def _log_owners(conn: sqlite3.Connection, files: Sequence[LogFile]) -> dict[str,
     return owners
 
 
+def _attempts_of(conn: sqlite3.Connection, run_ids: Sequence[str]) -> list[tuple[str, str, str | None]]:
+    """``(run id, attempt id, log_artifact_id)`` of the attempts of ``run_ids`` (a read)."""
+    rows = conn.execute(
+        f'SELECT run_id, id, log_artifact_id FROM "RunAttempts" WHERE run_id IN ({_marks(run_ids)})', list(run_ids))
+    return [(str(r), str(a), None if x is None else str(x)) for r, a, x in rows]
+
+
+def _disk_full(exc: StoreError) -> bool:
+    """SQLite said SQLITE_FULL (no room for the rollback journal or a new page)."""
+    return "SQLITE_FULL" in exc.message
+
+
 def _incremental_vacuum(conn: sqlite3.Connection, pages: int) -> int:
     """Give at most ``pages`` free pages back to the file system; how many went."""
     with write_transaction(conn):
@@ -389,6 +403,8 @@ class PruneReport:
         orphan_files: log files or FIFOs without their row, removed by the sweep.
         vacuum_pages: free database pages given back to the file system.
         unremoved_files: files that could not be removed (retried by the next sweep).
+        truncated_bytes: bytes of logs being pruned that were emptied first, the disk
+            being full (SQLite's rollback journal needs room).
         pinned_runs: Runs kept because another Run refers to them.
         steps: bounded steps done; max_step_ms: the longest one.
     """
@@ -400,6 +416,7 @@ class PruneReport:
     orphan_files: int = 0
     vacuum_pages: int = 0
     unremoved_files: int = 0
+    truncated_bytes: int = 0
     pinned_runs: int = 0
     steps: int = 0
     max_step_ms: float = 0.0
@@ -415,6 +432,7 @@ class PruneReport:
             "runs": sum(self.runs.values()), "runsBy": dict(sorted(self.runs.items())),
             "logs": self.logs, "logBytes": self.log_bytes, "orphanFiles": self.orphan_files,
             "vacuumPages": self.vacuum_pages, "unremovedFiles": self.unremoved_files,
+            "truncatedBytes": self.truncated_bytes,
             "pinnedRuns": self.pinned_runs, "steps": self.steps, "maxStepMs": round(self.max_step_ms, 3),
         }
 
@@ -473,13 +491,20 @@ class Pruner:
         usage = self._run(measure_store)
         self.last_usage = usage
         caps, now = self.caps, self.clock()
+        deferred: StoreError | None = None
         audit_cutoff = now - caps.audit_retention_ms
         if usage.audit_rows > caps.audit_maximum_entries or (
             usage.audit_oldest_ms is not None and usage.audit_oldest_ms < audit_cutoff
         ):
             count_excess = usage.audit_rows - caps.audit_maximum_entries
-            n = self._run(lambda c: prune_audit(c, maximum_entries=caps.audit_maximum_entries,
-                                                older_than_ms=audit_cutoff, limit=AUDIT_BATCH))
+            try:
+                n = self._run(lambda c: prune_audit(c, maximum_entries=caps.audit_maximum_entries,
+                                                    older_than_ms=audit_cutoff, limit=AUDIT_BATCH))
+            except StoreError as exc:
+                if not _disk_full(exc):
+                    raise
+                deferred = exc  # the Run steps below can make room (their logs); then retry
+                n = 0
             if n:
                 _add(report.audit_rows, "count" if count_excess > 0 else "age", n)
                 return "audit"
@@ -500,6 +525,8 @@ class Pruner:
             if n > 0:
                 report.vacuum_pages += n
                 return "vacuum"
+        if deferred is not None:
+            raise deferred
         return None
 
     def _run(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
@@ -507,10 +534,11 @@ class Pruner:
 
     def _delete_runs(self, report: PruneReport, reason: str, limit: int, ended_before_ms: int | None) -> bool:
         skip = set(self._pinned)
-        ids = self._run(lambda c: _oldest_terminal_runs(c, limit, ended_before_ms=ended_before_ms, skip=skip))
+        ids: list[str] = self._run(lambda c: _oldest_terminal_runs(c, limit, ended_before_ms=ended_before_ms,
+                                                                   skip=skip))
         if not ids:
             return False
-        deleted: DeletedRuns = self._run(lambda c: delete_runs(c, ids))
+        deleted = self._delete_making_room(report, ids)
         remembered = False
         new = set(deleted.pinned) - self._pinned
         if new and len(self._pinned) + len(new) <= _MAX_PINNED:
@@ -524,6 +552,51 @@ class Pruner:
         crashpoint("store_prune.files_removed")
         # Progress only if rows went or newly pinned Runs are now skipped (no endless loop).
         return bool(deleted.run_ids) or remembered
+
+    def _delete_making_room(self, report: PruneReport, ids: list[str]) -> DeletedRuns:
+        """:func:`delete_runs`; on a full disk (no room for SQLite's rollback journal) the
+        logs of these Runs, which go anyway, are emptied first (the files stay, so no row
+        points at a missing file), then smaller transactions are tried: all, 4, 1 Run."""
+        try:
+            first: DeletedRuns = self._run(lambda c: delete_runs(c, ids))
+        except StoreError as exc:
+            if not _disk_full(exc):
+                raise
+        else:
+            return first
+        self._make_room(report, self._run(lambda c: _attempts_of(c, ids)))
+        failure: StoreError | None = None
+        for size in dict.fromkeys((len(ids), min(4, len(ids)), 1)):
+            batch = ids[:size]
+            try:
+                result: DeletedRuns = self._run(lambda c, b=batch: delete_runs(c, b))  # type: ignore[misc]
+            except StoreError as exc:
+                if not _disk_full(exc):
+                    raise
+                failure = exc
+                continue
+            return result
+        assert failure is not None
+        raise failure
+
+    def _make_room(self, report: PruneReport, attempts: Iterable[tuple[str, str, str | None]]) -> None:
+        """Disk full: truncate to 0 the logs that this step deletes anyway, so SQLite's
+        rollback journal fits. Each file stays (emptied), so nothing ever points at a
+        missing file; a crash here leaves Runs with empty logs, pruned by the next step.
+        """
+        directory, freed = self.caps.log_directory, 0
+        for run_id, attempt_id, artifact in attempts:
+            path = None if directory is None else attempt_log_path(directory, run_id, attempt_id, artifact)
+            if path is None:
+                continue
+            with contextlib.suppress(OSError):
+                size = os.lstat(path).st_blocks * 512
+                os.truncate(path, 0)
+                freed += size
+        report.truncated_bytes += freed
+        self._scan = None
+        if freed:
+            _log.warning("the disk is full: emptied %d bytes of logs being pruned to make room", freed)
 
     def _remove_logs(self, report: PruneReport, run_id: str, attempt_id: str, artifact: str | None) -> None:
         directory = self.caps.log_directory
@@ -593,7 +666,13 @@ class Pruner:
                 break
         if not chosen:
             return False
-        cleared = self._run(lambda c: _clear_log_artifacts(c, chosen))
+        try:
+            cleared = self._run(lambda c: _clear_log_artifacts(c, chosen))
+        except StoreError as exc:
+            if not _disk_full(exc):
+                raise
+            self._make_room(report, [(o[0], o[1], o[2]) for o in owners.values() if o[1] in set(chosen)])
+            cleared = self._run(lambda c: _clear_log_artifacts(c, chosen))
         for run_id, attempt_id, artifact in cleared:
             before = report.log_bytes
             self._remove_logs(report, run_id, attempt_id, artifact)
