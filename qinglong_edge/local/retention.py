@@ -58,15 +58,28 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from qinglong_edge.config import EdgeConfig
 from qinglong_edge.errors import StoreError
-from qinglong_edge.local.audit import audit_usage, prune_audit
+from qinglong_edge.local.audit import prune_audit
+from qinglong_edge.local.retention_rows import (
+    PRUNABLE_RUN_STATUSES,
+    DeletedRuns,
+    StoreUsage,
+    attempts_of,
+    clear_log_artifacts,
+    delete_runs,
+    disk_full,
+    incremental_vacuum,
+    log_owners,
+    measure_store,
+    oldest_terminal_runs,
+)
 from qinglong_edge.local.run_logs import LogFile, LogScan, attempt_log_path, remove_attempt_logs, scan_logs
-from qinglong_edge.local.store import Store, foreign_keys_off, now_ms, read_transaction, write_transaction
+from qinglong_edge.local.store import Store, now_ms
 from qinglong_edge.worker.crashpoints import crashpoint
 
 __all__ = [
@@ -87,8 +100,6 @@ __all__ = [
 
 _log = logging.getLogger("qinglong_edge.retention")
 
-#: Terminal Runs the caps may remove (execution control's terminal set, module docstring).
-PRUNABLE_RUN_STATUSES = ("succeeded", "failed", "cancelled", "timed_out", "lost")
 #: Most Runs deleted by one step (one transaction: ~12 rows each).
 RUN_BATCH = 32
 #: Most audit rows deleted by one step.
@@ -105,14 +116,6 @@ MAINTENANCE_INTERVAL_S = 10.0
 LOG_RESCAN_S = 60.0
 #: Runs kept because another Run refers to them, remembered so the next steps skip them.
 _MAX_PINNED = 1024
-
-_TERMINAL_SQL = "(" + ", ".join(f"'{status}'" for status in PRUNABLE_RUN_STATUSES) + ")"
-_ENDED_SQL = "coalesce(finished_at_ms, created_at_ms)"
-
-
-def _marks(values: Sequence[object]) -> str:
-    return ", ".join("?" * len(values))
-
 
 @dataclass(frozen=True, slots=True)
 class RetentionCaps:
@@ -147,245 +150,6 @@ class RetentionCaps:
             execution.log_directory if execution is not None else None,
             execution.max_total_log_bytes if execution is not None else None,
         )
-
-
-@dataclass(frozen=True, slots=True)
-class StoreUsage:
-    """What the Local store holds now (one read transaction).
-
-    Attributes:
-        audit_rows, audit_oldest_ms: audit rows and the time of the oldest (or None).
-        runs, terminal_runs: every Run; those the caps may remove.
-        oldest_terminal_created_ms, oldest_terminal_ended_ms: of the oldest terminal
-            Run (first created), or None.
-        page_size, page_count, freelist_count: the database file's pages.
-        auto_vacuum: 0 none, 1 full, 2 incremental.
-    """
-
-    audit_rows: int
-    audit_oldest_ms: int | None
-    runs: int
-    terminal_runs: int
-    oldest_terminal_created_ms: int | None
-    oldest_terminal_ended_ms: int | None
-    page_size: int
-    page_count: int
-    freelist_count: int
-    auto_vacuum: int
-
-    @property
-    def used_bytes(self) -> int:
-        """Pages in use x page size: what the rows take (free pages excluded)."""
-        return (self.page_count - self.freelist_count) * self.page_size
-
-    @property
-    def file_bytes(self) -> int:
-        """The main database file's size (the rollback journal or WAL not included)."""
-        return self.page_count * self.page_size
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "auditRows": self.audit_rows, "auditOldestMs": self.audit_oldest_ms, "runs": self.runs,
-            "terminalRuns": self.terminal_runs, "oldestTerminalRunEndedMs": self.oldest_terminal_ended_ms,
-            "databaseUsedBytes": self.used_bytes, "databaseFileBytes": self.file_bytes,
-            "autoVacuum": ("none", "full", "incremental")[self.auto_vacuum] if 0 <= self.auto_vacuum <= 2 else "?",
-        }
-
-
-def measure_store(conn: sqlite3.Connection) -> StoreUsage:
-    """Read :class:`StoreUsage` in one snapshot; writes nothing.
-
-    Each figure is an index walk (``count(*)``) or a pragma: milliseconds for the edge
-    caps' row counts.
-    """
-    with read_transaction(conn):
-        audit_rows, audit_oldest = audit_usage(conn)
-        runs = int(conn.execute('SELECT count(*) FROM "Runs"').fetchone()[0])
-        terminal = int(conn.execute(f'SELECT count(*) FROM "Runs" WHERE status IN {_TERMINAL_SQL}').fetchone()[0])
-        oldest = conn.execute(
-            f'SELECT created_at_ms, {_ENDED_SQL} FROM "Runs" NOT INDEXED WHERE status IN {_TERMINAL_SQL}'
-            " ORDER BY rowid LIMIT 1"
-        ).fetchone()
-        pragmas = [int(conn.execute(f"PRAGMA {name}").fetchone()[0])
-                   for name in ("page_size", "page_count", "freelist_count", "auto_vacuum")]
-    return StoreUsage(
-        audit_rows, audit_oldest, runs, terminal,
-        None if oldest is None else int(oldest[0]), None if oldest is None else int(oldest[1]),
-        *pragmas,
-    )
-
-
-# -- Run deletion ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class DeletedRuns:
-    """What :func:`delete_runs` removed.
-
-    Attributes:
-        run_ids: the Runs whose rows are gone.
-        attempts: ``(run id, attempt id, log_artifact_id)`` of their attempts (their
-            log files still exist: the caller removes them).
-        pinned: Runs kept because another Run names them as parent or retry.
-    """
-
-    run_ids: tuple[str, ...]
-    attempts: tuple[tuple[str, str, str | None], ...]
-    pinned: tuple[str, ...]
-
-
-def delete_runs(conn: sqlite3.Connection, run_ids: Sequence[str]) -> DeletedRuns:
-    """Delete terminal Runs with every row that belongs to them, in one transaction.
-
-    Order: ``StepRunMutations``, ``StepRuns``, ``RunEvents``, ``RunAttempts``, ``Runs``
-    (children first, so no key is ever left dangling), with foreign key enforcement off
-    for the transaction (:func:`~qinglong_edge.local.store.foreign_keys_off`: otherwise
-    each deleted attempt and Run costs a scan of the unindexed ``RunEvents.attempt_id``
-    and ``Runs.parent_run_id``/``retry_of_run_id``). Inside the transaction the ids are
-    re-read: a Run that is missing or not terminal is skipped, one named by another
-    Run's ``parent_run_id``/``retry_of_run_id`` is kept (``pinned``).
-
-    Raises:
-        sqlite3.Error: the transaction failed and was rolled back.
-    """
-    ids = list(dict.fromkeys(run_ids))
-    if not ids:
-        return DeletedRuns((), (), ())
-    with foreign_keys_off(conn), write_transaction(conn):
-        marks = _marks(ids)
-        found = [str(row[0]) for row in conn.execute(
-            f'SELECT id FROM "Runs" WHERE id IN ({marks}) AND status IN {_TERMINAL_SQL}', ids)]
-        pinned: set[str] = set()
-        if found:
-            fm = _marks(found)
-            for parent, retry in conn.execute(
-                f'SELECT parent_run_id, retry_of_run_id FROM "Runs" WHERE parent_run_id IN ({fm})'
-                f" OR retry_of_run_id IN ({fm})", found + found,
-            ):
-                pinned.update(str(v) for v in (parent, retry) if v is not None)
-        doomed = [run_id for run_id in found if run_id not in pinned]
-        if not doomed:
-            return DeletedRuns((), (), tuple(sorted(pinned & set(found))))
-        dm = _marks(doomed)
-        attempts = tuple(
-            (str(run_id), str(attempt_id), None if artifact is None else str(artifact))
-            for run_id, attempt_id, artifact in conn.execute(
-                f'SELECT run_id, id, log_artifact_id FROM "RunAttempts" WHERE run_id IN ({dm})'
-                " ORDER BY run_id, attempt",
-                doomed,
-            )
-        )
-        for table, column in (("StepRunMutations", "run_id"), ("StepRuns", "run_id"), ("RunEvents", "run_id"),
-                              ("RunAttempts", "run_id"), ("Runs", "id")):
-            conn.execute(f'DELETE FROM "{table}" WHERE {column} IN ({dm})', doomed)
-        crashpoint("store_prune.rows_deleted")
-    crashpoint("store_prune.rows_committed")
-    return DeletedRuns(tuple(doomed), attempts, tuple(sorted(pinned & set(found))))
-
-
-def _oldest_terminal_runs(
-    conn: sqlite3.Connection, limit: int, *, ended_before_ms: int | None, skip: Iterable[str]
-) -> list[str]:
-    """Ids of the oldest terminal Runs (first created), optionally only those that ended
-    before ``ended_before_ms``. A scan in ``rowid`` (insertion) order that stops after
-    ``limit`` matches."""
-    skipped = sorted(skip)
-    where = f"status IN {_TERMINAL_SQL}"
-    params: list[object] = []
-    if ended_before_ms is not None:
-        where += f" AND created_at_ms < ? AND {_ENDED_SQL} < ?"
-        params += [ended_before_ms, ended_before_ms]
-    if skipped:
-        where += f" AND id NOT IN ({_marks(skipped)})"
-        params += skipped
-    rows = conn.execute(f'SELECT id FROM "Runs" NOT INDEXED WHERE {where} ORDER BY rowid LIMIT ?', [*params, limit])
-    return [str(row[0]) for row in rows]
-
-
-def _clear_log_artifacts(conn: sqlite3.Connection, attempt_ids: Sequence[str]) -> list[tuple[str, str, str]]:
-    """Clear ``log_artifact_id`` of terminal Runs' attempts (log pruning), one transaction.
-
-    Returns ``(run id, attempt id, old log_artifact_id)`` of the attempts changed.
-    """
-    ids = list(dict.fromkeys(attempt_ids))
-    if not ids:
-        return []
-    with write_transaction(conn):
-        rows = [
-            (str(run_id), str(attempt_id), str(artifact))
-            for run_id, attempt_id, artifact in conn.execute(
-                f'SELECT a.run_id, a.id, a.log_artifact_id FROM "RunAttempts" AS a JOIN "Runs" AS r ON r.id = a.run_id'
-                f" WHERE a.id IN ({_marks(ids)}) AND a.log_artifact_id IS NOT NULL"
-                f" AND r.status IN {_TERMINAL_SQL} AND a.status NOT IN ('claimed', 'starting', 'running')",
-                ids,
-            )
-        ]
-        if rows:
-            changed = [attempt_id for _, attempt_id, _ in rows]
-            conn.execute(f'UPDATE "RunAttempts" SET log_artifact_id = NULL WHERE id IN ({_marks(changed)})', changed)
-        crashpoint("log_prune.rows_updated")
-    crashpoint("log_prune.rows_committed")
-    return rows
-
-
-def _log_owners(conn: sqlite3.Connection, files: Sequence[LogFile]) -> dict[str, tuple[str, str, str, bool]]:
-    """file name -> ``(run id, attempt id, log_artifact_id, terminal)`` for the files whose
-    attempt row exists and still has a ``log_artifact_id``; the others are orphans."""
-    owners: dict[str, tuple[str, str, str, bool]] = {}
-    named = [f for f in files if f.attempt_id is not None]
-    legacy = [f for f in files if f.legacy_artifact_id is not None]
-    with read_transaction(conn):
-        if named:
-            ids = list(dict.fromkeys(str(f.attempt_id) for f in named))
-            rows = {
-                str(attempt_id): (str(run_id), str(artifact), status in PRUNABLE_RUN_STATUSES)
-                for attempt_id, run_id, artifact, status in conn.execute(
-                    f'SELECT a.id, a.run_id, a.log_artifact_id, r.status FROM "RunAttempts" AS a'
-                    f' JOIN "Runs" AS r ON r.id = a.run_id WHERE a.id IN ({_marks(ids)})'
-                    " AND a.log_artifact_id IS NOT NULL",
-                    ids,
-                )
-            }
-            for f in named:
-                row = rows.get(str(f.attempt_id))
-                if row is not None and row[0] == f.run_id:
-                    owners[f.name] = (row[0], str(f.attempt_id), row[1], row[2])
-        if legacy:
-            artifacts = list(dict.fromkeys(str(f.legacy_artifact_id) for f in legacy))
-            by_artifact = {
-                str(artifact): (str(run_id), str(attempt_id), status in PRUNABLE_RUN_STATUSES)
-                for attempt_id, run_id, artifact, status in conn.execute(
-                    f'SELECT a.id, a.run_id, a.log_artifact_id, r.status FROM "RunAttempts" AS a'
-                    f' JOIN "Runs" AS r ON r.id = a.run_id WHERE a.log_artifact_id IN ({_marks(artifacts)})',
-                    artifacts,
-                )
-            }
-            for f in legacy:
-                found = by_artifact.get(str(f.legacy_artifact_id))
-                if found is not None:
-                    owners[f.name] = (found[0], found[1], str(f.legacy_artifact_id), found[2])
-    return owners
-
-
-def _attempts_of(conn: sqlite3.Connection, run_ids: Sequence[str]) -> list[tuple[str, str, str | None]]:
-    """``(run id, attempt id, log_artifact_id)`` of the attempts of ``run_ids`` (a read)."""
-    rows = conn.execute(
-        f'SELECT run_id, id, log_artifact_id FROM "RunAttempts" WHERE run_id IN ({_marks(run_ids)})', list(run_ids))
-    return [(str(r), str(a), None if x is None else str(x)) for r, a, x in rows]
-
-
-def _disk_full(exc: StoreError) -> bool:
-    """SQLite said SQLITE_FULL (no room for the rollback journal or a new page)."""
-    return "SQLITE_FULL" in exc.message
-
-
-def _incremental_vacuum(conn: sqlite3.Connection, pages: int) -> int:
-    """Give at most ``pages`` free pages back to the file system; how many went."""
-    with write_transaction(conn):
-        before = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
-        conn.execute(f"PRAGMA incremental_vacuum({int(pages)})").fetchall()
-        after = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
-    return before - after
 
 
 # -- the pruner ----------------------------------------------------------------------------
@@ -501,7 +265,7 @@ class Pruner:
                 n = self._run(lambda c: prune_audit(c, maximum_entries=caps.audit_maximum_entries,
                                                     older_than_ms=audit_cutoff, limit=AUDIT_BATCH))
             except StoreError as exc:
-                if not _disk_full(exc):
+                if not disk_full(exc):
                     raise
                 deferred = exc  # the Run steps below can make room (their logs); then retry
                 n = 0
@@ -521,7 +285,7 @@ class Pruner:
             return "logs"
         if (usage.auto_vacuum == 2 and usage.freelist_count > 0
                 and usage.file_bytes > caps.database_maximum_bytes):
-            n = self._run(lambda c: _incremental_vacuum(c, VACUUM_PAGES))
+            n = self._run(lambda c: incremental_vacuum(c, VACUUM_PAGES))
             if n > 0:
                 report.vacuum_pages += n
                 return "vacuum"
@@ -534,7 +298,7 @@ class Pruner:
 
     def _delete_runs(self, report: PruneReport, reason: str, limit: int, ended_before_ms: int | None) -> bool:
         skip = set(self._pinned)
-        ids: list[str] = self._run(lambda c: _oldest_terminal_runs(c, limit, ended_before_ms=ended_before_ms,
+        ids: list[str] = self._run(lambda c: oldest_terminal_runs(c, limit, ended_before_ms=ended_before_ms,
                                                                    skip=skip))
         if not ids:
             return False
@@ -560,18 +324,18 @@ class Pruner:
         try:
             first: DeletedRuns = self._run(lambda c: delete_runs(c, ids))
         except StoreError as exc:
-            if not _disk_full(exc):
+            if not disk_full(exc):
                 raise
         else:
             return first
-        self._make_room(report, self._run(lambda c: _attempts_of(c, ids)))
+        self._make_room(report, self._run(lambda c: attempts_of(c, ids)))
         failure: StoreError | None = None
         for size in dict.fromkeys((len(ids), min(4, len(ids)), 1)):
             batch = ids[:size]
             try:
                 result: DeletedRuns = self._run(lambda c, b=batch: delete_runs(c, b))  # type: ignore[misc]
             except StoreError as exc:
-                if not _disk_full(exc):
+                if not disk_full(exc):
                     raise
                 failure = exc
                 continue
@@ -654,7 +418,7 @@ class Pruner:
             return False
         oldest = sorted((f for f in scan.files if not f.fifo and f.bytes > 0), key=lambda f: (f.mtime_ns, f.name))
         window = oldest[: LOG_BATCH * 4]
-        owners = self._run(lambda c: _log_owners(c, window))
+        owners = self._run(lambda c: log_owners(c, window))
         over, chosen = scan.total_bytes - cap, []
         for f in window:
             owner = owners.get(f.name)
@@ -667,12 +431,12 @@ class Pruner:
         if not chosen:
             return False
         try:
-            cleared = self._run(lambda c: _clear_log_artifacts(c, chosen))
+            cleared = self._run(lambda c: clear_log_artifacts(c, chosen))
         except StoreError as exc:
-            if not _disk_full(exc):
+            if not disk_full(exc):
                 raise
             self._make_room(report, [(o[0], o[1], o[2]) for o in owners.values() if o[1] in set(chosen)])
-            cleared = self._run(lambda c: _clear_log_artifacts(c, chosen))
+            cleared = self._run(lambda c: clear_log_artifacts(c, chosen))
         for run_id, attempt_id, artifact in cleared:
             before = report.log_bytes
             self._remove_logs(report, run_id, attempt_id, artifact)
@@ -689,7 +453,7 @@ class Pruner:
         batch, self._sweep = self._sweep[:SWEEP_BATCH], self._sweep[SWEEP_BATCH:]
         if not batch or directory is None:
             return "sweep"
-        owners = self._run(lambda c: _log_owners(c, batch))
+        owners = self._run(lambda c: log_owners(c, batch))
         for f in batch:
             if f.name in owners:
                 continue
