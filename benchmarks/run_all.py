@@ -48,6 +48,7 @@ PLAN: dict[str, tuple[list[str], list[str]]] = {
     "pull": (["--runs", "40"], ["--runs", "3"]),
     "startup": (["--runs", "60", "--site"], ["--runs", "5"]),
     "envelope": (["--load-seconds", "15"], ["--load-seconds", "5"]),
+    "storage_caps": (["--runs", "20000"], ["--runs", "2000", "--baseline-runs", "300", "--disk-runs", "100"]),
 }
 TIMEOUT_S = 420
 _PR_SET_CHILD_SUBREAPER = 36

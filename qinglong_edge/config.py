@@ -35,9 +35,9 @@ Shape (camelCase, like the QingLong configs; defaults in brackets)::
         "databaseFile": "/abs",                     [<stateDirectory>/local.db]
         "pepperKeyringDirectory": "/abs",           [<stateDirectory>/pepper]
         "busyTimeoutMs": 100-30000,                 [5000]
-        "auditMaximumEntries": 100-10000000,        [10000 edge, 200000 standalone]
+        "auditMaximumEntries": 100-10000000,        [5000 edge, 200000 standalone]
         "auditRetentionMs": 60000-31536000000,      [2592000000 = 30 days edge, 90 days standalone]
-        "runMaximumEntries": 10-1000000,            [1000 edge, 20000 standalone: terminal Runs]
+        "runMaximumEntries": 10-1000000,            [500 edge, 20000 standalone: terminal Runs]
         "runRetentionMs": 60000-31536000000,        [2592000000 = 30 days edge, 90 days standalone]
         "databaseMaximumBytes": 1048576-68719476736 [8 MiB edge, 256 MiB standalone]
       },
@@ -63,17 +63,11 @@ bytes (``databaseMaximumBytes``: beyond it the oldest audit rows and terminal Ru
 first) and the Run logs (``execution.maxTotalLogBytes``: beyond it the logs of the oldest
 terminal Runs are deleted, the Runs stay). ``serve`` prunes to them in bounded steps
 (:mod:`qinglong_edge.local.retention`); ``admin prune`` does it at once. The edge
-defaults keep the Local store within ~12 MiB of flash (8 MiB database, 4 MiB logs): at
-~2.7 KiB per Run and ~0.45 KiB per audit row, 1000 Runs and 10000 audit rows fit the
-database cap with room to spare.
-
-``execution.maxRunPids`` is the ``pids.max`` of each Run's own cgroup: the tasks
-(processes *and* threads) one Run may have, so a fork bomb in a job stops at its cap
-instead of eating the agent's budget (systemd ``TasksMax``; a router's cgroup). The
-defaults split the profile's task budget: edge 64 = 2 Runs x 24 + 16 for ``serve`` and
-``pull``; standalone 256 = 8 Runs x 28 + 32. It is applied where the per-Run cgroup has a
-pids controller (the cgroup v1 ``pids`` hierarchy; see
-:mod:`qinglong_edge.process.cgroups`), else it has no effect; 0 sets no cap.
+defaults keep the Local store within 12 MiB of flash (8 MiB database, 4 MiB logs): a
+Run that ran takes ~7.1 KiB of database when written (8 events and their indexes), an
+audit row ~0.36 KiB; after 20000 Runs pruned to 500 Runs and 5000 audit rows the file
+holds at ~7 MiB (B-tree pages are not full once rows come and go), so the count caps,
+not the byte cap, decide what goes (benchmarks/bench_storage_caps.py).
 """
 
 from __future__ import annotations
@@ -244,9 +238,9 @@ class LocalApiConfig(Frozen):
         database_file: str,
         pepper_keyring_directory: str,
         busy_timeout_ms: int,
-        audit_maximum_entries: int = 10_000,
+        audit_maximum_entries: int = 5000,
         audit_retention_ms: int = 2_592_000_000,
-        run_maximum_entries: int = 1000,
+        run_maximum_entries: int = 500,
         run_retention_ms: int = 2_592_000_000,
         database_maximum_bytes: int = 8 * 1024 * 1024,
     ) -> None:
@@ -485,10 +479,10 @@ def _parse_local_api(sec: _Section, state_dir: str, profile: str) -> LocalApiCon
         ),
         busy_timeout_ms=sec.integer("busyTimeoutMs", 100, 30_000, 5000),
         audit_maximum_entries=sec.integer(
-            "auditMaximumEntries", 100, 10_000_000, 10_000 if edge else 200_000
+            "auditMaximumEntries", 100, 10_000_000, 5000 if edge else 200_000
         ),
         audit_retention_ms=sec.integer("auditRetentionMs", 60_000, 31_536_000_000, (30 if edge else 90) * _DAY_MS),
-        run_maximum_entries=sec.integer("runMaximumEntries", 10, 1_000_000, 1000 if edge else 20_000),
+        run_maximum_entries=sec.integer("runMaximumEntries", 10, 1_000_000, 500 if edge else 20_000),
         run_retention_ms=sec.integer("runRetentionMs", 60_000, 31_536_000_000, (30 if edge else 90) * _DAY_MS),
         database_maximum_bytes=sec.integer(
             "databaseMaximumBytes", _MIB, 64 * 1024 * _MIB, (8 if edge else 256) * _MIB
