@@ -359,8 +359,9 @@ def _cap(name: str, ok: bool, detail: str) -> Check:
 def check_local_store_caps(config: EdgeConfig) -> list[Check]:
     """Each Local store's size against its cap (issue 16): database, audit, Runs, logs.
 
-    Read-only: the database is opened ``mode=ro`` (never created, migrated or probed),
-    the log directory only listed. Never required: over a cap is a warning (``serve``
+    Read-only: the database is opened ``mode=ro`` (never created, migrated or probed;
+    in WAL mode SQLite may create the ``-wal``/``-shm`` files any reader needs), the log
+    directory only listed. Never required: over a cap is a warning (``serve``
     prunes to it).
     """
     local = config.local_api

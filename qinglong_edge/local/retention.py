@@ -117,6 +117,7 @@ LOG_RESCAN_S = 60.0
 #: Runs kept because another Run refers to them, remembered so the next steps skip them.
 _MAX_PINNED = 1024
 
+
 @dataclass(frozen=True, slots=True)
 class RetentionCaps:
     """The caps of one device (module docstring). Times in ms, sizes in bytes.
