@@ -52,6 +52,11 @@ __all__ = [
 
 _NAME_MAX = 255
 _NAME = re.compile(rf"({API_ID.pattern})_({API_ID.pattern})\.(log|fifo)")
+_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+#: The names :func:`scan_logs` counts and the sweep may remove: ids this agent makes
+#: (task.start's UUIDs), so an operator's ``my_notes.log`` in a shared directory is
+#: never taken for a Run's log.
+_SCANNED = re.compile(rf"{_UUID}_{_UUID}\.(?:log|fifo)")
 #: File names of logs written before issue 16 (``<logArtifactId>.log``).
 LEGACY_LOG_NAME = re.compile(r"(local-[0-9a-f]{30})\.(log|fifo)")
 
@@ -211,8 +216,10 @@ class LogScan:
 def scan_logs(log_directory: str) -> LogScan:
     """List and ``lstat`` the log directory: one ``getdents`` pass plus one ``lstat`` per file.
 
-    Names that are not ours (an operator's file, a directory) are ignored, never counted
-    and never removed. A missing directory is an empty scan.
+    Only names this agent makes are listed: ``<uuid>_<uuid>.log|.fifo`` and the
+    pre-issue-16 ``local-<30 hex>.log|.fifo``; anything else (an operator's file, a
+    directory, a Run id that is not a UUID) is ignored, never counted and never swept (a
+    Run's own files still go with it). A missing directory is an empty scan.
 
     Raises:
         OSError: the directory cannot be read.
@@ -224,7 +231,7 @@ def scan_logs(log_directory: str) -> LogScan:
         return LogScan((), 0)
     with entries:
         for entry in entries:
-            parsed = parse_log_name(entry.name)
+            parsed = parse_log_name(entry.name) if _SCANNED.fullmatch(entry.name) else None
             legacy = LEGACY_LOG_NAME.fullmatch(entry.name) if parsed is None else None
             if parsed is None and legacy is None:
                 continue

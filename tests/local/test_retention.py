@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from qinglong_edge.contracts.ids import new_uuid4
 from qinglong_edge.local.retention import AUDIT_BATCH, RUN_BATCH, Pruner, PruneReport, RetentionCaps, measure_store
 from qinglong_edge.local.run_logs import log_name
 from qinglong_edge.local.runs import get_run
@@ -191,9 +192,11 @@ def test_a_run_another_run_refers_to_is_kept_and_does_not_stall_the_pass(history
 
 def test_orphan_log_files_are_swept_and_foreign_files_are_left_alone(history: History) -> None:
     kept = history.finished(T0 - DAY, b"mine\n")
-    orphans = [log_name("gone-run", "gone-attempt"), log_name("gone-run", "gone-attempt", ".fifo"),
+    gone_run, gone_attempt = new_uuid4(), new_uuid4()
+    orphans = [log_name(gone_run, gone_attempt), log_name(gone_run, gone_attempt, ".fifo"),
                "local-" + "a" * 30 + ".log"]
-    for name in [*orphans, "notes.txt", "x_y.log.bak"]:
+    foreign = ["notes.txt", "x_y.log.bak", "my_notes.log", "gone-run_gone-attempt.log"]  # not names we make
+    for name in [*orphans, *foreign]:
         pathlib.Path(history.log_directory, name).write_bytes(b"stray\n")
     # A file named after a live attempt whose log was already cleared is an orphan too.
     cleared = history.finished(T0 - DAY, b"cleared\n")
@@ -201,7 +204,7 @@ def test_orphan_log_files_are_swept_and_foreign_files_are_left_alone(history: Hi
         'UPDATE "RunAttempts" SET log_artifact_id = NULL WHERE id = ?', (cleared[1],)) and None)
     report = prune(history)
     assert report.orphan_files == 4
-    assert history.log_names() == {log_name(*kept), "notes.txt", "x_y.log.bak"}
+    assert history.log_names() == {log_name(*kept), *foreign}
 
 
 def test_logs_named_before_the_rename_are_found_and_deleted_with_their_run(history: History) -> None:
