@@ -33,6 +33,12 @@ Point names are ``<operation>.<step>``. Operations (see :mod:`qinglong_edge.work
                     session record now lives in the runtime directory)
 ``runtime_write``   a file of the runtime directory (RUNTIME_STEPS below)
 ``pull``            the step boundaries of one offer pull (PULL_STEPS below)
+``store_prune``     Run pruning (:mod:`qinglong_edge.local.retention`):
+                    ``rows_deleted`` (inside the transaction, not committed),
+                    ``rows_committed`` (rows gone, log files not yet removed),
+                    ``files_removed``
+``log_prune``       log pruning: ``rows_updated`` (``log_artifact_id`` cleared, not
+                    committed), ``rows_committed`` (the file not yet removed)
 ==================  ==========================================================
 
 Steps of a first publication (:data:`FIRST_PUBLICATION_STEPS`), in order:
@@ -100,6 +106,8 @@ OPERATIONS: dict[str, tuple[str, ...]] = {
     "session_clear": REMOVAL_STEPS,
     "runtime_write": RUNTIME_STEPS,
     "pull": PULL_STEPS,
+    "store_prune": ("rows_deleted", "rows_committed", "files_removed"),
+    "log_prune": ("rows_updated", "rows_committed"),
 }
 
 #: Every documented point name, in execution order within each operation.

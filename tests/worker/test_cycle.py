@@ -143,3 +143,19 @@ def test_the_client_certificate_expiry_warning_once_a_day(tmp_path: pathlib.Path
     far = not_after - 30 * day
     list(run_pull(worker, clock_ms=lambda: far, transport=ingress, notice=notices.append))  # type: ignore[arg-type]
     assert len(notices) == 1  # outside the window: nothing (the day changed, it was checked)
+
+
+def test_a_cycle_prunes_abandoned_claims_beyond_a_lowered_bound(tmp_path: pathlib.Path, ingress: Closable) -> None:
+    """Issue 16: the bound holds from the next cycle, not only from the next abandon."""
+    from qinglong_edge.contracts.journal_records import PendingClaim
+    from qinglong_edge.worker.journal import Journal, JournalOptions
+    from tests.worker import offer_vectors as vectors
+
+    worker = _worker(tmp_path, abandonedMaximumEntries=2)
+    with Journal.open(worker.journal_directory, JournalOptions(abandoned_maximum_entries=8)) as journal:
+        for i in range(5):
+            journal.create_claim(PendingClaim.create(vectors.authority(f"old-{i}"), NOW - 5000 + i))
+            journal.abandon_claim("stale_session", NOW - 5000 + i)
+    reports = list(run_pull(worker, clock_ms=lambda: NOW, transport=ingress))  # type: ignore[arg-type]
+    assert reports[0].result is not None and reports[0].result.status == "idle"
+    assert sorted(os.listdir(pathlib.Path(worker.journal_directory) / "abandoned")) == ["old-3.json", "old-4.json"]
