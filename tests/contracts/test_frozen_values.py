@@ -93,6 +93,7 @@ DEFAULTS: dict[type[Frozen], dict[str, Any]] = {
     PullResult: dict.fromkeys(("offer_id", "run_id", "reason", "next_attempt_at_ms", "http_status",
                                "retry_after_ms", "attempt_count", "stats")),
     SessionOutcome: {"replaced": False, "detail": ""},
+    TransportResponse: {"source_sha256": None, "resumed": False},
 }
 SECRETS = (SECRET, TOKEN, "CERT", "KEY", "ANCHOR", "secret")
 

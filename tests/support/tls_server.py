@@ -17,7 +17,13 @@ certificates of ``tests/support/certs`` (see ``make_certs.py``). Per request it 
 :func:`http_response` builds a cluster-shaped response (offer-delivery.md section 1.7
 headers) with any status, body and extra or replaced headers.
 
-Options: the certificate identity the server presents (``identity="server-expired"``
+Options: ``num_tickets`` (TLS 1.3 session tickets sent per handshake; 0: none, so no
+client can resume), ``body_limit`` (a request whose ``Content-Length`` is larger is
+answered ``413 request_too_large`` right after its head, then the server reads and
+drops what follows for up to a second before it closes (a lingering close, as nginx
+does: closing at once with unread data would reset the connection and destroy the
+answer in the client's kernel) -- what the cluster does past ``maxBodyBytes``), the
+certificate identity the server presents (``identity="server-expired"``
 loads ``server-expired.pem``/``.key``), the TLS versions (``"1.3"``, ``"1.2"``, ``"1.1"``,
 ``"1.0"``; the old ones with ``@SECLEVEL=0``; :func:`legacy_tls_server` raises
 RuntimeError, for the caller to skip with, when this OpenSSL cannot speak them, and
@@ -34,8 +40,8 @@ versions other than this Python's).
 Recorded: ``requests`` (every :class:`Request`), ``connections`` (accepted TCP
 connections), ``handshakes`` (completed TLS handshakes), ``handshake_errors`` (the
 server-side reasons), ``sni`` (server names received, None for no SNI), ``peer_names``
-(the client certificate's CN per handshake) and ``peer_closed`` (connections the client
-closed); :meth:`wait_for` waits for a condition over any of these.
+(the client certificate's CN per handshake), ``resumed`` (per completed handshake:
+whether it resumed a session) and ``peer_closed`` (connections the client closed); :meth:`wait_for` waits for a condition over any of these.
 
 Example (the cluster double builds on this)::
 
@@ -298,15 +304,21 @@ class TLSServer(_LoopbackServer):
         certificate: str | None = None,
         client_ca: str | None = "client-ca",
         tls_version: str = "1.3",
+        num_tickets: int | None = None,
+        body_limit: int | None = None,
     ) -> None:
         super().__init__()
         self.handler = handler
+        self.body_limit = body_limit
         self.requests: list[Request] = []
         self.handshakes = 0
         self.handshake_errors: list[str] = []
         self.sni: list[str | None] = []
         self.peer_names: list[str] = []
+        self.resumed: list[bool] = []
         self.context = self._make_context(identity, certificate, client_ca, tls_version)
+        if num_tickets is not None:
+            self.context.num_tickets = num_tickets
 
     def _make_context(
         self, identity: str, certificate: str | None, client_ca: str | None, tls_version: str
@@ -344,11 +356,16 @@ class TLSServer(_LoopbackServer):
         peer = tls.getpeercert() or {}
         subject = dict(item[0] for item in peer.get("subject", ()))
         self._note("peer_names", subject.get("commonName", ""))
+        self._note("resumed", tls.session_reused)
         self._note("handshakes")
         buffer = bytearray()
         try:
             while not self._stop.is_set():
-                request = _read_request(tls, buffer, index)
+                request = _read_request(tls, buffer, index, self.body_limit)
+                if isinstance(request, Respond):  # over body_limit: answered after the head
+                    self._answer(tls, request)
+                    self._linger(tls)
+                    return
                 if request is None:
                     self._note("peer_closed")
                     return
@@ -358,6 +375,15 @@ class TLSServer(_LoopbackServer):
                     return
         finally:
             tls.close()
+
+    def _linger(self, tls: ssl.SSLSocket, seconds: float = 1.0) -> None:
+        """Read and drop the rest of a request the server will not serve, until EOF."""
+        end = time.monotonic() + seconds
+        with contextlib.suppress(OSError):
+            while time.monotonic() < end:
+                tls.settimeout(max(0.01, end - time.monotonic()))
+                if not tls.recv(65536):
+                    return
 
     def _answer(self, tls: ssl.SSLSocket, answer: bytes | Action) -> bool:
         """Carry out ``answer``; False when the connection is finished."""
@@ -389,8 +415,10 @@ _TLS_VERSIONS = {
 _REQUEST_LINE = re.compile(rb"([A-Z]+) (\S+) (HTTP/1\.[01])")
 
 
-def _read_request(sock: socket.socket, buffer: bytearray, index: int) -> Request | None:
-    """Read one request (head + Content-Length body); None at a clean EOF."""
+def _read_request(sock: socket.socket, buffer: bytearray, index: int,
+                  body_limit: int | None = None) -> Request | Respond | None:
+    """Read one request (head + Content-Length body); None at a clean EOF; a 413 to send
+    (and close) when its Content-Length passes ``body_limit`` (the body is not read)."""
     while b"\r\n\r\n" not in buffer:
         if len(buffer) > MAX_REQUEST_HEAD:
             raise ValueError("request head too large")
@@ -410,6 +438,9 @@ def _read_request(sock: socket.socket, buffer: bytearray, index: int) -> Request
         name, _, value = line.partition(b":")
         headers.append((name.decode("latin-1"), value.strip().decode("latin-1")))
     length = next((int(v) for k, v in headers if k.lower() == "content-length"), 0)
+    if body_limit is not None and length > body_limit:
+        return Respond(http_response(413, b'{"code":"request_too_large"}', headers=(("Connection", "close"),)),
+                       close=True)
     while len(buffer) < length:
         data = sock.recv(65536)
         if not data:
