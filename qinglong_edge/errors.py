@@ -177,9 +177,6 @@ TRANSPORT_REASONS: dict[str, tuple[str, bool]] = {
     "invalid_configuration": ("fix the worker configuration the message names", False),
     "invalid_request": ("a request broke the transport's own limits: a bug, please report it", False),
     "closed": ("the transport was closed (the agent is stopping)", True),
-    # the TransportError codes themselves, for an error made without a reason
-    "request_rejected": ("see the message", True),
-    "response_rejected": ("see the message", True),
 }
 
 #: Remedies of ``unexpected_status`` by HTTP status (offer-delivery.md 1.7).
@@ -221,8 +218,9 @@ class TransportError(EdgeError, ConnectionError):
         http_status: the response status when one was received (never the body).
         retry_after_ms: parsed ``Retry-After`` of a 429/503, in milliseconds, else None.
         reason: the typed reason, a key of :data:`TRANSPORT_REASONS`
-            (``certificate_expired``, ``read_timeout``...); the code when none was given.
-        remedy: its one-line remedy (:func:`transport_remedy`).
+            (``certificate_expired``, ``read_timeout``...); the code when none was given
+            (an error made the old way, e.g. by a test double).
+        remedy: its one-line remedy (:func:`transport_remedy`; "" for a bare code).
         reached_cluster: whether the request may have reached the cluster's HTTP
             layer: False for DNS, connect and handshake failures, a TLS alert on the
             first read of a new connection (how TLS 1.3 refuses a client certificate)
@@ -285,13 +283,15 @@ class SessionError(EdgeError):
     Attributes:
         reason: the :attr:`TransportError.reason` when a transport failure caused it
             (``certificate_expired``...), else None.
+        remedy: that failure's :attr:`TransportError.remedy` ("" without one).
     """
 
     code = "session_unavailable"
     exit_status = EX_TEMPFAIL
 
-    def __init__(self, message: str = "", *, code: str | None = None, reason: str | None = None) -> None:
-        self.reason = reason
+    def __init__(self, message: str = "", *, code: str | None = None, cause: TransportError | None = None) -> None:
+        self.reason = cause.reason if cause is not None else None
+        self.remedy = cause.remedy if cause is not None else ""
         super().__init__(message, code=code)
 
 

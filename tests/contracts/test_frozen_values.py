@@ -87,7 +87,7 @@ HIDDEN = {
 }
 DEFAULTS: dict[type[Frozen], dict[str, Any]] = {
     ExecutionConfig: {"max_run_pids": 0}, EdgeConfig: {"source": ""}, PendingClaim: {"schema_version": 1},
-    SessionProjection: {"replaced_session": None}, CycleReport: {"error": None, "detail": ""},
+    SessionProjection: {"replaced_session": None}, CycleReport: {"error": None, "detail": "", "reason": None, "remedy": ""},
     JournalOptions: {"maximum_entries": 64, "abandoned_maximum_entries": 32, "retention_ms": 604_800_000,
                      "ownership_stale_ms": JournalOptions().ownership_stale_ms},
     PullResult: dict.fromkeys(("offer_id", "run_id", "reason", "next_attempt_at_ms", "http_status",

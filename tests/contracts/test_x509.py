@@ -1,9 +1,9 @@
 """The strict DER reader of certificate validity windows (contracts/x509.py).
 
 Checked three ways: against OpenSSL's own reading of every committed test certificate
-(``openssl x509 -startdate -enddate``), against certificates hypothesis builds from random dates and names (the
-encoder below is independent of the reader), and against malformed input, where only
-``ContractError`` may escape.
+(``openssl x509 -startdate -enddate``), against certificates hypothesis builds from
+random dates and names (the encoder below is independent of the reader), and against
+malformed input, where only ``ContractError`` may escape.
 """
 
 from __future__ import annotations

@@ -360,6 +360,7 @@ def test_an_error_made_without_a_reason_keeps_its_code_and_is_counted() -> None:
     the reason is the code, and an unknown origin counts toward the attempt budget."""
     error = TransportError("down", code="request_rejected")
     assert (error.reason, error.reached_cluster, str(error)) == ("request_rejected", True, "request_rejected: down")
+    assert error.remedy == ""
     fenced = TransportError("x", code="response_rejected", http_status=409, reason="unexpected_status")
     assert fenced.remedy == transport_remedy("unexpected_status", 409)
 
