@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from qinglong_edge.contracts.origin import Origin
 from qinglong_edge.errors import TransportError
+from qinglong_edge.worker.ingress_http import MAX_HEAD_BYTES, BodyDecoder
 
 __all__ = [
     "DEADLINE_FACTOR",
@@ -23,7 +24,10 @@ __all__ = [
     "DeadlineExceeded",
     "PeerClosed",
     "Wire",
+    "await_ticket",
     "connect",
+    "read_body",
+    "read_head",
     "resolve",
     "send_head",
 ]
@@ -210,3 +214,81 @@ def send_head(
                              reason="invalid_request") from None
     finally:
         framer.sock = None  # the socket belongs to the Wire, not to this one-shot framer
+
+
+def await_ticket(wire: Wire, wait_s: float) -> bool | None:
+    """After a handshake: True once a session ticket (or any data) arrived; None if
+    nothing came within ``wait_s``. A TLS 1.3 server sends tickets only after it
+    accepted the client certificate, so a ticket proves that without a request.
+
+    Raises:
+        OSError: an alert (``ssl.SSLError``), EOF (:class:`PeerClosed`), a reset.
+    """
+    tls = wire.sock
+    end = time.monotonic() + wait_s
+    poller = select.poll()
+    poller.register(tls, select.POLLIN | select.POLLERR | select.POLLHUP)
+    tls.settimeout(0.0)
+    while True:
+        try:
+            data = tls.recv(1)
+        except ssl.SSLWantReadError:
+            session = tls.session
+            if session is not None and session.has_ticket:
+                return True
+        else:
+            if not data:
+                raise PeerClosed("the server closed the connection after the handshake")
+            return True  # the server spoke first: its TLS layer accepted us
+        remaining = end - time.monotonic()
+        if remaining <= 0 or not poller.poll(int(remaining * 1000) + 1):
+            return None
+
+
+def read_head(wire: Wire, deadline: Deadline) -> bytes:
+    """The response head (through ``CRLF CRLF``), or more than :data:`MAX_HEAD_BYTES`
+    bytes without one (the parser refuses them); bytes after it stay in ``wire.buffer``.
+
+    Raises:
+        PeerClosed: EOF before the head ended. OSError: from the socket.
+    """
+    buffer = wire.buffer
+    searched = 0
+    while True:
+        end = buffer.find(b"\r\n\r\n", max(0, searched - 3))
+        if end >= 0:
+            head = bytes(buffer[: end + 4])
+            del buffer[: end + 4]
+            return head
+        if len(buffer) > MAX_HEAD_BYTES:
+            return bytes(buffer)  # parse_response_head refuses it as too large
+        searched = len(buffer)
+        data = wire.recv(deadline)
+        if not data:
+            raise PeerClosed("peer closed the connection before the response head")
+        buffer += data
+
+
+def read_body(wire: Wire, decoder: BodyDecoder, deadline: Deadline, *, probe_after: bool = True) -> bool:
+    """Feed the body to ``decoder``; True when the connection may be reused (the body
+    ended by its framing and nothing follows it).
+
+    Raises:
+        TransportError: the decoder's, or ``response_too_large`` for bytes after the body.
+        OSError: from the socket.
+    """
+    decoder.feed(bytes(wire.buffer))
+    wire.buffer.clear()
+    while not decoder.done:
+        data = wire.recv(deadline)
+        if not data:
+            decoder.eof()
+            return False
+        decoder.feed(data)
+    if not decoder.reusable or not probe_after:
+        return False
+    state = wire.probe()
+    if state == "data":
+        raise TransportError("server sent bytes after the end of the body", code="response_too_large",
+                             http_status=200)
+    return state == "quiet"

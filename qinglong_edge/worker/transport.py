@@ -89,10 +89,8 @@ from __future__ import annotations
 
 import os
 import re
-import select
 import socket
 import ssl
-import stat
 import sys
 import threading
 import time
@@ -109,7 +107,6 @@ from qinglong_edge.errors import TransportError
 from qinglong_edge.worker.ingress_http import (
     DEFAULT_MAX_REQUEST_BYTES,
     MAX_ERROR_BODY_BYTES,
-    MAX_HEAD_BYTES,
     MAX_REQUEST_BYTES_CEILING,
     MAX_RESPONSE_BYTES_CEILING,
     BodyDecoder,
@@ -126,13 +123,23 @@ from qinglong_edge.worker.tls_wire import (
     DEADLINE_FACTOR,
     Deadline,
     DeadlineExceeded,
-    PeerClosed,
     Wire,
+    await_ticket,
     connect,
+    read_body,
+    read_head,
     resolve,
     send_head,
 )
 from qinglong_edge.worker.transport_reasons import classify, is_tls_alert
+from qinglong_edge.worker.transport_stream import (
+    MAX_STREAM_SOURCE_BYTES,
+    MIN_UPLOAD_BYTES_PER_S,
+    STREAM_CHUNK_BYTES,
+    SourceChanged,
+    StreamSource,
+    send_file,
+)
 
 __all__ = [
     "ARTIFACT_CONTENT_TYPE",
@@ -140,6 +147,7 @@ __all__ = [
     "DEFAULT_REQUEST_TIMEOUT_MS",
     "IDLE_REUSE_MAX_S",
     "MAX_STREAM_SOURCE_BYTES",
+    "STREAM_CHUNK_BYTES",
     "HandshakeReport",
     "IngressTransport",
     "TransportResponse",
@@ -158,14 +166,6 @@ IDLE_REUSE_MAX_S = 4.0
 ARTIFACT_CONTENT_TYPE = "application/vnd.qinglong.worker-artifact"
 #: Largest stream prefix (the artifact route's is 4 + H <= 4 100 bytes).
 MAX_STREAM_PREFIX_BYTES = 64 * 1024
-#: Largest streamed file part: the artifact route's ``byteLength`` maximum (64 MiB).
-MAX_STREAM_SOURCE_BYTES = 64 * 1024 * 1024
-#: Bytes read from the file and sent per step (the memory a stream holds).
-STREAM_CHUNK_BYTES = 64 * 1024
-#: A stream's hard deadline grows by its size at this rate (bytes/s): a slow uplink may
-#: take its time, a peer that reads a byte a minute may not (the inactivity timeout
-#: still applies to every send).
-MIN_UPLOAD_BYTES_PER_S = 16 * 1024
 #: After a failed send, how long to look for what the server said before it closed
 #: (a TLS alert refusing our certificate, an early 413/401 answer).
 SALVAGE_S = 1.0
@@ -264,10 +264,6 @@ class HandshakeReport(Frozen):
         _set(self, "client_certificate_accepted", client_certificate_accepted)
 
 
-class _SourceChanged(Exception):
-    """The streamed file changed size or content time under the upload."""
-
-
 def _config_error(message: str) -> TransportError:
     return TransportError(message, code="invalid_configuration")
 
@@ -309,50 +305,6 @@ def _check_int(value: object, low: int, high: int, name: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise _bad_call(f"{name} must be an integer from {low} to {high}")
     return value
-
-
-class _Stream:
-    """The file part a stream sends: ``length`` bytes of ``fd`` from ``offset``."""
-
-    __slots__ = ("fd", "length", "offset", "signature")
-
-    def __init__(self, source: object, length: object, offset: object) -> None:
-        fd = source if isinstance(source, int) and not isinstance(source, bool) else None
-        if fd is None:
-            fileno = getattr(source, "fileno", None)
-            if not callable(fileno):
-                raise _bad_call("source must be a file descriptor or a file object")
-            try:
-                fd = fileno()
-            except (OSError, ValueError):  # io.UnsupportedOperation: no descriptor (BytesIO)
-                fd = None
-            if not isinstance(fd, int):
-                raise _bad_call("source must be a file descriptor or a file object")
-        self.fd = fd
-        self.length = _check_int(length, 0, MAX_STREAM_SOURCE_BYTES, "length")
-        self.offset = _check_int(offset, 0, 1 << 62, "offset")
-        try:
-            info = os.fstat(fd)
-        except OSError as exc:
-            raise _bad_call(f"source: cannot stat ({exc.strerror})") from None
-        if not stat.S_ISREG(info.st_mode):
-            raise _bad_call("source must be a regular file")
-        if info.st_size < self.offset + self.length:
-            raise _bad_call(f"source holds {info.st_size} bytes, fewer than offset + length")
-        self.signature = self._signature(info)
-
-    @staticmethod
-    def _signature(info: os.stat_result) -> tuple[int, int, int, int]:
-        return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
-
-    def check_unchanged(self) -> None:
-        """Raises :class:`_SourceChanged` when size or mtime moved since the start."""
-        try:
-            now = self._signature(os.fstat(self.fd))
-        except OSError:
-            raise _SourceChanged("the source file cannot be stat'ed any more") from None
-        if now != self.signature:
-            raise _SourceChanged("the source file changed size or content during the upload")
 
 
 class IngressTransport:
@@ -564,14 +516,14 @@ class IngressTransport:
             raise _bad_call(f"prefix must be 1 to {MAX_STREAM_PREFIX_BYTES} bytes")
         if not isinstance(content_type, str) or _CONTENT_TYPE.fullmatch(content_type) is None:
             raise _bad_call("content_type must be a lower-case type/subtype")
-        stream = _Stream(source, length, offset)
+        stream = StreamSource(source, length, offset)
         hasher = sha256()
 
         def send(wire: Wire, authorization: str, deadline: Deadline) -> None:
             wire.sock.settimeout(deadline.budget())
             send_head(wire.sock, self._origin, path, authorization, content_type=content_type,
                       content_length=len(prefix) + stream.length, body=prefix)
-            if not self._send_file(wire, stream, hasher.update, deadline):
+            if not send_file(wire, stream, hasher.update, deadline):
                 wire.early = True  # answered before the body was complete: read that answer
 
         extra_s = stream.length / MIN_UPLOAD_BYTES_PER_S
@@ -607,7 +559,7 @@ class IngressTransport:
                     server = read_validity(peer) if peer else None
                 except ContractError:
                     server = None
-                accepted = self._await_ticket(wire, min(confirm_s, deadline.budget()))
+                accepted = await_ticket(wire, min(confirm_s, deadline.budget()))
                 return HandshakeReport(report_version, cipher, server, accepted)
             except TransportError:  # a ConnectionError too: already classified
                 raise
@@ -703,12 +655,17 @@ class IngressTransport:
         self, raw: socket.socket, context: ssl.SSLContext, deadline: Deadline, session: ssl.SSLSession | None
     ) -> ssl.SSLSocket:
         """Wrap ``raw`` and complete the TLS handshake within the budget; closes on failure."""
+        host = self._origin.host.encode("ascii")  # bytes: as in tls_wire.resolve (no idna codec)
         try:
-            # bytes for the same reason as in tls_wire.resolve (SSLContext encodes a str with idna).
-            tls = context.wrap_socket(
-                raw, server_hostname=self._origin.host.encode("ascii"), do_handshake_on_connect=False,
-                session=session,
-            )
+            try:
+                tls = context.wrap_socket(raw, server_hostname=host, do_handshake_on_connect=False, session=session)
+            except ValueError:
+                if session is None:
+                    raise
+                # A session OpenSSL will not resume from (never expected: tickets are
+                # dropped with their context): shake hands afresh.
+                self._session = None
+                tls = context.wrap_socket(raw, server_hostname=host, do_handshake_on_connect=False)
         except BaseException:
             raw.close()
             raise
@@ -756,14 +713,14 @@ class IngressTransport:
                 self._salvage(wire, exc)
                 raise
             stage = "read response head"
-            head = parse_response_head(self._read_head(wire, deadline))
+            head = parse_response_head(read_head(wire, deadline))
             status = head.status
             if wire.early and status == 200:
                 raise TransportError("the server answered 200 before the request body was complete",
                                      code="response_rejected", http_status=200, reason="malformed_response")
             decoder = self._accept(wire, head, max_response_bytes, deadline)
             stage = "read response body"
-            reusable = self._read_body(wire, decoder, deadline) and head.keep_alive and not wire.early
+            reusable = read_body(wire, decoder, deadline) and head.keep_alive and not wire.early
             data = decoder.finish()
             response = TransportResponse(
                 status=status,
@@ -778,7 +735,7 @@ class IngressTransport:
             return response
         except TransportError:
             raise
-        except _SourceChanged as exc:
+        except SourceChanged as exc:
             raise TransportError(f"send request: {exc}", code="request_rejected", reason="source_changed") from None
         except OSError as exc:
             raise self._classified(exc, stage, wire, deadline, status) from None
@@ -814,7 +771,7 @@ class IngressTransport:
         short = Deadline(min(SALVAGE_S, deadline.timeout_s))
         short.end = min(short.end, deadline.end)
         try:
-            self._read_body(wire, body, short, probe_after=False)
+            read_body(wire, body, short, probe_after=False)
             return error_code(body.finish())
         except (OSError, TransportError):
             return None
@@ -827,7 +784,7 @@ class IngressTransport:
             return
         short = Deadline(min(SALVAGE_S, self._timeout_s))
         try:
-            data = self._read_head(wire, short)
+            data = read_head(wire, short)
         except OSError as exc:
             if is_tls_alert(exc):
                 raise self._classified(exc, "send request", wire, short) from None
@@ -840,94 +797,6 @@ class IngressTransport:
             return
         if head.status != 200:
             self._accept(wire, head, MAX_ERROR_BODY_BYTES, short)
-
-    def _send_file(
-        self, wire: Wire, stream: _Stream, update: Callable[[bytes], None], deadline: Deadline
-    ) -> bool:
-        """Send the file part; False when the server answered (or closed, or sent an
-        alert) before it was all sent -- looked at between chunks, as curl does, because
-        once the server resets the connection its answer is lost with it."""
-        buffer = bytearray(min(STREAM_CHUNK_BYTES, max(1, stream.length)))
-        view = memoryview(buffer)
-        position, remaining = stream.offset, stream.length
-        with view:
-            while remaining:
-                want = min(len(buffer), remaining)
-                got = _pread_into(stream.fd, view[:want], position)
-                if got == 0:
-                    raise _SourceChanged("the source file ended early (it shrank during the upload)")
-                if got == remaining:
-                    stream.check_unchanged()  # before the last bytes: a changed file is never completed
-                chunk = view[:got]
-                update(chunk)  # type: ignore[arg-type]  # the hash takes any buffer
-                wire.sock.settimeout(deadline.budget())
-                wire.sock.sendall(chunk)
-                position += got
-                remaining -= got
-                if remaining and wire.read_ready() is not None:
-                    return False
-        return True
-
-    def _read_head(self, wire: Wire, deadline: Deadline) -> bytes:
-        buffer = wire.buffer
-        searched = 0
-        while True:
-            end = buffer.find(b"\r\n\r\n", max(0, searched - 3))
-            if end >= 0:
-                head = bytes(buffer[: end + 4])
-                del buffer[: end + 4]
-                return head
-            if len(buffer) > MAX_HEAD_BYTES:
-                return bytes(buffer)  # parse_response_head refuses it as too large
-            searched = len(buffer)
-            data = wire.recv(deadline)
-            if not data:
-                raise PeerClosed("peer closed the connection before the response head")
-            buffer += data
-
-    def _read_body(self, wire: Wire, decoder: BodyDecoder, deadline: Deadline, *, probe_after: bool = True) -> bool:
-        """Feed the body to ``decoder``; True when the connection may be reused."""
-        decoder.feed(bytes(wire.buffer))
-        wire.buffer.clear()
-        while not decoder.done:
-            data = wire.recv(deadline)
-            if not data:
-                decoder.eof()
-                return False
-            decoder.feed(data)
-        if not decoder.reusable or not probe_after:
-            return False
-        state = wire.probe()
-        if state == "data":
-            raise TransportError("server sent bytes after the end of the body", code="response_too_large",
-                                 http_status=200)
-        return state == "quiet"
-
-    def _await_ticket(self, wire: Wire, wait_s: float) -> bool | None:
-        """True once a session ticket arrived; None if nothing came within ``wait_s``.
-
-        Raises:
-            OSError: an alert (``ssl.SSLError``) or EOF (``PeerClosed``).
-        """
-        tls = wire.sock
-        end = time.monotonic() + wait_s
-        poller = select.poll()
-        poller.register(tls, select.POLLIN | select.POLLERR | select.POLLHUP)
-        tls.settimeout(0.0)
-        while True:
-            try:
-                data = tls.recv(1)
-            except ssl.SSLWantReadError:
-                session = tls.session
-                if session is not None and session.has_ticket:
-                    return True
-            else:
-                if not data:
-                    raise PeerClosed("the server closed the connection after the handshake")
-                return True  # the server spoke first: its TLS layer accepted us
-            remaining = end - time.monotonic()
-            if remaining <= 0 or not poller.poll(int(remaining * 1000) + 1):
-                return None
 
     def _keep_session(self, tls: ssl.SSLSocket) -> None:
         """Remember the newest session ticket of a connection that answered."""
@@ -948,17 +817,6 @@ class IngressTransport:
         if previous is not None:
             previous.close()
         return True
-
-
-def _pread_into(fd: int, view: memoryview, position: int) -> int:
-    """Read into ``view`` at file ``position``; the number of bytes read (0 at EOF)."""
-    preadv = getattr(os, "preadv", None)
-    if preadv is not None:
-        count: int = preadv(fd, [view], position)
-        return count
-    data = os.pread(fd, len(view), position)
-    view[: len(data)] = data
-    return len(data)
 
 
 def _request_id(head: ResponseHead) -> str | None:

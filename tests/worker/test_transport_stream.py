@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-import qinglong_edge.worker.transport as transport_module
+import qinglong_edge.worker.transport_stream as stream_module
 from qinglong_edge.errors import TransportError
 from qinglong_edge.worker.transport import ARTIFACT_CONTENT_TYPE, STREAM_CHUNK_BYTES
 from tests.support.tls_server import Request, TLSServer, http_response
@@ -105,7 +105,7 @@ def test_the_connection_is_kept_for_the_next_call(files: WorkerFiles, tmp_path: 
 
 def _change_after_first_chunk(monkeypatch: pytest.MonkeyPatch, change: Any) -> None:
     """Make a real change to the file right after the upload read its first chunk."""
-    real = transport_module._pread_into
+    real = stream_module.pread_into
     calls = {"n": 0}
 
     def reading(fd: int, view: memoryview, position: int) -> int:
@@ -115,7 +115,7 @@ def _change_after_first_chunk(monkeypatch: pytest.MonkeyPatch, change: Any) -> N
             change()
         return count
 
-    monkeypatch.setattr(transport_module, "_pread_into", reading)
+    monkeypatch.setattr(stream_module, "pread_into", reading)
 
 
 @pytest.mark.parametrize("how", ["grow", "shrink", "rewrite"])
