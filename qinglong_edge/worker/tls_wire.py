@@ -23,6 +23,7 @@ __all__ = [
     "Deadline",
     "DeadlineExceeded",
     "PeerClosed",
+    "SourceChanged",
     "Wire",
     "await_ticket",
     "connect",
@@ -43,6 +44,12 @@ class DeadlineExceeded(TimeoutError):
 
 class PeerClosed(ConnectionError):
     """The peer closed the connection before the response head was complete."""
+
+
+class SourceChanged(Exception):
+    """A streamed file changed size or content time under the upload
+    (:mod:`qinglong_edge.worker.transport_stream`; here so that the transport can catch
+    it without importing that module on every call)."""
 
 
 class Deadline:

@@ -102,7 +102,6 @@ from qinglong_edge.contracts.digest import sha256
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.origin import Origin, parse_origin
 from qinglong_edge.contracts.strictjson import loads
-from qinglong_edge.contracts.x509 import CertificateValidity, read_validity
 from qinglong_edge.errors import TransportError
 from qinglong_edge.worker.ingress_http import (
     DEFAULT_MAX_REQUEST_BYTES,
@@ -123,6 +122,7 @@ from qinglong_edge.worker.tls_wire import (
     DEADLINE_FACTOR,
     Deadline,
     DeadlineExceeded,
+    SourceChanged,
     Wire,
     await_ticket,
     connect,
@@ -131,23 +131,20 @@ from qinglong_edge.worker.tls_wire import (
     resolve,
     send_head,
 )
-from qinglong_edge.worker.transport_reasons import classify, is_tls_alert
-from qinglong_edge.worker.transport_stream import (
-    MAX_STREAM_SOURCE_BYTES,
-    MIN_UPLOAD_BYTES_PER_S,
-    STREAM_CHUNK_BYTES,
-    SourceChanged,
-    StreamSource,
-    send_file,
-)
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
+if TYPE_CHECKING:
+    from qinglong_edge.contracts.x509 import CertificateValidity
+
+# Imported where used, not here: a successful idle pull cycle needs neither the failure
+# classification (transport_reasons), nor the stream's file half (transport_stream), nor
+# the DER reader (contracts.x509); a cron run on a router pays for every import.
 
 __all__ = [
     "ARTIFACT_CONTENT_TYPE",
     "DEADLINE_FACTOR",
     "DEFAULT_REQUEST_TIMEOUT_MS",
     "IDLE_REUSE_MAX_S",
-    "MAX_STREAM_SOURCE_BYTES",
-    "STREAM_CHUNK_BYTES",
     "HandshakeReport",
     "IngressTransport",
     "TransportResponse",
@@ -516,6 +513,8 @@ class IngressTransport:
             raise _bad_call(f"prefix must be 1 to {MAX_STREAM_PREFIX_BYTES} bytes")
         if not isinstance(content_type, str) or _CONTENT_TYPE.fullmatch(content_type) is None:
             raise _bad_call("content_type must be a lower-case type/subtype")
+        from qinglong_edge.worker.transport_stream import MIN_UPLOAD_BYTES_PER_S, StreamSource, send_file
+
         stream = StreamSource(source, length, offset)
         hasher = sha256()
 
@@ -555,6 +554,8 @@ class IngressTransport:
                 tls = wire.sock
                 report_version, cipher = tls.version() or "", (tls.cipher() or ("",))[0]
                 peer = tls.getpeercert(binary_form=True)
+                from qinglong_edge.contracts.x509 import read_validity
+
                 try:
                     server = read_validity(peer) if peer else None
                 except ContractError:
@@ -684,6 +685,8 @@ class IngressTransport:
                     http_status: int | None = None) -> TransportError:
         if isinstance(exc, TimeoutError) and not isinstance(exc, DeadlineExceeded) and deadline.expired():
             exc = DeadlineExceeded("request deadline exceeded")  # the deadline had cut its budget
+        from qinglong_edge.worker.transport_reasons import classify
+
         first_read = wire is not None and wire.fresh and not wire.answered
         return classify(exc, stage, first_read=first_read, http_status=http_status)
 
@@ -786,6 +789,8 @@ class IngressTransport:
         try:
             data = read_head(wire, short)
         except OSError as exc:
+            from qinglong_edge.worker.transport_reasons import is_tls_alert
+
             if is_tls_alert(exc):
                 raise self._classified(exc, "send request", wire, short) from None
             return

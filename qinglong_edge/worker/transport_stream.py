@@ -18,7 +18,7 @@ import stat
 from collections.abc import Callable
 
 from qinglong_edge.errors import TransportError
-from qinglong_edge.worker.tls_wire import Deadline, Wire
+from qinglong_edge.worker.tls_wire import Deadline, SourceChanged, Wire
 
 __all__ = [
     "MAX_STREAM_SOURCE_BYTES",
@@ -38,10 +38,6 @@ STREAM_CHUNK_BYTES = 64 * 1024
 #: take its time, a peer that reads a byte a minute may not (the inactivity timeout
 #: still applies to every send).
 MIN_UPLOAD_BYTES_PER_S = 16 * 1024
-
-
-class SourceChanged(Exception):
-    """The streamed file changed size or content time under the upload."""
 
 
 def _bad_call(message: str) -> TransportError:

@@ -23,7 +23,8 @@ import pytest
 
 import qinglong_edge.worker.transport_stream as stream_module
 from qinglong_edge.errors import TransportError
-from qinglong_edge.worker.transport import ARTIFACT_CONTENT_TYPE, STREAM_CHUNK_BYTES
+from qinglong_edge.worker.transport import ARTIFACT_CONTENT_TYPE
+from qinglong_edge.worker.transport_stream import STREAM_CHUNK_BYTES
 from tests.support.tls_server import Request, TLSServer, http_response
 from tests.support.transport_env import OFFER_PATH, WorkerFiles, expect_error, leak_guard
 
