@@ -159,7 +159,9 @@ MAX_PATH_BYTES = 4096
 #: idle connections after 5 s (``keepAliveTimeout``, section 1.5), and a request sent
 #: as it does so would fail for nothing.
 IDLE_REUSE_MAX_S = 4.0
-#: The artifact route's exact content type (remote-execution.md 3.6).
+#: The artifact route's exact content type (remote-execution.md 3.6); the same string as
+#: ``contracts.completion.ARTIFACT_CONTENT_TYPE``, not imported from there because the idle
+#: pull path never loads that module (tests/worker/test_transport_stream.py compares them).
 ARTIFACT_CONTENT_TYPE = "application/vnd.qinglong.worker-artifact"
 #: Largest stream prefix (the artifact route's is 4 + H <= 4 100 bytes).
 MAX_STREAM_PREFIX_BYTES = 64 * 1024

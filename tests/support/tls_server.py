@@ -18,17 +18,17 @@ certificates of ``tests/support/certs`` (see ``make_certs.py``). Per request it 
 headers) with any status, body and extra or replaced headers.
 
 Options: ``num_tickets`` (TLS 1.3 session tickets sent per handshake; 0: none, so no
-client can resume), ``body_limit`` (a request whose ``Content-Length`` is larger is
-answered ``413 request_too_large`` right after its head, then the server reads and
-drops what follows for up to a second before it closes (a lingering close, as nginx
-does: closing at once with unread data would reset the connection and destroy the
-answer in the client's kernel) -- what the cluster does past ``maxBodyBytes``), the
-certificate identity the server presents (``identity="server-expired"``
+client can resume), the certificate identity the server presents (``identity="server-expired"``
 loads ``server-expired.pem``/``.key``), the TLS versions (``"1.3"``, ``"1.2"``, ``"1.1"``,
 ``"1.0"``; the old ones with ``@SECLEVEL=0``; :func:`legacy_tls_server` raises
 RuntimeError, for the caller to skip with, when this OpenSSL cannot speak them, and
 :func:`probe_tls_version` checks any server), and the CA a client certificate must
 come from (``client_ca="client-ca"``; None: no client certificate requested).
+``head_handler`` sees each request head before its body is read and may answer from it
+alone (the server then half-closes, discards what the client still sends, and ends the
+connection: how a server refuses a body it will not read, e.g. a too-large upload);
+``short_bodies=True`` hands the handler a request whose client ended its side before
+``Content-Length`` bytes came (``complete=False``) instead of dropping it.
 
 Other peers: :class:`PlainHTTPServer` (plaintext HTTP on the port a client expects TLS
 on: answers ``400`` like Node), :class:`SilentPeer` (accepts TCP, never speaks),
@@ -39,9 +39,10 @@ versions other than this Python's).
 
 Recorded: ``requests`` (every :class:`Request`), ``connections`` (accepted TCP
 connections), ``handshakes`` (completed TLS handshakes), ``handshake_errors`` (the
-server-side reasons), ``sni`` (server names received, None for no SNI), ``peer_names``
-(the client certificate's CN per handshake), ``resumed`` (per completed handshake:
-whether it resumed a session) and ``peer_closed`` (connections the client closed); :meth:`wait_for` waits for a condition over any of these.
+server-side reasons), ``sni`` (server names received, None for no SNI), ``resumed`` (per
+completed handshake: whether it resumed a session), ``peer_names``
+(the client certificate's CN per handshake) and ``peer_closed`` (connections the client
+closed); :meth:`wait_for` waits for a condition over any of these.
 
 Example (the cluster double builds on this)::
 
@@ -67,7 +68,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 CERTS = pathlib.Path(__file__).resolve().parent / "certs"
@@ -92,6 +93,9 @@ class Request:
         body: ``Content-Length`` bytes of body.
         raw_head: the head bytes exactly as received (request line to CRLF CRLF).
         connection: 1-based index of the TCP connection that carried it.
+        complete: False when the client ended its side before ``Content-Length``
+            bytes came (only with ``short_bodies=True``), or for the head alone given
+            to a ``head_handler``.
     """
 
     method: str
@@ -101,6 +105,7 @@ class Request:
     body: bytes
     raw_head: bytes
     connection: int
+    complete: bool = True
 
     def header(self, name: str) -> str | None:
         """The first value of ``name`` (case-insensitive), or None."""
@@ -139,6 +144,9 @@ class Close:
 
 Action = Respond | Trickle | Hang | Close
 Handler = Callable[[Request], "bytes | Action"]
+#: Called with the head alone (``body`` empty, ``complete`` False) before the body is
+#: read; an answer other than None is sent and the connection ends (body unread).
+HeadHandler = Callable[[Request], "bytes | Action | None"]
 
 
 def http_response(
@@ -304,12 +312,14 @@ class TLSServer(_LoopbackServer):
         certificate: str | None = None,
         client_ca: str | None = "client-ca",
         tls_version: str = "1.3",
+        head_handler: HeadHandler | None = None,
+        short_bodies: bool = False,
         num_tickets: int | None = None,
-        body_limit: int | None = None,
     ) -> None:
         super().__init__()
         self.handler = handler
-        self.body_limit = body_limit
+        self.head_handler = head_handler
+        self.short_bodies = short_bodies
         self.requests: list[Request] = []
         self.handshakes = 0
         self.handshake_errors: list[str] = []
@@ -319,6 +329,11 @@ class TLSServer(_LoopbackServer):
         self.context = self._make_context(identity, certificate, client_ca, tls_version)
         if num_tickets is not None:
             self.context.num_tickets = num_tickets
+        if short_bodies:
+            # A client that half-closes the TCP stream (FIN, no close_notify) must still
+            # be able to read the answer: without this, OpenSSL 3 treats the EOF as a
+            # fatal error and answers with an alert instead of the data.
+            self.context.options |= ssl.OP_IGNORE_UNEXPECTED_EOF
 
     def _make_context(
         self, identity: str, certificate: str | None, client_ca: str | None, tls_version: str
@@ -361,11 +376,21 @@ class TLSServer(_LoopbackServer):
         buffer = bytearray()
         try:
             while not self._stop.is_set():
-                request = _read_request(tls, buffer, index, self.body_limit)
-                if isinstance(request, Respond):  # over body_limit: answered after the head
-                    self._answer(tls, request)
-                    self._linger(tls)
+                head = _read_head(tls, buffer, index)
+                if head is None:
+                    self._note("peer_closed")
                     return
+                if self.head_handler is not None:
+                    early = self.head_handler(head)
+                    if early is not None:
+                        # Answered from the head alone: the body stays unread, so the
+                        # connection ends; lingering first lets the peer read the answer
+                        # instead of a reset (the unread bytes would cause one).
+                        self._note("requests", head)
+                        self._answer(tls, early)
+                        self._linger(tls)
+                        return
+                request = _read_body(tls, buffer, head, self.short_bodies)
                 if request is None:
                     self._note("peer_closed")
                     return
@@ -373,17 +398,24 @@ class TLSServer(_LoopbackServer):
                 answer = self.handler(request)
                 if not self._answer(tls, answer):
                     return
+                if not request.complete:
+                    self._note("peer_closed")
+                    return
         finally:
             tls.close()
 
-    def _linger(self, tls: ssl.SSLSocket, seconds: float = 1.0) -> None:
-        """Read and drop the rest of a request the server will not serve, until EOF."""
-        end = time.monotonic() + seconds
+    def _linger(self, tls: ssl.SSLSocket, limit_s: float = 5.0) -> None:
+        """Half-close, then discard what the peer still sends until it closes (bounded)."""
         with contextlib.suppress(OSError):
-            while time.monotonic() < end:
-                tls.settimeout(max(0.01, end - time.monotonic()))
-                if not tls.recv(65536):
+            socket.socket.shutdown(tls, socket.SHUT_WR)
+        deadline = time.monotonic() + limit_s
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            try:
+                readable, _, _ = select.select([tls], [], [], 0.1)
+                if readable and not socket.socket.recv(tls, 65536):
                     return
+            except OSError:
+                return
 
     def _answer(self, tls: ssl.SSLSocket, answer: bytes | Action) -> bool:
         """Carry out ``answer``; False when the connection is finished."""
@@ -415,10 +447,9 @@ _TLS_VERSIONS = {
 _REQUEST_LINE = re.compile(rb"([A-Z]+) (\S+) (HTTP/1\.[01])")
 
 
-def _read_request(sock: socket.socket, buffer: bytearray, index: int,
-                  body_limit: int | None = None) -> Request | Respond | None:
-    """Read one request (head + Content-Length body); None at a clean EOF; a 413 to send
-    (and close) when its Content-Length passes ``body_limit`` (the body is not read)."""
+def _read_head(sock: socket.socket, buffer: bytearray, index: int) -> Request | None:
+    """Read one request head (the body not yet read: ``body`` empty, ``complete`` False);
+    None at a clean EOF."""
     while b"\r\n\r\n" not in buffer:
         if len(buffer) > MAX_REQUEST_HEAD:
             raise ValueError("request head too large")
@@ -437,26 +468,35 @@ def _read_request(sock: socket.socket, buffer: bytearray, index: int,
     for line in lines[1:]:
         name, _, value = line.partition(b":")
         headers.append((name.decode("latin-1"), value.strip().decode("latin-1")))
-    length = next((int(v) for k, v in headers if k.lower() == "content-length"), 0)
-    if body_limit is not None and length > body_limit:
-        return Respond(http_response(413, b'{"code":"request_too_large"}', headers=(("Connection", "close"),)),
-                       close=True)
-    while len(buffer) < length:
-        data = sock.recv(65536)
-        if not data:
-            return None
-        buffer += data
-    body = bytes(buffer[:length])
-    del buffer[:length]
     return Request(
         method=match.group(1).decode(),
         target=match.group(2).decode(),
         version=match.group(3).decode(),
         headers=tuple(headers),
-        body=body,
+        body=b"",
         raw_head=raw_head,
         connection=index,
+        complete=False,
     )
+
+
+def _read_body(sock: socket.socket, buffer: bytearray, head: Request, short_bodies: bool) -> Request | None:
+    """Read ``Content-Length`` bytes of body after ``head``. At EOF before that: None, or
+    with ``short_bodies`` the request with what came (``complete`` False)."""
+    text = head.header("content-length")
+    length = int(text) if text is not None and text.isdigit() else 0
+    while len(buffer) < length:
+        data = sock.recv(65536)
+        if not data:
+            if not short_bodies:
+                return None
+            body = bytes(buffer)
+            buffer.clear()
+            return replace(head, body=body, complete=False)
+        buffer += data
+    body = bytes(buffer[:length])
+    del buffer[:length]
+    return replace(head, body=body, complete=True)
 
 
 class PlainHTTPServer(_LoopbackServer):

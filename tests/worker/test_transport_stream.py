@@ -151,7 +151,13 @@ def test_an_early_answer_is_reported_not_the_broken_pipe(files: WorkerFiles, tmp
     """The cluster answers 413 after the head (body over its cap) and closes: the
     upload's send fails; the answer it read is what the caller gets."""
     path = log_file(tmp_path, 8 * MIB)
-    with TLSServer(stored, body_limit=1024) as server:
+
+    def over_the_cap(head: Request) -> bytes | None:
+        if int(head.header("content-length") or 0) <= 1024:
+            return None
+        return http_response(413, b'{"code":"request_too_large"}', headers=(("Connection", "close"),))
+
+    with TLSServer(stored, head_handler=over_the_cap) as server:
         error = expect_error("response_rejected", upload, files, server.origin(), path)
     assert (error.http_status, error.cluster_code, error.reason) == (413, "request_too_large", "unexpected_status")
 
@@ -267,3 +273,46 @@ def test_bad_source_does_not_leave_a_connection_half_used(files: WorkerFiles, tm
         with leak_guard(monkeypatch), path.open("rb") as handle:
             transport.post_stream(ARTIFACT_PATH, PREFIX, handle, 10, max_response_bytes=4096)
     assert [r.connection for r in server.requests] == [2]
+
+
+def test_uploads_a_log_to_the_cluster_double_and_completes(tmp_path: pathlib.Path) -> None:
+    """End to end with the agent's artifact contract (contracts/completion.py) against the
+    cluster double's artifacts route (its framing and fence checks are the reference's):
+    a 3 MiB log streamed, the answer's echo and sha256 checked against ours, then the
+    completion that names it is applied."""
+    from qinglong_edge.contracts.completion import (
+        ARTIFACT_CONTENT_TYPE as CONTRACT_TYPE,
+    )
+    from qinglong_edge.contracts.completion import (
+        ARTIFACT_RESPONSE_MAX_BYTES,
+        artifact_upload_preamble,
+        parse_artifact_response,
+    )
+    from tests.support.cluster_calls import WorkerCalls
+    from tests.support.cluster_double import ClusterDouble
+
+    assert CONTRACT_TYPE == ARTIFACT_CONTENT_TYPE  # the transport's default is the contract's
+    path = log_file(tmp_path, 3 * MIB + 17)
+    with ClusterDouble() as cluster:
+        worker = WorkerCalls(cluster, cluster.provision(tmp_path / "files"))
+        try:
+            worker.register()
+            cluster.add_command_task("echo hi")
+            worker.claim()
+            worker.run()
+            offer = {**worker.offer, "lease": {**worker.offer["lease"], "version": worker.version}}
+            preamble = artifact_upload_preamble(offer, log_artifact_id=worker.log_id,
+                                                byte_length=path.stat().st_size, truncated=False)
+            with path.open("rb") as handle:
+                response = worker.transport.post_stream(worker.path("artifacts"), preamble, handle,
+                                                        path.stat().st_size,
+                                                        max_response_bytes=ARTIFACT_RESPONSE_MAX_BYTES)
+            receipt = parse_artifact_response(response.body, offer, log_artifact_id=worker.log_id,
+                                              byte_length=path.stat().st_size, truncated=False,
+                                              sha256=str(response.source_sha256))
+            assert receipt.status == "stored"
+            assert receipt.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+            completion = worker.call("completion", worker.completion_body(path.read_bytes()))
+            assert completion["status"] == "applied"
+        finally:
+            worker.close()
