@@ -50,9 +50,16 @@ is unknown) and replays the same offerId and token; the cluster answers
      "status":"accepted|replayed|idle|backoff|inbox_full|abandoned|unavailable|
                invalid_response|credential_rejected",
      "offerId":..,"runId":..,"reason":..,"nextAttemptAtMs":..,"httpStatus":..,
-     "retryAfterMs":..,"attemptCount":..,"errorCode":..,"counted":..,"stats":{..}}
+     "retryAfterMs":..,"attemptCount":..,"clusterCode":..,"counted":..,"stats":{..},"remedy":..}
                                                      (absent keys: not applicable)
-    {"status":"failed","code":"credential_rejected|session_unavailable|..","detail":..}
+    {"status":"failed","code":"credential_rejected|session_unavailable|..","reason":..,
+     "detail":..,"remedy":..}
+
+A failure caused by the transport names its typed ``reason`` (``certificate_expired``,
+``dns_failure``...: :data:`qinglong_edge.errors.TRANSPORT_REASONS`) and its one-line
+``remedy``; the human line ends with ``-> remedy``. ``counted`` says whether a failed
+attempt counted toward the budget of 16 (False: it never reached the cluster);
+``clusterCode`` is the cluster's ``{"code":...}`` of a non-200 answer.
     {"status":"busy","code":"already_owned"}
     {"status":"aborted","signal":"SIGTERM"}
 """
@@ -179,12 +186,31 @@ def _iso(ms: int | None) -> str:
     return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
 
 
+def _remedy(reason: object, http_status: object = None) -> str:
+    """The remedy of a typed transport reason ("" for other reasons and the bare codes)."""
+    from qinglong_edge.errors import TRANSPORT_REASONS, transport_remedy
+
+    if not isinstance(reason, str) or reason not in TRANSPORT_REASONS:
+        return ""
+    return transport_remedy(reason, http_status if isinstance(http_status, int) else None)
+
+
+def _with_remedy(payload: dict[str, object]) -> dict[str, object]:
+    if payload.get("status") in ("unavailable", "credential_rejected") and "remedy" not in payload:
+        remedy = _remedy(payload.get("reason"), payload.get("httpStatus"))
+        if remedy:
+            payload["remedy"] = remedy
+    return payload
+
+
 def _describe(report: object, device: dict[str, str | None]) -> str:
     from qinglong_edge.worker.cycle import CycleReport
 
     assert isinstance(report, CycleReport)
     if report.error is not None:
-        return f"pull: {report.error}: {report.detail}"
+        remedy = report.remedy
+        reason = f" ({report.reason})" if report.reason and report.reason != report.error else ""
+        return f"pull: {report.error}{reason}: {report.detail}" + (f" -> {remedy}" if remedy else "")
     result = report.result
     session = report.session
     prefix = ""
@@ -209,12 +235,13 @@ def _describe(report: object, device: dict[str, str | None]) -> str:
         text = f"claim {result.offer_id} abandoned ({result.reason}); the next cycle makes a new claim"
     else:
         http = f" HTTP {result.http_status}" if result.http_status else ""
-        code = f" {result.error_code}" if result.error_code else ""
+        code = f" {result.cluster_code}" if result.cluster_code else ""
         counted = "" if result.counted is not False else " (did not reach the cluster: not counted)"
+        remedy = _remedy(result.reason, result.http_status)
         text = (
             f"{status} ({result.reason}{http}{code}); claim {result.offer_id} kept, "
             f"attempt {result.attempt_count} of 16{counted}, retry at {_iso(result.next_attempt_at_ms)}"
-        )
+        ) + (f" -> {remedy}" if remedy else "")
     return "pull: " + prefix + text
 
 
@@ -310,7 +337,7 @@ def _run(args: argparse.Namespace) -> int:
         for report in run_pull(worker, duration_s=args.duration, abort=abort, notice=_notice):
             status = _exit_status(report)
             if args.json:
-                print_json({"device": device, **report.to_json()})
+                print_json({"device": device, **_with_remedy(report.to_json())})
             else:
                 print(_describe(report, device), flush=True)
     except PullAborted as exc:

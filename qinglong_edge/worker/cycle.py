@@ -40,7 +40,6 @@ from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.errors import SessionError
 from qinglong_edge.worker.expiry import daily_expiry_warning
 from qinglong_edge.worker.ingress_http import DEFAULT_MAX_REQUEST_BYTES
-from qinglong_edge.worker.ingress_material import MAX_TLS_MATERIAL_BYTES, read_guarded_file
 from qinglong_edge.worker.journal import Journal, JournalOptions
 from qinglong_edge.worker.pull import AbortSignal, PullCoordinator, PullResult, SessionAuthority
 from qinglong_edge.worker.runtime import RuntimeDirectory
@@ -67,27 +66,35 @@ class CycleReport(Frozen):
         error: the failure code when the cycle stopped early (``credential_rejected``,
             ``session_unavailable``, ``invalid_response``, ``clock_not_set``).
         detail: a human-readable line (no secrets).
+        reason: the transport reason behind ``error`` (``certificate_expired``...), if any.
+        remedy: its one-line remedy ("" without one).
     """
 
-    __slots__ = ("session", "result", "error", "detail")  # noqa: RUF023 (field order)
+    __slots__ = ("session", "result", "error", "detail", "reason", "remedy")  # noqa: RUF023 (field order)
 
     session: SessionOutcome | None
     result: PullResult | None
     error: str | None
     detail: str
+    reason: str | None
+    remedy: str
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 (the dataclass signature)
         self,
         session: SessionOutcome | None,
         result: PullResult | None,
         error: str | None = None,
         detail: str = "",
+        reason: str | None = None,
+        remedy: str = "",
     ) -> None:
         _set = object.__setattr__
         _set(self, "session", session)
         _set(self, "result", result)
         _set(self, "error", error)
         _set(self, "detail", detail)
+        _set(self, "reason", reason)
+        _set(self, "remedy", remedy)
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {}
@@ -103,8 +110,12 @@ class CycleReport(Frozen):
         if self.error is not None:
             out["status"] = "failed"
             out["code"] = self.error
+            if self.reason is not None:
+                out["reason"] = self.reason
         if self.detail:
             out["detail"] = self.detail
+        if self.error is not None and self.remedy:
+            out["remedy"] = self.remedy
         return out
 
 
@@ -123,7 +134,7 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
     try:
         session = keeper.ensure(_slots(journal, worker.max_concurrent_runs))
     except SessionError as exc:
-        return CycleReport(None, None, exc.code, exc.message)
+        return CycleReport(None, None, exc.code, exc.message, reason=exc.reason, remedy=exc.remedy)
     record = session.session
     result = coordinator.pull(SessionAuthority(record.worker_id, record.session_id, record.generation))
     return CycleReport(session, result)
@@ -212,11 +223,7 @@ def _run_journal(
     try:
         migrate_legacy_record(journal.take_legacy_session_record(), runtime)
         if notice is not None:
-            warning = daily_expiry_warning(
-                worker.certificate_file,
-                lambda path: read_guarded_file(path, MAX_TLS_MATERIAL_BYTES, 0o077, "certificate file"),
-                runtime, clock_ms(),
-            )
+            warning = daily_expiry_warning(worker.certificate_file, worker.trust_anchor_files, runtime, clock_ms())
             if warning is not None:
                 notice(warning)
         own_transport = transport is None

@@ -34,12 +34,12 @@ The 16-attempt budget (spec README, issue 18) counts only attempts that may have
 the cluster's HTTP layer: an answer that was not 200 or not valid, a timeout or reset
 after the request was sent, an unknown outcome (a marker found at start). DNS, connect
 and TLS handshake failures, and a TLS alert from the server on the first read
-(``TransportError.reached_cluster`` False), back off with the same full jitter but never
-consume it; an idle answer does not count either. A claim therefore survives any number
+(:attr:`~qinglong_edge.errors.TransportError.reached_cluster` False), back off with the
+same full jitter but never consume it; an idle answer does not count either. A claim therefore survives any number
 of local faults and is replayed byte for byte once the path works.
 
 409 (section 1.7): only ``worker_offer_fenced`` abandons the claim; any other code
-keeps it, backs off and is reported (``errorCode``).
+keeps it, backs off and is reported (``clusterCode``).
 
 An exception that is not a pull failure (the ``pull`` command raises
 :class:`PullAborted` from its SIGTERM/SIGINT handler) propagates unchanged and leaves
@@ -163,12 +163,13 @@ class PullResult(Frozen):
             ``abandoned``, ``unavailable``, ``invalid_response`` or ``credential_rejected``.
         offer_id: the claim's offerId (None for ``inbox_full``).
         run_id: the offered Run (accepted/replayed).
-        reason: idle reason, abandon reason, or the failure code.
+        reason: idle reason, abandon reason, or the failure code (a transport failure's
+            typed reason, :attr:`~qinglong_edge.errors.TransportError.reason`).
         next_attempt_at_ms: when the kept claim is due again (backoff and failures).
         http_status: the HTTP status of a failed call, when one was received.
         retry_after_ms: the honoured Retry-After, when the cluster sent one.
         attempt_count: attempts used by the claim after this step.
-        error_code: the ``code`` of the cluster's error answer (``{"code": ...}``),
+        cluster_code: the ``code`` of the cluster's error answer (``{"code": ...}``),
             when one was received (e.g. a 409 other than ``worker_offer_fenced``).
         counted: for a failure, whether the attempt counted toward the budget (it may
             have reached the cluster); None otherwise.
@@ -184,7 +185,7 @@ class PullResult(Frozen):
         "retry_after_ms",
         "attempt_count",
         "stats",
-        "error_code",
+        "cluster_code",
         "counted",
     )
     _repr_hidden = ("stats",)
@@ -198,7 +199,7 @@ class PullResult(Frozen):
     retry_after_ms: int | None
     attempt_count: int | None
     stats: dict[str, int] | None
-    error_code: str | None
+    cluster_code: str | None
     counted: bool | None
 
     def __init__(  # noqa: PLR0917 (the dataclass signature)
@@ -212,7 +213,7 @@ class PullResult(Frozen):
         retry_after_ms: int | None = None,
         attempt_count: int | None = None,
         stats: dict[str, int] | None = None,
-        error_code: str | None = None,
+        cluster_code: str | None = None,
         counted: bool | None = None,
     ) -> None:
         _set = object.__setattr__
@@ -225,7 +226,7 @@ class PullResult(Frozen):
         _set(self, "retry_after_ms", retry_after_ms)
         _set(self, "attempt_count", attempt_count)
         _set(self, "stats", stats)
-        _set(self, "error_code", error_code)
+        _set(self, "cluster_code", cluster_code)
         _set(self, "counted", counted)
 
     def to_json(self) -> dict[str, object]:
@@ -238,7 +239,7 @@ class PullResult(Frozen):
             ("httpStatus", self.http_status),
             ("retryAfterMs", self.retry_after_ms),
             ("attemptCount", self.attempt_count),
-            ("errorCode", self.error_code),
+            ("clusterCode", self.cluster_code),
             ("counted", self.counted),
         ):
             if value is not None:
@@ -385,18 +386,15 @@ class PullCoordinator:
             crashpoint("pull.response_received")
             parsed = parse_offer_response(response.body, authority)
         except TransportError as exc:
-            code = getattr(exc, "error_code", None)
+            code = exc.cluster_code
             if exc.http_status == 409 and code == OFFER_FENCED:
                 # The fence answer is returned again for every retry of this claim: give
                 # it up now (README, 3.9). Any other 409 is not a fence: kept, backed off.
                 self._runtime.remove(MARKER_NAME)
-                return self._abandon(claim, "offer_fenced", self._clock_ms(), http_status=409, error_code=code)
+                return self._abandon(claim, "offer_fenced", self._clock_ms(), http_status=409, cluster_code=code)
             status = "credential_rejected" if exc.http_status in (401, 403) else "unavailable"
-            # Until the transport says otherwise (worker-transport: reached_cluster), a
-            # failure is assumed to have reached the cluster.
-            reached = bool(getattr(exc, "reached_cluster", True))
-            return self._back_off(claim, status, exc.code, exc.http_status, exc.retry_after_ms,
-                                  counted=reached, error_code=code)
+            return self._back_off(claim, status, exc.reason, exc.http_status, exc.retry_after_ms,
+                                  counted=exc.reached_cluster, cluster_code=code)
         except ContractError as exc:
             return self._back_off(claim, "invalid_response", exc.code, None, None, counted=True)
         self._unreached = 0
@@ -436,7 +434,7 @@ class PullCoordinator:
         retry_after_ms: int | None,
         *,
         counted: bool,
-        error_code: str | None = None,
+        cluster_code: str | None = None,
     ) -> PullResult:
         now = max(self._clock_ms(), claim.updated_at_ms)
         attempts = min(MAX_ATTEMPTS, claim.attempt_count + 1) if counted else claim.attempt_count
@@ -460,12 +458,12 @@ class PullCoordinator:
             http_status=http_status,
             retry_after_ms=honoured,
             attempt_count=kept.attempt_count,
-            error_code=error_code,
+            cluster_code=cluster_code,
             counted=counted,
         )
 
     def _abandon(self, claim: PendingClaim, reason: str, now: int, *, http_status: int | None = None,
-                 error_code: str | None = None) -> PullResult:
+                 cluster_code: str | None = None) -> PullResult:
         self._journal.abandon_claim(reason, max(now, claim.updated_at_ms))
         return PullResult(
             "abandoned",
@@ -473,5 +471,5 @@ class PullCoordinator:
             reason=reason,
             http_status=http_status,
             attempt_count=claim.attempt_count,
-            error_code=error_code,
+            cluster_code=cluster_code,
         )

@@ -22,6 +22,7 @@ import pytest
 
 from qinglong_edge.contracts.journal_records import PendingClaim
 from qinglong_edge.contracts.offer import ClaimAuthority
+from qinglong_edge.errors import transport_remedy
 from qinglong_edge.worker.journal import Journal
 from tests.support.cluster_double import ClusterDouble, Fault
 from tests.support.pull_env import PullEnv, kill, wait_stopped
@@ -309,7 +310,7 @@ def test_a_409_other_than_the_fence_keeps_the_claim_backs_off_and_reports_the_co
     first = env.pull("--json")
     line = first.last()
     assert first.status == 75
-    assert (line["status"], line["httpStatus"], line["errorCode"], line["attemptCount"]) == (
+    assert (line["status"], line["httpStatus"], line["clusterCode"], line["attemptCount"]) == (
         "unavailable", 409, code, 1)
     claim = env.claim()
     assert claim is not None and claim["offerId"] == line["offerId"] and env.abandoned() == {}
@@ -326,13 +327,6 @@ def test_the_human_line_names_the_409_code(env: PullEnv) -> None:
     assert "HTTP 409 claim_in_progress" in outcome.stdout and "kept" in outcome.stdout
 
 
-_TRANSPORT_SAYS_REACHED = hasattr(__import__("qinglong_edge.errors", fromlist=["TransportError"]).TransportError(
-    "probe"), "reached_cluster")
-
-
-@pytest.mark.skipif(not _TRANSPORT_SAYS_REACHED,
-                    reason="needs TransportError.reached_cluster from the transport (branch worker-transport); "
-                           "the coordinator side is tests/worker/test_pull_coordinator.py")
 def test_a_claim_survives_any_number_of_refused_connections_and_is_replayed(env: PullEnv,
                                                                            tmp_path: pathlib.Path) -> None:
     """Spec README: connect failures never consume the budget of 16; once the path works
@@ -391,8 +385,9 @@ def test_401_on_register_exits_77_with_the_code(env: PullEnv) -> None:
     env.cluster.state.credentials[env.cluster.credential_id].state = "revoked"
     outcome = env.pull("--json")
     assert outcome.status == 77
-    assert {k: v for k, v in outcome.last().items() if k != "device"} == {"status": "failed", "code": "credential_rejected",
-                              "detail": "register: the cluster rejected the worker credential (HTTP 401)"}
+    assert {k: v for k, v in outcome.last().items() if k != "device"} == {"status": "failed", "code": "credential_rejected", "reason": "unexpected_status",
+                              "detail": "register: the cluster rejected the worker credential (HTTP 401)",
+                              "remedy": transport_remedy("unexpected_status", 401)}
     assert env.session() is None and env.claim() is None
     assert env.cluster.secret not in outcome.stdout + outcome.stderr
 

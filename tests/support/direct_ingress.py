@@ -56,7 +56,7 @@ class DirectIngress:
             retry = dict(reply.headers).get("retry-after")
             code = json.loads(reply.body).get("code") if reply.body else None
             raise TransportError(f"HTTP {reply.status}", code="response_rejected", http_status=reply.status,
-                                 retry_after_ms=int(retry) * 1000 if retry else None, error_code=code)
+                                 retry_after_ms=int(retry) * 1000 if retry else None, cluster_code=code)
         assert len(reply.body) <= max_response_bytes
         return Response(reply.body)
 

@@ -138,8 +138,8 @@ def test_the_client_certificate_expiry_warning_once_a_day(tmp_path: pathlib.Path
     notices: list[str] = []
     for _ in range(3):
         list(run_pull(worker, clock_ms=lambda: near, transport=ingress, notice=notices.append))  # type: ignore[arg-type]
-    assert len(notices) == 1 and notices[0].startswith("certificate_expiring: ")
-    assert f"{certificate} expires in 10 day(s)" in notices[0]
+    assert len(notices) == 1 and notices[0].startswith("certificate_expiring: client certificate ")
+    assert f"{certificate} [0]" in notices[0] and "(10 days left)" in notices[0]
     far = not_after - 30 * day
     list(run_pull(worker, clock_ms=lambda: far, transport=ingress, notice=notices.append))  # type: ignore[arg-type]
     assert len(notices) == 1  # outside the window: nothing (the day changed, it was checked)

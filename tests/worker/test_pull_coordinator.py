@@ -107,9 +107,7 @@ def _coordinator(journal: Journal, ingress: DirectIngress, clock: Clock, *, seed
 def _unreached(message: str = "connect: Connection refused") -> TransportError:
     """A failure before the request could reach the cluster's HTTP layer (DNS, connect,
     handshake): what the transport marks ``reached_cluster = False``."""
-    error = TransportError(message, code="request_rejected")
-    error.reached_cluster = False  # type: ignore[attr-defined]  # the transport's attribute (worker-transport)
-    return error
+    return TransportError(message, code="request_rejected", reason="connection_refused", reached_cluster=False)
 
 
 def _marker(journal: Journal) -> dict[str, Any] | None:
@@ -297,11 +295,11 @@ def test_409_other_than_the_fence_keeps_the_claim_and_reports_the_code(
     ingress.state.add_candidate(build_task("shell", now_ms=clock.now))
     coordinator, _ = _coordinator(journal, ingress, clock)
     ingress.script.append(TransportError("HTTP 409", code="response_rejected", http_status=409,
-                                         error_code="claim_in_progress"))
+                                         cluster_code="claim_in_progress"))
     result = coordinator.pull(session)
-    assert (result.status, result.http_status, result.error_code, result.attempt_count) == (
+    assert (result.status, result.http_status, result.cluster_code, result.attempt_count) == (
         "unavailable", 409, "claim_in_progress", 1)
-    assert result.to_json()["errorCode"] == "claim_in_progress"
+    assert result.to_json()["clusterCode"] == "claim_in_progress"
     claim = _claim(root)
     assert claim is not None and claim["offerId"] == result.offer_id
     ingress.script.append(TransportError("HTTP 409", code="response_rejected", http_status=409))  # no code
