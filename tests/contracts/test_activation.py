@@ -64,26 +64,26 @@ SHAPES: dict[str, dict[str, Any]] = {
     "running": {**BASE, "runStatus": "running", "attemptStatus": "running", "executorHandle": "h",
                 "startedAtMs": 5},
     "failed": {**BASE, "runStatus": "failed", "attemptStatus": "failed", "finishedAtMs": 9,
-               "clusterCode": "EXECUTOR_START_FAILED"},
+               "errorCode": "EXECUTOR_START_FAILED"},
     "cancelled": {**BASE, "runStatus": "cancelled", "attemptStatus": "cancelled", "finishedAtMs": 9,
-                  "clusterCode": "EXECUTION_CANCELLED"},
+                  "errorCode": "EXECUTION_CANCELLED"},
     "timed_out": {**BASE, "runStatus": "timed_out", "attemptStatus": "timed_out", "finishedAtMs": 9,
-                  "clusterCode": "EXECUTION_TIMED_OUT"},
+                  "errorCode": "EXECUTION_TIMED_OUT"},
     # not a valid shape:
     "workflow_starting": {**BASE, "runStatus": "running", "attemptStatus": "starting"},
     "succeeded": {**BASE, "runStatus": "succeeded", "attemptStatus": "succeeded", "finishedAtMs": 9,
-                  "clusterCode": "X"},
-    "lost": {**BASE, "runStatus": "lost", "attemptStatus": "lost", "finishedAtMs": 9, "clusterCode": "X"},
+                  "errorCode": "X"},
+    "lost": {**BASE, "runStatus": "lost", "attemptStatus": "lost", "finishedAtMs": 9, "errorCode": "X"},
     "mixed_terminal": {**BASE, "runStatus": "failed", "attemptStatus": "cancelled", "finishedAtMs": 9,
-                       "clusterCode": "X"},
+                       "errorCode": "X"},
     "starting_with_handle": {**BASE, "runStatus": "dispatching", "attemptStatus": "starting", "executorHandle": "h"},
-    "starting_with_error": {**BASE, "runStatus": "dispatching", "attemptStatus": "starting", "clusterCode": "E"},
+    "starting_with_error": {**BASE, "runStatus": "dispatching", "attemptStatus": "starting", "errorCode": "E"},
     "running_without_start": {**BASE, "runStatus": "running", "attemptStatus": "running", "executorHandle": "h"},
     "running_finished": {**BASE, "runStatus": "running", "attemptStatus": "running", "executorHandle": "h",
                          "startedAtMs": 5, "finishedAtMs": 6},
     "terminal_without_error": {**BASE, "runStatus": "failed", "attemptStatus": "failed", "finishedAtMs": 9},
     "terminal_with_handle": {**BASE, "runStatus": "failed", "attemptStatus": "failed", "finishedAtMs": 9,
-                             "clusterCode": "X", "executorHandle": "h"},
+                             "errorCode": "X", "executorHandle": "h"},
 }
 SHAPE_OF = {"starting": "starting", "running": "running", "failed": "terminal", "cancelled": "terminal",
             "timed_out": "terminal"}
@@ -200,7 +200,7 @@ def test_unknown_keys_and_duplicates_are_rejected() -> None:
 
 
 @pytest.mark.parametrize("key", ["deadlineAtMs", "startedAtMs", "finishedAtMs", "executorHandle", "logArtifactId",
-                                 "clusterCode"])
+                                 "errorCode"])
 def test_an_optional_key_set_to_null_is_not_absent(key: str) -> None:
     with pytest.raises(CallError) as info:
         parse(snapshot(**{key: None}))
@@ -292,11 +292,11 @@ def test_running_snapshot_fields(field: str, value: Any, reason: str | None) -> 
 @pytest.mark.parametrize(("value", "reason"), [("E" * 128, None), ("E" * 129, "length"), ("", "length"),
                                                ("E\x1f", "control_character")])
 def test_terminal_error_code(value: str, reason: str | None) -> None:
-    data = answer("already_terminal", {**SHAPES["failed"], "clusterCode": value})
+    data = answer("already_terminal", {**SHAPES["failed"], "errorCode": value})
     if reason is None:
         assert parse(data, "start-failure").shape == "terminal"
     else:
-        rejects(data, reason, "$.snapshot.clusterCode", operation="start-failure")
+        rejects(data, reason, "$.snapshot.errorCode", operation="start-failure")
 
 
 # --- worker checks 4 and 6 ------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ def test_natural_exit_is_recorded_with_exit_code_and_events(env: Env) -> None:
     run, attempt = env.run_row(run_id), env.attempt_row(attempt_id)
     assert (attempt["status"], attempt["exit_code"], attempt["callback_sequence"]) == ("failed", 3, 1)
     assert (run["version"], run["event_sequence"]) == (8, 8)
-    assert run["cluster_code"] == "EXECUTION_FAILED" and run["finished_at_ms"] >= run["started_at_ms"]
+    assert run["error_code"] == "EXECUTION_FAILED" and run["finished_at_ms"] >= run["started_at_ms"]
     pid, deadline = attempt["pid"], attempt["deadline_at_ms"]
     assert deadline is not None and deadline - run["started_at_ms"] <= 600_000
     aid = attempt_id
@@ -70,7 +70,7 @@ def test_exit_zero_succeeds_with_task_environment_and_directory(env: Env, tmp_pa
         controller.notify()
         assert env.wait_status(run_id, "succeeded") == "succeeded"
     assert read_text(os.path.join(workdir, "out.txt")) == f"hi from {workdir}\n"
-    assert env.attempt_row(attempt_id)["exit_code"] == 0 and env.run_row(run_id)["cluster_code"] is None
+    assert env.attempt_row(attempt_id)["exit_code"] == 0 and env.run_row(run_id)["error_code"] is None
 
 
 def test_cancel_stops_the_job_and_marks_terminal_with_the_exact_events(env: Env, tmp_path: object) -> None:
@@ -90,8 +90,8 @@ def test_cancel_stops_the_job_and_marks_terminal_with_the_exact_events(env: Env,
     assert read_text(marker) == "term\n"
     run, attempt = env.run_row(run_id), env.attempt_row(attempt_id)
     assert (run["version"], run["event_sequence"], run["cancel_reason"]) == (9, 9, "user")
-    assert (run["cluster_code"], run["error_summary"]) == ("EXECUTION_CANCELLED", "Execution was cancelled")
-    assert (attempt["status"], attempt["cluster_code"]) == ("cancelled", "EXECUTION_CANCELLED")
+    assert (run["error_code"], run["error_summary"]) == ("EXECUTION_CANCELLED", "Execution was cancelled")
+    assert (attempt["status"], attempt["error_code"]) == ("cancelled", "EXECUTION_CANCELLED")
     assert run["finished_at_ms"] == attempt["finished_at_ms"] >= max(run["started_at_ms"], run["created_at_ms"])
     aid = attempt_id
     assert _control_events(env, run_id)[-2:] == [
@@ -198,7 +198,7 @@ def test_deadline_times_the_run_out(env: Env) -> None:
         assert env.wait_status(run_id, "timed_out", timeout=10) == "timed_out"
         assert not alive(pid)
     run, attempt = env.run_row(run_id), env.attempt_row(attempt_id)
-    assert (run["cancel_reason"], run["cluster_code"]) == ("timeout", "EXECUTION_TIMED_OUT")
+    assert (run["cancel_reason"], run["error_code"]) == ("timeout", "EXECUTION_TIMED_OUT")
     assert run["cancel_requested_at_ms"] == attempt["deadline_at_ms"]
     assert attempt["status"] == "timed_out"
     aid = attempt_id
@@ -272,7 +272,7 @@ def test_missing_command_fails_the_launch(env: Env) -> None:
     with env.controller() as controller:
         controller.notify()
         assert env.wait_status(run_id, "failed") == "failed"
-    assert env.run_row(run_id)["cluster_code"] == "EXECUTOR_START_FAILED"
+    assert env.run_row(run_id)["error_code"] == "EXECUTOR_START_FAILED"
     assert [e["type"] for e in env.events(run_id)][-2:] == ["attempt.failed", "run.failed"]
     assert env.attempt_row(attempt_id)["pid"] is None
 

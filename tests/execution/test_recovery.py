@@ -100,7 +100,7 @@ def test_restart_reconciles_a_process_that_is_gone(env: Env) -> None:
         controller.notify()
         assert env.wait_status(cancelled_run, "cancelled") == "cancelled"
     run, attempt = env.run_row(lost_run), env.attempt_row(lost_attempt)
-    assert (run["status"], run["cluster_code"], attempt["status"]) == ("lost", "RECOVERY_PROCESS_NOT_RUNNING", "lost")
+    assert (run["status"], run["error_code"], attempt["status"]) == ("lost", "RECOVERY_PROCESS_NOT_RUNNING", "lost")
     events = env.events(lost_run)[-2:]
     assert [(e["type"], e["dedupe_key"], e["actor"]) for e in events] == [
         ("attempt.lost", f"local-recovery:attempt:{lost_attempt}:0:process_not_running", ("reconciler", "local-startup")),
@@ -108,7 +108,7 @@ def test_restart_reconciles_a_process_that_is_gone(env: Env) -> None:
          ("reconciler", "local-startup")),
     ]
     assert events[-1]["payload_text"] == (
-        '{"from_status":"running","to_status":"lost","cluster_code":"RECOVERY_PROCESS_NOT_RUNNING","version":8}')
+        '{"from_status":"running","to_status":"lost","error_code":"RECOVERY_PROCESS_NOT_RUNNING","version":8}')
 
 
 def _pretend_running(env: Env, run_id: str, attempt_id: str, handle: str, pid: int) -> None:
@@ -153,7 +153,7 @@ def test_interrupted_launch_is_lost_and_its_job_never_ran(env: Env) -> None:
     with env.controller():
         pass
     run = env.run_row(run_id)
-    assert (run["status"], run["cluster_code"]) == ("lost", "RECOVERY_UNSTARTED_LAUNCH")
+    assert (run["status"], run["error_code"]) == ("lost", "RECOVERY_UNSTARTED_LAUNCH")
 
 
 def test_claim_transaction_cancels_a_queued_run_with_an_intent(env: Env) -> None:

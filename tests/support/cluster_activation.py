@@ -214,9 +214,9 @@ def start_failure(ledger: Ledger, worker_id: str, session_id: str, document: obj
     attempt.run_version += 2
     key = f"remote-activation:{attempt.attempt_id}:{fence.lease_generation}"
     attempt.add_event(f"attempt.{status}", f"{key}:start-failed-attempt",
-                      _payload(attempt, from_status="starting", to_status=status, cluster_code=error_code), now)
+                      _payload(attempt, from_status="starting", to_status=status, error_code=error_code), now)
     attempt.add_event(f"run.{status}", f"{key}:start-failed-run",
-                      _payload(attempt, from_status="dispatching", to_status=status, cluster_code=error_code), now)
+                      _payload(attempt, from_status="dispatching", to_status=status, error_code=error_code), now)
     return _answer("applied", attempt)
 
 

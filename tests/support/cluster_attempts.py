@@ -230,7 +230,7 @@ class Attempt:
             "deadlineAtMs": self.deadline_at_ms, "callbackSequence": self.callback_sequence,
             "executorHandle": self.executor_handle, "logArtifactId": self.log_artifact_id,
             "startedAtMs": self.started_at_ms, "finishedAtMs": self.finished_at_ms, "exitCode": self.exit_code,
-            "clusterCode": self.error_code,
+            "errorCode": self.error_code,
             "cancel": None if self.cancel_requested_at_ms is None else
             {"reason": self.cancel_reason, "requestedAtMs": self.cancel_requested_at_ms},
             "completion": self.completion,
@@ -252,7 +252,7 @@ def activation_snapshot(attempt: Attempt) -> dict[str, Any]:
     }
     for key, value in (("deadlineAtMs", attempt.deadline_at_ms), ("startedAtMs", attempt.started_at_ms),
                        ("finishedAtMs", attempt.finished_at_ms), ("executorHandle", attempt.executor_handle),
-                       ("logArtifactId", attempt.log_artifact_id), ("clusterCode", attempt.error_code)):
+                       ("logArtifactId", attempt.log_artifact_id), ("errorCode", attempt.error_code)):
         if value is not None:
             out[key] = value
     return out

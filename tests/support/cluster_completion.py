@@ -253,7 +253,7 @@ def _payload(attempt: Attempt, command: dict[str, Any], status: str, error: str 
         "callback_token_digest": command["callbackTokenDigest"], "worker_started_at_ms": result["startedAtMs"],
         "worker_finished_at_ms": result["finishedAtMs"], "exit_code": result["exitCode"],
         "log_artifact_id": artifact["logArtifactId"], "artifact_byte_length": artifact["byteLength"],
-        "artifact_sha256": artifact["sha256"], "artifact_truncated": artifact["truncated"], "cluster_code": error,
+        "artifact_sha256": artifact["sha256"], "artifact_truncated": artifact["truncated"], "error_code": error,
     }
 
 
@@ -327,12 +327,12 @@ def complete(ledger: Ledger, worker_id: str, session_id: str, document: object) 
     attempt.exit_code = result["exitCode"]
     attempt.error_code = attempt.run_error_code = error
     attempt.run_version += 2
-    attempt.completion = {"status": status, "clusterCode": error, "terminalAtMs": terminal_at, "fromStatus": state,
+    attempt.completion = {"status": status, "errorCode": error, "terminalAtMs": terminal_at, "fromStatus": state,
                           "callbackSequence": sequence, "result": dict(result), "artifact": dict(artifact)}
     attempt.add_event(f"attempt.{status}", f"{dedupe}:attempt", _payload(attempt, command, status, error, state),
                       terminal_at)
     attempt.add_event(f"run.{status}", f"{dedupe}:run",
                       {"attempt_id": attempt.attempt_id, "lease_generation": fence.lease_generation,
                        "from_status": "dispatching" if state == "starting" else "running", "to_status": status,
-                       "callback_sequence": sequence, "cluster_code": error}, terminal_at)
+                       "callback_sequence": sequence, "error_code": error}, terminal_at)
     return _answer("applied", fence, command)

@@ -256,7 +256,7 @@ class ClusterDouble:
         return self.state.execution.artifact(run_id)
 
     def completion(self, run_id: str) -> dict[str, Any] | None:
-        """The accepted completion: ``status`` (the cluster's mapping), ``clusterCode``,
+        """The accepted completion: ``status`` (the cluster's mapping), ``errorCode``,
         ``result``, ``artifact``, ``terminalAtMs``; None before one."""
         return self.attempt(run_id).completion
 

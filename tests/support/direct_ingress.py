@@ -2,9 +2,10 @@
 keeper and the pull coordinator (no TLS, no sockets).
 
 Every non-200 answer becomes a :class:`~qinglong_edge.errors.TransportError` carrying
-only the HTTP status, the parsed ``Retry-After`` and the answer's ``code``, as the real
-transport reports it (offer-delivery.md 1.6: never the body). The end-to-end tests use the real transport
-over TLS instead (tests/cli/test_pull_cli.py).
+only the HTTP status, the parsed ``Retry-After`` and the answer's ``code``
+(``cluster_code``), as the real transport reports it (offer-delivery.md 1.6: never the
+body). The end-to-end tests use the real transport over TLS instead
+(tests/cli/test_pull_cli.py).
 """
 
 from __future__ import annotations

@@ -285,7 +285,7 @@ def test_start_failure_maps_and_replays(cluster: ClusterDouble, worker: WorkerCa
         cluster.request_cancel(run_id, cancel)
     applied = worker.call("start-failure")
     snapshot = applied["snapshot"]
-    assert (applied["status"], snapshot["runStatus"], snapshot["attemptStatus"], snapshot["clusterCode"]) == (
+    assert (applied["status"], snapshot["runStatus"], snapshot["attemptStatus"], snapshot["errorCode"]) == (
         "applied", status, status, error)
     assert (snapshot["leaseVersion"], snapshot["callbackSequence"]) == (2, 1)
     assert "finishedAtMs" in snapshot and "executorHandle" not in snapshot
