@@ -1,33 +1,39 @@
-"""Start one Run's command as a real process and capture its identity (no database here).
+"""Start one job under the job wrapper, held at the start barrier (no database here).
 
-The process:
+Shared by Local Runs (:mod:`qinglong_edge.execution.launcher`) and remote runs (the
+runner in :mod:`qinglong_edge.worker`): the caller builds a :class:`JobSpec`, calls
+:func:`start_job`, records the durable identity of the returned :class:`HeldJob`
+(``handle``), then :meth:`HeldJob.release`\\ s it. The wrapper
+(:mod:`qinglong_edge.process.wrapper`, a small Python program of ours) is the job's
+session and process-group leader and stays the command's parent: it enters the job's
+cgroups first, holds the start barrier, forwards TERM/INT/HUP, writes the capped log
+and, at the end, the truncation fact and the durable receipt. Its identity is the
+job's identity (boot id, pid = process group = session, start time).
 
-* runs in a new session (``setsid``), so its process group id is its pid and the group
-  can be signalled as a whole (local-api.md 7.3);
-* starts as ``/bin/sh -c ENTER_SCRIPT qinglong-edge-enter N procs1..procsN argv...``,
-  a few lines of shell that (1) write their own pid into each ``cgroup.procs`` of the
-  Run's cgroups, so the job cannot fork before it is inside, then (2) wait for the line
-  ``go`` on the *gate* pipe (its stdin) and only then (3) ``exec`` the command with stdin
-  from ``/dev/null`` (same pid, same start time). ``preexec_fn`` is not used: it can
-  deadlock a process that has threads.
-  The gate is the start barrier: the launcher records the durable handle first and
-  :meth:`Spawned.release`\\ s the job after the commit. If the agent dies before that, the
-  gate's write end closes, ``read`` sees end of file and the wrapper exits 125: no job
-  code ever runs without a recorded owner. Any failure in (1) or (2) also exits 125;
-* gets stdin from ``/dev/null``, stdout and stderr on the Run's log FIFO
-  (:mod:`qinglong_edge.process.logs`), and no other descriptor of ours except the
-  FIFO's keep-alive read end;
-* gets a minimal environment (:func:`job_environment`): a fixed ``PATH``, ``HOME``,
-  ``LANG``, ``QINGLONG_RUN_ID``, ``QINGLONG_ATTEMPT_ID`` and the task's own variables.
-  Nothing of the agent's environment (credentials, pepper paths, ``QINGLONG_EDGE_*``)
-  is passed on;
-* has its executable resolved here, in the agent, against that ``PATH`` and the working
-  directory, so a missing command is a launch failure (``EXECUTOR_START_FAILED``)
-  rather than a Run whose wrapper fails to ``exec`` (127).
+Guarantees:
 
-Signal dispositions: handlers are reset by ``exec``; ``SIGPIPE``/``SIGXFSZ`` are
-restored by :mod:`subprocess`. The agent must not *ignore* SIGTERM/SIGINT/SIGHUP
-(ignored dispositions survive ``exec``); ``serve`` installs handlers instead.
+* **Start barrier.** The command runs only after :meth:`HeldJob.release`. If the agent
+  dies before (or :meth:`HeldJob.abort` is called), the wrapper reads end of file and
+  exits :data:`NOT_STARTED` (125) without running anything. :func:`start_job` returns
+  only once the wrapper answered ``ready`` (spec checked, cgroups entered, log and
+  publication directories open), so a log or cgroup problem is a launch failure, not a
+  job that fails later.
+* **Identity before release.** The identity is captured right after the fork, while the
+  wrapper is held; a failure to capture it kills and reaps the wrapper
+  (``identity_unavailable``).
+* **Secrets** (the job's environment) travel only through the control pipe: never in
+  the wrapper's argv (``/proc/<pid>/cmdline`` shows ``python3 -I -S /proc/self/fd/N
+  qinglong-edge-job LABEL``), its environment (empty) or a file. The spec buffer is
+  overwritten after the write; Python cannot zero the ``str`` values the caller passed.
+* **The command gets only fds 0, 1, 2** (``/dev/null``, the wrapper's output pipe twice),
+  default signal dispositions and an empty signal mask.
+* **Executable resolution** is the caller's: Local resolves ``argv[0]`` against the
+  job's ``PATH`` with :func:`resolve_executable` first (a missing command is a launch
+  failure); a remote ``file`` is absolute by contract. A command that still cannot be
+  executed ends with 126/127 and one line in its log, as a shell would.
+
+Signal dispositions: the agent must not *ignore* SIGTERM/SIGINT/SIGHUP (``serve`` and
+``pull`` install handlers); the wrapper resets every disposition in the child anyway.
 """
 
 from __future__ import annotations
@@ -35,103 +41,538 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import select
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from qinglong_edge.contracts.ids import new_uuid4
 from qinglong_edge.errors import ExecutionError
+from qinglong_edge.process import wrapper
 from qinglong_edge.process.cgroups import RunCgroup
 from qinglong_edge.process.identity import ProcessIdentity, capture, encode_handle
+from qinglong_edge.process.wrapper import CANNOT_EXECUTE, NOT_FOUND, NOT_STARTED
 
 __all__ = [
     "BASE_PATH",
-    "ENTER_SCRIPT",
+    "CANNOT_EXECUTE",
+    "NOT_FOUND",
     "NOT_STARTED",
-    "Spawned",
+    "HeldJob",
+    "Isolation",
+    "JobSpec",
+    "Publication",
     "job_environment",
     "resolve_executable",
-    "spawn",
+    "start_job",
+    "wrapper_argv",
 ]
 
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-SHELL = "/bin/sh"
+#: The wrapper's ``argv[1]`` (what ``ps`` shows after the interpreter and the fd path).
+WRAPPER_NAME = "qinglong-edge-job"
+#: How long :func:`start_job` waits for the wrapper's ``ready`` by default (s): Python's
+#: start-up on a slow router takes a good part of a second.
+READY_TIMEOUT_S = 30.0
+_LABEL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-/")
+#: Wrapper error codes -> ExecutionError codes of a launch failure.
+_FAILURES = {
+    "cgroup_unavailable": "cgroup_unavailable",
+    "log_unavailable": "log_unavailable",
+    "publication_unavailable": "log_unavailable",
+    "already_published": "already_published",
+}
+#: Use a sealed memfd for the wrapper's source (else a pipe); tests switch it off.
+USE_MEMFD = True
+_source: bytes | None = None
 
-#: Runs as ``sh -c ENTER_SCRIPT qinglong-edge-enter N file1..fileN argv...`` with the gate
-#: pipe as stdin (dash and busybox only redirect descriptors 0-9, so the gate cannot be
-#: an arbitrary inherited descriptor); the job gets ``/dev/null`` as stdin.
-ENTER_SCRIPT = """n=$1; shift
-while [ "$n" -gt 0 ]; do
-  echo $$ > "$1" || exit 125
-  shift; n=$((n - 1))
-done
-IFS= read -r go || exit 125
-[ "$go" = go ] || exit 125
-exec "$@" </dev/null
-"""
-#: Exit status of the wrapper when the job was never started.
-NOT_STARTED = 125
 
-
-@dataclass(slots=True)
-class Spawned:
-    """A started process we own, held at the start barrier until :meth:`release`.
+class Publication:
+    """A file the wrapper publishes once at the end (receipt or truncation fact).
 
     Attributes:
-        process: the :class:`subprocess.Popen` (never ``poll()``-ed: the controller
-            reaps the leader itself, only after the Run's stop or completion).
-        identity: boot id, pid, process group, start time.
-        handle: the durable ``ql3lp1.`` handle.
-        started_at_ms: wall clock when the process was started (ms since the epoch).
-        gate_fd: our end of the start barrier, -1 once released or aborted.
+        path: absolute path; its directory is created 0700 when missing.
+        prefix: the caller's bytes (1..4000), to which the wrapper appends its keys and
+            the closing ``}`` (see :mod:`qinglong_edge.process.wrapper`).
     """
 
-    process: subprocess.Popen[bytes]
-    identity: ProcessIdentity
-    handle: str
-    started_at_ms: int
-    gate_fd: int
-    cgroup: RunCgroup | None = None
+    __slots__ = ("path", "prefix")
+
+    def __init__(self, path: str, prefix: bytes) -> None:
+        self.path = path
+        self.prefix = bytes(prefix)
+
+    def __repr__(self) -> str:  # the receipt prefix holds the callback token: never shown
+        return f"Publication({self.path!r}, <{len(self.prefix)} bytes>)"
+
+
+class Isolation:
+    """A private user + mount namespace for the job (spec README, "Isolation").
+
+    Attributes:
+        hide: absolute paths the job must not see (a directory becomes an empty
+            read-only tmpfs, a file a read-only ``/dev/null``); missing ones are skipped.
+        keep: absolute paths below a hidden directory that stay visible and writable
+            (the job's ``cwd`` is kept automatically).
+
+    The job fails with 126 (one line in its log, never run) when the namespace cannot be
+    made; :func:`qinglong_edge.process.isolation.probe_isolation` says beforehand.
+    """
+
+    __slots__ = ("hide", "keep")
+
+    def __init__(self, hide: Sequence[str], keep: Sequence[str] = ()) -> None:
+        self.hide = tuple(hide)
+        self.keep = tuple(keep)
+
+    def __repr__(self) -> str:
+        return f"Isolation(hide={self.hide!r}, keep={self.keep!r})"
+
+
+class JobSpec:
+    """Everything the wrapper needs to run one job (all sizes in bytes, times in ms).
+
+    Attributes:
+        argv: the command; ``argv[0]`` an absolute path (no ``PATH`` lookup happens).
+        env: the job's complete environment (values may be secrets: ``str``, ``bytes``
+            or ``bytearray``; never shown by ``repr``).
+        cwd: the job's absolute working directory (must exist).
+        log_path: absolute path of the log file (created 0600, appended to; its
+            directory is created 0700); stdout and stderr go there, merged, raw.
+        log_cap: the log file's size cap; bytes already in the file count. Output
+            beyond it is read and discarded.
+        log_notice: appended once when output is cut (Local: a notice line; remote:
+            empty, the truncation goes only in the fact, remote-execution.md 4.3).
+        drain_ms: how long output is still copied after the command exits (its
+            grandchildren may hold the pipe), 0..600000.
+        truncation_fact: published at the end when set; the wrapper appends
+            ``fact_keys`` (``,"quotaReached":B,"observedAtMs":N`` by default) and ``}``.
+        fact_keys: a subset of ``quotaReached``, ``observedAtMs``, ``keptBytes``,
+            ``discardedBytes``, in the order to write.
+        receipt: published at the end when set; the wrapper appends
+            ``,"finishedAtMs":N,"exitCode":E}``.
+        started_at_ms: the receipt's ``startedAtMs`` (required with ``receipt``):
+            ``finishedAtMs`` is clamped to be >= it.
+        isolation: :class:`Isolation`, or ``None`` (no namespace).
+        label: shown in ``ps`` after ``qinglong-edge-job`` (e.g. the attempt id; not a
+            secret): 0..128 of ``[A-Za-z0-9._:/-]``.
+    """
+
+    __slots__ = ("argv", "cwd", "drain_ms", "env", "fact_keys", "isolation", "label", "log_cap", "log_notice",
+                 "log_path", "receipt", "started_at_ms", "truncation_fact")
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str | bytes | bytearray],
+        cwd: str,
+        log_path: str,
+        log_cap: int,
+        *,
+        log_notice: bytes = b"",
+        drain_ms: int = wrapper.DEFAULT_DRAIN_MS,
+        truncation_fact: Publication | None = None,
+        fact_keys: Sequence[str] = wrapper.DEFAULT_FACT_KEYS,
+        receipt: Publication | None = None,
+        started_at_ms: int | None = None,
+        isolation: Isolation | None = None,
+        label: str = "",
+    ) -> None:
+        self.argv = tuple(argv)
+        self.env = env
+        self.cwd = cwd
+        self.log_path = log_path
+        self.log_cap = log_cap
+        self.log_notice = log_notice
+        self.drain_ms = drain_ms
+        self.truncation_fact = truncation_fact
+        self.fact_keys = tuple(fact_keys)
+        self.receipt = receipt
+        self.started_at_ms = started_at_ms
+        self.isolation = isolation
+        self.label = label
+
+    def __repr__(self) -> str:
+        return (f"JobSpec(argv[0]={self.argv[0] if self.argv else None!r}, cwd={self.cwd!r}, "
+                f"env=<{len(self.env)} variables>, log_path={self.log_path!r})")
+
+
+def _invalid(message: str) -> ExecutionError:
+    return ExecutionError(message, code="invalid_input")
+
+
+def _path(value: str, what: str) -> bytes:
+    raw = os.fsencode(value)
+    if not raw.startswith(b"/") or b"\0" in raw or os.path.normpath(raw) == b"/":
+        raise _invalid(f"{what} must be an absolute path other than /")
+    return raw
+
+
+def _frame(buffer: bytearray, tag: bytes, *parts: bytes | bytearray) -> None:
+    """Append one frame without building an intermediate copy of its value."""
+    size = sum(len(p) for p in parts)
+    buffer += tag + b" " + str(size).encode("ascii") + b"\n"
+    for part in parts:
+        buffer += part
+    buffer += b"\n"
+
+
+def _value(value: str | bytes | bytearray) -> bytes | bytearray:
+    return os.fsencode(value) if isinstance(value, str) else value
+
+
+def encode_spec(spec: JobSpec, cgroup: RunCgroup | None = None) -> bytearray:
+    """The control-pipe bytes of ``spec`` (see :mod:`qinglong_edge.process.wrapper`).
+
+    The caller overwrites the returned buffer after use (it holds the environment).
+
+    Raises:
+        ExecutionError: ``invalid_input`` for an unusable spec (the rules of
+            :class:`JobSpec`); nothing is started.
+    """
+    if not spec.argv:
+        raise _invalid("empty command")
+    buffer = bytearray(wrapper.MAGIC)
+    try:
+        if cgroup is not None:
+            for procs in cgroup.procs_files():
+                _frame(buffer, b"cgroup", _path(procs, "cgroup.procs"))
+        _frame(buffer, b"argv", _path(spec.argv[0], "argv[0]"))
+        for arg in spec.argv[1:]:
+            raw = os.fsencode(arg)
+            if b"\0" in raw:
+                raise _invalid("NUL in an argument")
+            _frame(buffer, b"argv", raw)
+        for name, value in spec.env.items():
+            key = os.fsencode(name)
+            data = _value(value)
+            if not key or b"=" in key or b"\0" in key or b"\0" in data:
+                raise _invalid("environment names must be non-empty without '=' or NUL, values without NUL")
+            _frame(buffer, b"env", key, b"=", data)
+        _frame(buffer, b"cwd", _path(spec.cwd, "cwd"))
+        _frame(buffer, b"log", _path(spec.log_path, "log_path"))
+        cap = spec.log_cap
+        if isinstance(cap, bool) or not isinstance(cap, int) or not len(spec.log_notice) < cap <= 1 << 40:
+            raise _invalid("log_cap must be an int above len(log_notice)")
+        _frame(buffer, b"logcap", str(cap).encode("ascii"))
+        if spec.log_notice:
+            _frame(buffer, b"notice", bytes(spec.log_notice))
+        if not isinstance(spec.drain_ms, int) or not 0 <= spec.drain_ms <= wrapper.MAX_DRAIN_MS:
+            raise _invalid(f"drain_ms must be 0..{wrapper.MAX_DRAIN_MS}")
+        _frame(buffer, b"drainms", str(spec.drain_ms).encode("ascii"))
+        for tag, publication in ((b"fact", spec.truncation_fact), (b"receipt", spec.receipt)):
+            if publication is None:
+                continue
+            if not 1 <= len(publication.prefix) <= wrapper.MAX_PREFIX_BYTES:
+                raise _invalid(f"the {tag.decode()} prefix must be 1..{wrapper.MAX_PREFIX_BYTES} bytes")
+            _frame(buffer, tag, _path(publication.path, tag.decode()))
+            _frame(buffer, tag + b"prefix", publication.prefix)
+        if spec.truncation_fact is not None:
+            keys = spec.fact_keys
+            if not keys or not set(keys) <= set(wrapper.FACT_KEYS) or len(set(keys)) != len(keys):
+                raise _invalid(f"fact_keys must be distinct names of {wrapper.FACT_KEYS}")
+            _frame(buffer, b"factkeys", ",".join(keys).encode("ascii"))
+        if spec.receipt is not None:
+            started = spec.started_at_ms
+            if isinstance(started, bool) or not isinstance(started, int) or not 0 <= started <= 2**53 - 1:
+                raise _invalid("a receipt needs started_at_ms (a safe integer >= 0)")
+            _frame(buffer, b"startedatms", str(started).encode("ascii"))
+        if spec.isolation is not None:
+            _frame(buffer, b"isolate", b"userns")
+            for path in spec.isolation.hide:
+                _frame(buffer, b"hide", _path(path, "a hidden path"))
+            for path in spec.isolation.keep:
+                _frame(buffer, b"keep", _path(path, "a kept path"))
+        _frame(buffer, b"end")
+    except BaseException:
+        _wipe(buffer)
+        raise
+    if len(buffer) > wrapper.MAX_SPEC_BYTES:
+        _wipe(buffer)
+        raise _invalid(f"the job spec exceeds {wrapper.MAX_SPEC_BYTES} bytes")
+    return buffer
+
+
+def _wipe(buffer: bytearray) -> None:
+    buffer[:] = bytes(len(buffer))
+
+
+def wrapper_source() -> bytes:
+    """The wrapper program's source, read through our own loader (a file or the zipapp)."""
+    global _source
+    if _source is None:
+        path = os.path.join(os.path.dirname(__file__), "wrapper.py")
+        get_data = getattr(globals().get("__loader__"), "get_data", None)
+        try:
+            data = get_data(path) if get_data is not None else None
+            if not isinstance(data, bytes):
+                with open(path, "rb") as handle:
+                    data = handle.read()
+        except OSError as exc:
+            raise ExecutionError(f"the job wrapper's source is unreadable: {exc.strerror}",
+                                 code="spawn_failed") from None
+        _source = data
+    return _source
+
+
+def wrapper_argv(source_fd: int, label: str = "", python: str | None = None) -> list[str]:
+    """How the wrapper is started (what ``ps`` shows)."""
+    argv = [python or sys.executable, "-I", "-S", f"/proc/self/fd/{source_fd}", WRAPPER_NAME]
+    return [*argv, label] if label else argv
+
+
+def _above_stdio(fd: int) -> int:
+    """``fd`` itself, or a close-on-exec duplicate above 2 (then ``fd`` is closed).
+
+    An agent started with fd 0, 1 or 2 closed (a daemon, a test runner) gets those
+    numbers back from ``pipe``/``open``; the source descriptor must not collide with the
+    wrapper's stdio, which the child sets up with ``dup2`` before ``exec``.
+    """
+    if fd > 2:
+        return fd
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    os.close(fd)
+    return moved
+
+
+def _source_descriptor() -> tuple[int, int]:
+    """``(fd the wrapper reads its source from, pipe write end or -1)``."""
+    source = wrapper_source()
+    if USE_MEMFD and hasattr(os, "memfd_create"):
+        try:
+            fd = os.memfd_create("qinglong-edge-job", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            try:
+                view = memoryview(source)
+                while view:
+                    view = view[os.write(fd, view):]
+                seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+            except OSError:
+                os.close(fd)
+                raise
+            return _above_stdio(fd), -1
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    return _above_stdio(read_end), write_end
+
+
+class HeldJob:
+    """A started job held at the start barrier until :meth:`release`.
+
+    Attributes:
+        process: the wrapper's :class:`subprocess.Popen` (the caller reaps it, only
+            after the job's stop or completion: while unreaped, its pid and group
+            number stay pinned).
+        identity: the wrapper's boot id, pid, process group (= pid) and start time: the
+            job's identity.
+        handle: the durable ``ql3lp1.`` handle of ``identity``.
+        started_at_ms: wall clock just before the fork (ms since the epoch).
+        control_fd: our end of the start barrier, -1 once released or aborted.
+        cgroup: the job's cgroup (the wrapper is already inside).
+    """
+
+    __slots__ = ("cgroup", "control_fd", "handle", "identity", "process", "started_at_ms")
+
+    def __init__(self, process: subprocess.Popen[bytes], identity: ProcessIdentity, handle: str,  # noqa: PLR0917
+                 started_at_ms: int, control_fd: int, cgroup: RunCgroup | None) -> None:
+        self.process = process
+        self.identity = identity
+        self.handle = handle
+        self.started_at_ms = started_at_ms
+        self.control_fd = control_fd
+        self.cgroup = cgroup
 
     @property
     def pid(self) -> int:
-        return self.identity.pid
+        return self.process.pid
 
     def release(self) -> None:
-        """Let the job run (after its handle is durable).
+        """Let the command run (after the handle is durable).
 
         Raises:
             ExecutionError: ``spawn_failed`` if the wrapper is already gone.
         """
-        fd, self.gate_fd = self.gate_fd, -1
+        fd, self.control_fd = self.control_fd, -1
+        if fd < 0:
+            raise ExecutionError("the job was already released or aborted", code="spawn_failed")
         try:
-            os.write(fd, b"go\n")
+            os.write(fd, wrapper.RELEASE)
         except OSError:
             raise ExecutionError("the job exited before it was released", code="spawn_failed") from None
         finally:
             os.close(fd)
 
     def abort(self) -> int | None:
-        """Never start the job: close the gate, kill the wrapper (and its cgroup), reap it.
-
-        It is our unreaped child, so its pid and group number cannot have been recycled.
+        """Never start the command: close the barrier, kill the wrapper (and its cgroup),
+        reap it. It is our unreaped child, so its pid and group cannot have been recycled.
 
         Returns:
-            its exit status (see :meth:`subprocess.Popen.wait`), or ``None`` if it did not
+            its exit status (:meth:`subprocess.Popen.wait`), or ``None`` if it did not
             exit within 5 s.
         """
-        if self.gate_fd >= 0:
-            os.close(self.gate_fd)
-            self.gate_fd = -1
+        if self.control_fd >= 0:
+            os.close(self.control_fd)
+            self.control_fd = -1
         return _discard(self.process, self.cgroup)
+
+
+def _write_spec(fd: int, data: bytearray, deadline: float) -> None:
+    os.set_blocking(fd, False)
+    view = memoryview(data)
+    try:
+        while view:
+            try:
+                view = view[os.write(fd, view):]
+            except BlockingIOError:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ExecutionError("the job wrapper did not read its spec in time", code="spawn_failed") from None
+                select.select([], [fd], [], remaining)
+            except OSError:
+                raise ExecutionError("the job wrapper exited before reading its spec", code="spawn_failed") from None
+    finally:
+        view.release()
+        os.set_blocking(fd, True)
+
+
+def _read_answer(fd: int, deadline: float) -> bytes:
+    answer = b""
+    while not answer.endswith(b"\n") and len(answer) < 2048:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return b""
+        readable, _, _ = select.select([fd], [], [], remaining)
+        if not readable:
+            continue
+        chunk = os.read(fd, 2048)
+        if not chunk:
+            break
+        answer += chunk
+    return answer
+
+
+def start_job(
+    spec: JobSpec,
+    *,
+    cgroup: RunCgroup | None = None,
+    python: str | None = None,
+    ready_timeout_s: float = READY_TIMEOUT_S,
+) -> HeldJob:
+    """Start ``spec`` under the job wrapper, held at the start barrier.
+
+    Call :meth:`HeldJob.release` once ``handle`` is recorded, or :meth:`HeldJob.abort`.
+
+    Args:
+        spec: the job (:class:`JobSpec`).
+        cgroup: the job's cgroup, entered by the wrapper before anything else.
+        python: the interpreter (default ``sys.executable``).
+        ready_timeout_s: how long to wait for the wrapper's ``ready``.
+
+    Returns:
+        the :class:`HeldJob` with its captured identity.
+
+    Raises:
+        ExecutionError: ``invalid_input`` (the spec), ``spawn_failed`` (the wrapper could
+            not start, or the cwd is missing), ``cgroup_unavailable``, ``log_unavailable``
+            (log, fact or receipt directory), ``already_published`` (the receipt or fact
+            exists: this attempt already ran), ``identity_unavailable``. In every case
+            nothing ran and the wrapper is reaped.
+    """
+    data = encode_spec(spec, cgroup)
+    try:
+        return _start(spec, data, cgroup, python, ready_timeout_s)
+    finally:
+        _wipe(data)
+
+
+def _start(spec: JobSpec, data: bytearray, cgroup: RunCgroup | None, python: str | None,
+           ready_timeout_s: float) -> HeldJob:
+    label = spec.label
+    if len(label) > 128 or not set(label) <= _LABEL_CHARS:
+        raise _invalid("label must be 0..128 of [A-Za-z0-9._:/-]")
+    source_fd, source_writer = _source_descriptor()
+    control_r = control_w = status_r = status_w = devnull = -1
+    try:
+        control_r, control_w = os.pipe2(os.O_CLOEXEC)
+        status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        started_at_ms = time.time_ns() // 1_000_000
+        try:
+            process = subprocess.Popen(
+                wrapper_argv(source_fd, label, python), stdin=control_r, stdout=status_w, stderr=devnull,
+                pass_fds=(source_fd,), cwd="/", env={}, close_fds=True, start_new_session=True,
+                restore_signals=True,
+            )
+        except OSError as exc:
+            raise ExecutionError(f"the job wrapper could not start: {exc.strerror}", code="spawn_failed") from None
+    except BaseException:
+        for fd in (control_r, control_w, status_r, status_w, devnull, source_fd, source_writer):
+            if fd >= 0:
+                os.close(fd)
+        raise
+    for fd in (control_r, status_w, devnull, source_fd):
+        os.close(fd)
+    held = HeldJob(process, _NO_IDENTITY, "", started_at_ms, control_w, cgroup)
+    try:
+        try:
+            identity = capture(process.pid)
+            if identity is None or identity.pgid != process.pid:
+                raise ExecutionError("process identity is unavailable", code="identity_unavailable")
+            held.identity = identity
+            held.handle = encode_handle(new_uuid4(), identity)
+        except ExecutionError:
+            raise ExecutionError("process identity is unavailable", code="identity_unavailable") from None
+        deadline = time.monotonic() + ready_timeout_s
+        if source_writer >= 0:
+            _write_spec(source_writer, bytearray(wrapper_source()), deadline)
+            os.close(source_writer)
+            source_writer = -1
+        _write_spec(control_w, data, deadline)
+        answer = _read_answer(status_r, deadline)
+        if answer != wrapper.READY:
+            raise _refusal(answer)
+    except BaseException:
+        if source_writer >= 0:
+            os.close(source_writer)
+        held.abort()
+        raise
+    finally:
+        os.close(status_r)
+    return held
+
+
+def _refusal(answer: bytes) -> ExecutionError:
+    """The wrapper's ``error CODE TEXT`` (or silence) as a launch failure."""
+    text = answer.decode("utf-8", "replace").strip()
+    if not text.startswith("error "):
+        return ExecutionError("the job wrapper did not become ready", code="spawn_failed")
+    code, _, detail = text[len("error "):].partition(" ")
+    return ExecutionError(f"the job could not be prepared: {detail}"[:300], code=_FAILURES.get(code, "spawn_failed"))
+
+
+_NO_IDENTITY = ProcessIdentity("none", 1, 1, "1")
+
+
+def _discard(process: subprocess.Popen[bytes], cgroup: RunCgroup | None) -> int | None:
+    with contextlib.suppress(OSError):
+        os.killpg(process.pid, signal.SIGKILL)
+    if cgroup is not None:
+        with contextlib.suppress(ExecutionError):
+            cgroup.kill()
+    try:
+        return process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def job_environment(
     task_environment: Mapping[str, str], *, run_id: str, attempt_id: str, home: str
 ) -> dict[str, str]:
-    """The whole environment of a job: base variables, then the task's own (which win)."""
+    """The whole environment of a Local job: base variables, then the task's own (which win)."""
     env = {
         "PATH": BASE_PATH,
         "HOME": home,
@@ -159,109 +600,3 @@ def resolve_executable(name: str, env: Mapping[str, str], cwd: str) -> str:
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
     raise ExecutionError("the command is not an executable file", code="command_not_found")
-
-
-def spawn(
-    argv: Sequence[str],
-    *,
-    cwd: str,
-    env: Mapping[str, str],
-    stdout_fd: int,
-    keep_fds: Sequence[int] = (),
-    cgroup: RunCgroup | None = None,
-) -> Spawned:
-    """Start ``argv`` (``argv[0]`` resolved with :func:`resolve_executable`) held at the
-    start barrier; call :meth:`Spawned.release` once its handle is recorded.
-
-    Args:
-        argv: the command; for a shell command pass ``["/bin/sh", "-c", text]``.
-        cwd: an existing absolute directory.
-        env: the complete environment (see :func:`job_environment`).
-        stdout_fd: where stdout and stderr go (the log FIFO's write end); the caller
-            closes its copy afterwards.
-        keep_fds: descriptors the job inherits at the same numbers.
-        cgroup: the Run's cgroup, entered before the command runs.
-
-    Returns:
-        the :class:`Spawned` process with its captured identity.
-
-    Raises:
-        ExecutionError: ``command_not_found``, ``spawn_failed`` (fork/exec/cwd error), or
-            ``identity_unavailable`` (the identity could not be captured: the wrapper,
-            which never started the job, has been killed and reaped).
-    """
-    if not argv:
-        raise ExecutionError("empty command", code="invalid_input")
-    program = resolve_executable(argv[0], env, cwd)
-    files = cgroup.procs_files() if cgroup is not None else []
-    raw = os.pipe2(os.O_CLOEXEC)
-    gate_read, gate_write = _above_stdio(*raw)
-    for fd, original in zip((gate_read, gate_write), raw, strict=True):
-        if fd != original:
-            os.close(original)
-    inherited = _above_stdio(*keep_fds)
-    command = [SHELL, "-c", ENTER_SCRIPT, "qinglong-edge-enter", str(len(files)), *files, program, *argv[1:]]
-    started_at_ms = time.time_ns() // 1_000_000
-    try:
-        process = subprocess.Popen(
-            command,
-            stdin=gate_read,
-            stdout=stdout_fd,
-            stderr=stdout_fd,
-            cwd=cwd,
-            env=dict(env),
-            close_fds=True,
-            pass_fds=inherited,
-            start_new_session=True,
-            restore_signals=True,
-        )
-    except OSError as exc:
-        os.close(gate_write)
-        raise ExecutionError(f"the command could not start: {exc.strerror}", code="spawn_failed") from None
-    finally:
-        os.close(gate_read)
-        for fd, original in zip(inherited, keep_fds, strict=True):
-            if fd != original:
-                os.close(fd)
-    spawned = Spawned(process, _NO_IDENTITY, "", started_at_ms, gate_write, cgroup)
-    try:
-        identity = capture(process.pid)
-        if identity is None or identity.pgid != process.pid:
-            raise ExecutionError("process identity is unavailable", code="identity_unavailable")
-        spawned.identity = identity
-        spawned.handle = encode_handle(new_uuid4(), identity)
-    except ExecutionError:
-        spawned.abort()
-        raise ExecutionError("process identity is unavailable", code="identity_unavailable") from None
-    return spawned
-
-
-_NO_IDENTITY = ProcessIdentity("none", 1, 1, "1")
-
-
-def _above_stdio(*fds: int) -> tuple[int, ...]:
-    """The same descriptors, duplicated above 2 where needed.
-
-    An agent started with fd 0, 1 or 2 closed (a daemon, a test runner) gets those
-    numbers back from ``pipe``/``open``; a kept descriptor must not collide with the
-    job's stdio, which the child sets up with ``dup2`` before ``exec``.
-    """
-    moved = []
-    for fd in fds:
-        if fd > 2:
-            moved.append(fd)
-            continue
-        moved.append(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3))
-    return tuple(moved)
-
-
-def _discard(process: subprocess.Popen[bytes], cgroup: RunCgroup | None) -> int | None:
-    with contextlib.suppress(OSError):
-        os.killpg(process.pid, signal.SIGKILL)
-    if cgroup is not None:
-        with contextlib.suppress(ExecutionError):
-            cgroup.kill()
-    try:
-        return process.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        return None
