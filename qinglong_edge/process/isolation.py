@@ -68,13 +68,15 @@ class IsolationProbe:
         mechanism: ``"user+mount namespace"`` or ``"none"``.
         via: how, when available: ``"os.unshare + ctypes mount(2)"`` or
             ``"ctypes unshare(2) + mount(2)"``; ``""`` otherwise.
-        reason: one line: what was verified, or why it is not available and what to do.
+        reason: one line: what was verified, or why it is not available.
+        remedy: what to do about it (``""`` when available or unknown).
     """
 
     available: bool
     mechanism: str
     via: str
     reason: str
+    remedy: str = ""
 
 
 def _read(path: str) -> str | None:
@@ -85,22 +87,26 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _why(line: str) -> str:
-    """A remedy-bearing reason from the wrapper's failure line."""
+_NAMESPACES_REMEDY = ("allow user and mount namespaces for the agent (systemd: RestrictNamespaces=user mnt, as "
+                      "the shipped pull unit does; no AppArmor userns restriction) and a kernel with CONFIG_USER_NS")
+
+
+def _why(line: str) -> tuple[str, str]:
+    """``(reason, remedy)`` from the wrapper's failure line."""
     if "ctypes" in line:
-        return ("the ctypes module is missing (mount(2) needs it; on OpenWrt: opkg install python3-ctypes): "
-                + line)
+        return ("the ctypes module is missing (mount(2) needs it): " + line,
+                "install the ctypes module (OpenWrt: opkg install python3-ctypes)")
     if _read("/proc/sys/kernel/unprivileged_userns_clone") == "0":
-        return "unprivileged user namespaces are disabled (sysctl kernel.unprivileged_userns_clone=0): " + line
+        return ("unprivileged user namespaces are disabled (sysctl kernel.unprivileged_userns_clone=0): " + line,
+                "sysctl -w kernel.unprivileged_userns_clone=1 (and persist it)")
     if _read("/proc/sys/user/max_user_namespaces") == "0":
-        return "user namespaces are disabled (sysctl user.max_user_namespaces=0): " + line
+        return ("user namespaces are disabled (sysctl user.max_user_namespaces=0): " + line,
+                "sysctl -w user.max_user_namespaces=1024 (and persist it)")
     if _read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1":
         return ("AppArmor restricts unprivileged user namespaces "
-                "(kernel.apparmor_restrict_unprivileged_userns=1): " + line)
-    if "unshare" in line or "Operation not permitted" in line:
-        return ("user or mount namespaces are refused (a seccomp filter such as systemd RestrictNamespaces=, "
-                "or a kernel without CONFIG_USER_NS): " + line)
-    return line
+                "(kernel.apparmor_restrict_unprivileged_userns=1): " + line, _NAMESPACES_REMEDY)
+    return ("user or mount namespaces are refused (a seccomp filter such as systemd RestrictNamespaces=, "
+            "an LSM, or a kernel without CONFIG_USER_NS): " + line, _NAMESPACES_REMEDY)
 
 
 def probe_isolation(work_directory: str | None = None, *, timeout_s: float = 30.0,
@@ -163,7 +169,8 @@ def probe_isolation(work_directory: str | None = None, *, timeout_s: float = 30.
             return IsolationProbe(True, "user+mount namespace", via,
                                   "verified: a hidden file was invisible to a job and its working directory writable")
         if lines and lines[0].startswith("qinglong-edge: "):
-            return IsolationProbe(False, "none", "", _why(lines[0][len("qinglong-edge: "):]))
+            reason, remedy = _why(lines[0][len("qinglong-edge: "):])
+            return IsolationProbe(False, "none", "", reason, remedy)
         if lines[:1] == ["visible"]:
             return IsolationProbe(False, "none", "", "the probe job could read a hidden file")
         return IsolationProbe(False, "none", "", f"the probe job ended with {code}: {output[:200]!r}")

@@ -700,23 +700,49 @@ class Runner:
                 pass
 
     def run(self) -> int:
+        """Start the command and supervise it to its end; its exit code (module docstring).
+
+        A failure to start it (``fork`` refused under a task cap, no descriptors left) is
+        one line in the log and :data:`CANNOT_EXECUTE`. Should the copy loop itself fail,
+        the wrapper still waits for the command before publishing.
+        """
         job, log = self.job, self.job.log
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        _signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-        for number in _FORWARDED:
-            _signal.signal(number, self._forward)
-        _signal.signal(_signal.SIGCHLD, lambda n, f: None)  # only so that the wakeup fd fires
-        watched = {*_FORWARDED, _signal.SIGCHLD}
-        _signal.pthread_sigmask(_signal.SIG_BLOCK, watched)
-        self.pid = os.fork()
+        try:
+            out_r, out_w = os.pipe2(os.O_CLOEXEC)
+            err_r, err_w = os.pipe2(os.O_CLOEXEC)
+            wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+            _signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+            for number in _FORWARDED:
+                _signal.signal(number, self._forward)
+            _signal.signal(_signal.SIGCHLD, lambda n, f: None)  # only so that the wakeup fd fires
+            watched = {*_FORWARDED, _signal.SIGCHLD}
+            _signal.pthread_sigmask(_signal.SIG_BLOCK, watched)
+            try:
+                self.pid = os.fork()
+            finally:
+                if self.pid != 0:
+                    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, watched)  # pending ones are forwarded now
+        except OSError as exc:
+            job.env.clear()
+            log.line(f"cannot start {os.fsdecode(job.argv[0])}: {exc.strerror}")
+            return CANNOT_EXECUTE
         if self.pid == 0:
             _child(job, out_w, err_w)
         job.env.clear()  # the secrets now live in the child only
         os.close(out_w)
         os.close(err_w)
-        _signal.pthread_sigmask(_signal.SIG_UNBLOCK, watched)  # pending signals are forwarded now
+        try:
+            self._supervise(err_r, out_r, wake_r)
+        except Exception:  # noqa: BLE001 - a bug here must not lose the outcome
+            log.line("the job wrapper stopped copying output (internal error)")
+            while self.status is None:
+                pid, raw = os.waitpid(self.pid, 0)
+                if pid == self.pid:
+                    self.status = raw
+        return exit_code(self.status) if self.status is not None else 255
+
+    def _supervise(self, err_r: int, out_r: int, wake_r: int) -> None:
+        job, log = self.job, self.job.log
         report = b""
         while True:
             chunk = os.read(err_r, 4096)
@@ -755,8 +781,6 @@ class Runner:
                     self.status = status
                     deadline = time.monotonic() + job.drain_ms / 1000
         os.close(out_r)  # leftovers still writing get EPIPE: nobody reads any more
-        status = self.status
-        return exit_code(status) if status is not None else 255
 
     def _copy(self, fd: int) -> bool:
         """Copy what the pipe holds (bounded per call); False at end of file."""

@@ -100,7 +100,7 @@ def test_the_probe_explains_a_missing_ctypes(tmp_path: pathlib.Path) -> None:
     shim.chmod(stat.S_IRWXU)
     probe = probe_isolation(str(tmp_path), python=str(shim))
     assert not probe.available and probe.mechanism == "none" and probe.via == ""
-    assert "ctypes module is missing" in probe.reason and "opkg install python3-ctypes" in probe.reason
+    assert "ctypes module is missing" in probe.reason and "opkg install python3-ctypes" in probe.remedy
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="util-linux unshare is not installed")
@@ -109,13 +109,14 @@ def test_the_probe_explains_refused_user_namespaces(tmp_path: pathlib.Path) -> N
     job's namespace (ENOSPC): the probe says so instead of claiming isolation."""
     code = ("import sys; sys.path.insert(0, sys.argv[1]); "
             "from qinglong_edge.process.isolation import probe_isolation; "
-            "p = probe_isolation(sys.argv[2]); print(p.available); print(p.reason)")
+            "p = probe_isolation(sys.argv[2]); print(p.available); print(p.reason); print(p.remedy)")
     script = f"echo 0 > /proc/sys/user/max_user_namespaces && exec {sys.executable} -I -c \"$0\" \"$1\" \"$2\""
     proc = subprocess.run(["unshare", "-U", "-r", "sh", "-c", script, code, str(REPO), str(tmp_path)],
                           capture_output=True, text=True, timeout=120, check=False)
     if "unshare failed" in proc.stderr:
         pytest.skip(f"no user namespace for the test itself: {proc.stderr.strip()}")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    available, reason = proc.stdout.splitlines()[:2]
+    available, reason, remedy = proc.stdout.splitlines()[:3]
     assert available == "False"
     assert "user.max_user_namespaces=0" in reason and "No space left on device" in reason
+    assert "sysctl -w user.max_user_namespaces" in remedy

@@ -420,3 +420,27 @@ def test_release_after_the_wrapper_died_is_a_launch_failure(tmp_path: pathlib.Pa
     with pytest.raises(ExecutionError) as info:
         job.release()
     assert info.value.code == "spawn_failed"
+
+
+def test_a_refused_fork_is_126_with_a_line_and_a_receipt(cgroup_manager: object, tmp_path: pathlib.Path) -> None:
+    """pids.max = 1 leaves room for the wrapper only: its fork of the command is refused."""
+    from qinglong_edge.contracts.ids import new_uuid4
+    from qinglong_edge.process.cgroups import CgroupManager
+
+    assert isinstance(cgroup_manager, CgroupManager)
+    pids = [h for h in cgroup_manager.hierarchies if h.kind == "pids"]
+    if not pids:
+        pytest.skip("no v1 pids hierarchy on this machine")
+    group = CgroupManager(pids, pids_max=1).create(f"test-{new_uuid4()}")
+    assert group is not None
+    receipt = _receipt(tmp_path)
+    try:
+        job = start_job(_spec(tmp_path, ["/bin/true"], receipt=receipt, started_at_ms=1), cgroup=group)
+        job.release()
+        assert job.process.wait(10) == 126
+    finally:
+        group.kill()
+        assert wait_until(group.remove)
+    assert _log(tmp_path) == b"qinglong-edge: cannot start /bin/true: Resource temporarily unavailable\n"
+    raw = read_receipt(receipt.path)
+    assert raw is not None and raw.endswith(b',"exitCode":126}')
