@@ -48,6 +48,7 @@ PLAN: dict[str, tuple[list[str], list[str]]] = {
     "pull": (["--runs", "40"], ["--runs", "3"]),
     "startup": (["--runs", "60", "--site"], ["--runs", "5"]),
     "envelope": (["--load-seconds", "15"], ["--load-seconds", "5"]),
+    "job_wrapper": (["--runs", "30", "--jobs", "4"], ["--runs", "5", "--jobs", "2"]),
 }
 TIMEOUT_S = 420
 _PR_SET_CHILD_SUBREAPER = 36

@@ -1,15 +1,18 @@
 """The job wrapper: the small parent process of every job, Local Runs and remote runs.
 
-This file is a *program*. The agent never runs its ``main``: :func:`qinglong_edge.process.spawn.start_job`
-reads this source and starts it as::
+This file is a *program*, never imported by the agent: :func:`qinglong_edge.process.spawn.start_job`
+reads this source through the package's loader and starts it as::
 
     <sys.executable> -I -S /proc/self/fd/N qinglong-edge-job LABEL
 
-with the source on descriptor ``N`` (a sealed ``memfd``, else a pipe), so it works the
-same from an installed package and from a read-only zipapp, imports nothing of ours,
-writes no bytecode, and ``ps`` shows one short line. ``-I -S``: no user site, no
-``PYTHON*`` variables, no ``site`` import (about 8 MiB RSS, 2.7 MiB of it private).
-The agent may import this module for its constants and pure helpers (no side effects).
+with the program on descriptor ``N``: a sealed ``memfd`` holding it compiled (once per
+agent process, by a short-lived interpreter; a ``.pyc`` image), else a pipe with this
+source. So it works the same from an installed package and from a read-only zipapp,
+imports nothing of ours, writes no bytecode, and ``ps`` shows one short line. ``-I -S``:
+no user site, no ``PYTHON*`` variables, no ``site``; only ``os``, ``select``, ``errno``,
+``time`` and ``_signal`` (``signal`` would pull in ``enum``). Measured here: 8.7 MiB RSS,
+2.9 MiB of it private (a bare ``python -I -S``: 8.5 and 2.8). Tests import it for its
+pure helpers (no side effects at import).
 
 Descriptors at start: 0 the *control pipe* (the job spec, then the release line), 1 the
 *status pipe* (our answer before the release), 2 ``/dev/null``, ``N`` this source. Its

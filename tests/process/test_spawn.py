@@ -239,3 +239,38 @@ def test_identity_capture_failure_discards_the_unstarted_process(tmp_path: pathl
     with pytest.raises(ChildProcessError):
         os.waitpid(started[0], os.WNOHANG)
     assert not marker.exists()  # the job never ran
+
+
+def test_protocol_constants_agree_with_the_wrapper_program() -> None:
+    """The agent does not import the wrapper (its parse would cost the agent ~2.4 MiB)."""
+    from qinglong_edge.process import spawn, wrapper
+
+    for name in ("MAGIC", "RELEASE", "READY", "NOT_STARTED", "CANNOT_EXECUTE", "NOT_FOUND", "MAX_SPEC_BYTES",
+                 "MAX_PREFIX_BYTES", "DEFAULT_DRAIN_MS", "MAX_DRAIN_MS", "FACT_KEYS", "DEFAULT_FACT_KEYS"):
+        assert getattr(spawn, name) == getattr(wrapper, name), name
+
+
+def test_the_wrapper_runs_compiled_from_a_memfd(tmp_path: pathlib.Path) -> None:
+    import importlib.util
+    import sys
+
+    import qinglong_edge.process.spawn as spawn_module
+
+    bytecode = spawn_module.wrapper_bytecode(sys.executable)
+    assert bytecode.startswith(importlib.util.MAGIC_NUMBER) and b"qinglong-edge-job" in bytecode
+    assert spawn_module.wrapper_bytecode(sys.executable) is bytecode  # made once per interpreter
+    job = start_job(_spec(tmp_path, ["/bin/echo", "compiled"]))
+    job.release()
+    assert job.process.wait(10) == 0 and read_text(str(tmp_path / "job.log")) == "compiled\n"
+
+
+def test_an_interpreter_that_cannot_compile_falls_back_to_the_source(tmp_path: pathlib.Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    import qinglong_edge.process.spawn as spawn_module
+
+    monkeypatch.setattr(spawn_module, "_bytecode", {sys.executable: b""})  # as after a failed compile helper
+    job = start_job(_spec(tmp_path, ["/bin/echo", "from source"]))
+    job.release()
+    assert job.process.wait(10) == 0 and read_text(str(tmp_path / "job.log")) == "from source\n"
