@@ -60,14 +60,16 @@ class Publication:
     Attributes:
         path: absolute path; its directory is created 0700 when missing.
         prefix: the caller's bytes (1..4000), to which the wrapper appends its keys and
-            the closing ``}`` (see :mod:`qinglong_edge.process.wrapper`).
+            the closing ``}`` (see :mod:`qinglong_edge.process.wrapper`):
+            ``contracts.receipt.receipt_prefix`` / ``truncation_fact_prefix``. Kept by
+            reference, not copied: zero a ``bytearray`` once :func:`start_job` returned.
     """
 
     __slots__ = ("path", "prefix")
 
-    def __init__(self, path: str, prefix: bytes) -> None:
+    def __init__(self, path: str, prefix: bytes | bytearray) -> None:
         self.path = path
-        self.prefix = bytes(prefix)
+        self.prefix = prefix  # not copied: a receipt prefix (the callback token) is the caller's to wipe
 
     def __repr__(self) -> str:  # the receipt prefix holds the callback token: never shown
         return f"Publication({self.path!r}, <{len(self.prefix)} bytes>)"
@@ -102,7 +104,10 @@ class JobSpec:
     Attributes:
         argv: the command; ``argv[0]`` an absolute path (no ``PATH`` lookup happens).
         env: the job's complete environment (values may be secrets: ``str``, ``bytes``
-            or ``bytearray``; never shown by ``repr``).
+            or ``bytearray``, not copied; never shown by ``repr``). For a remote job:
+            ``dict(zip(environment.names, environment.values))`` of
+            ``contracts.launch.materialize_environment``, then ``environment.wipe()``
+            once :func:`start_job` returned (the wrapper has its own copy by then).
         cwd: the job's absolute working directory (must exist).
         log_path: absolute path of the log file (created 0600, appended to; its
             directory is created 0700); stdout and stderr go there, merged, raw.
