@@ -444,3 +444,47 @@ def test_a_refused_fork_is_126_with_a_line_and_a_receipt(cgroup_manager: object,
     assert _log(tmp_path) == b"qinglong-edge: cannot start /bin/true: Resource temporarily unavailable\n"
     raw = read_receipt(receipt.path)
     assert raw is not None and raw.endswith(b',"exitCode":126}')
+
+
+def test_a_remote_shaped_job_publishes_what_the_remote_contracts_accept(tmp_path: pathlib.Path) -> None:
+    """The prefixes the contracts build, the wrapper's suffixes, the contracts' parsers."""
+    from qinglong_edge.contracts.receipt import (
+        log_artifact_id,
+        log_file_names,
+        new_callback_token,
+        parse_receipt,
+        parse_truncation_fact,
+        receipt_file_names,
+        receipt_prefix,
+        truncation_fact_prefix,
+    )
+
+    run_id, attempt_id = "run-0001", "att-0001"
+    log_id = log_artifact_id("proj-1", run_id, attempt_id, "offer-0001")
+    names = log_file_names(log_id)
+    shard, receipt_name = receipt_file_names(attempt_id)
+    token = new_callback_token()
+    started = time.time_ns() // 1_000_000
+    prefix = receipt_prefix(run_id=run_id, attempt_id=attempt_id, callback_sequence=1, token=token,
+                            started_at_ms=started)
+    log_dir = tmp_path / "logs" / names.shard
+    spec = JobSpec(["/bin/sh", "-c", "head -c 5000 /dev/zero | tr '\\0' x; exit 2"], {"PATH": "/usr/bin:/bin"},
+                   str(tmp_path), str(log_dir / names.log), 4096,
+                   truncation_fact=Publication(str(log_dir / names.truncation_fact), truncation_fact_prefix(
+                       run_id=run_id, attempt_id=attempt_id, log_artifact_id=log_id, maximum_bytes=4096)),
+                   receipt=Publication(str(tmp_path / "receipts" / shard / receipt_name), prefix),
+                   started_at_ms=started, label=attempt_id)
+    assert _run(spec) == 2
+    prefix[:] = bytes(len(prefix))  # the caller wipes its token copy once the wrapper has it
+    assert (log_dir / names.log).read_bytes() == b"x" * 4096  # the raw head, no notice
+    fact = read_truncation_fact(str(log_dir / names.truncation_fact))
+    assert fact is not None
+    assert parse_truncation_fact(fact, run_id=run_id, attempt_id=attempt_id, log_artifact_id=log_id,
+                                 maximum_bytes=4096) is True
+    raw = read_receipt(str(tmp_path / "receipts" / shard / receipt_name))
+    assert raw is not None
+    receipt = parse_receipt(raw)
+    assert (receipt.run_id, receipt.attempt_id, receipt.callback_sequence, receipt.exit_code) == (run_id, attempt_id,
+                                                                                                  1, 2)
+    assert receipt.started_at_ms == started <= receipt.finished_at_ms
+    assert os.stat(tmp_path / "receipts" / shard).st_mode & 0o777 == 0o700
