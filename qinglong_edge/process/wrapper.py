@@ -258,8 +258,7 @@ class SpecReader:
 
     def wipe(self) -> None:
         """Overwrite what was read (the environment's secrets) and forget it."""
-        for index in range(len(self.buffer)):
-            self.buffer[index] = 0
+        self.buffer[:] = bytes(len(self.buffer))
         self.buffer = bytearray()
 
 
@@ -282,22 +281,24 @@ def _absolute(path: bytes, what: str) -> bytes:
 
 
 def open_directory(path: bytes, what: str) -> int:
-    """An ``O_DIRECTORY`` fd of ``path``, creating missing directories 0700.
+    """An ``O_DIRECTORY`` fd of ``path``, creating missing directories 0700 on the way.
 
-    The directory itself must not be a symlink, must be ours and not writable by
-    group/other (reference 4.3: the log directories are 0700 and not symlinks).
+    The directory itself must not be a symlink (``O_NOFOLLOW``), must be ours and not
+    writable by group/other (reference 4.3: the log directories are 0700 and not
+    symlinks); its existing ancestors are the caller's (``/tmp`` is fine).
     """
     try:
         try:
             fd = os.open(path, _OPEN_DIR)
         except FileNotFoundError:
-            parent = os.path.dirname(path)
-            if parent != path:
-                os.close(open_directory(parent, what))
-            try:
-                os.mkdir(path, 0o700)
-            except FileExistsError:
-                pass
+            missing = [path]
+            while not os.path.isdir(os.path.dirname(missing[-1])) and os.path.dirname(missing[-1]) != missing[-1]:
+                missing.append(os.path.dirname(missing[-1]))
+            for directory in reversed(missing):
+                try:
+                    os.mkdir(directory, 0o700)
+                except FileExistsError:
+                    pass
             fd = os.open(path, _OPEN_DIR)
     except OSError as exc:
         raise SpecError(f"{what}_unavailable", f"{os.fsdecode(path)}: {exc.strerror}") from None

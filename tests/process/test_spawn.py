@@ -274,3 +274,23 @@ def test_an_interpreter_that_cannot_compile_falls_back_to_the_source(tmp_path: p
     job = start_job(_spec(tmp_path, ["/bin/echo", "from source"]))
     job.release()
     assert job.process.wait(10) == 0 and read_text(str(tmp_path / "job.log")) == "from source\n"
+
+
+def test_missing_log_directories_are_created_0700_below_a_shared_one(tmp_path: pathlib.Path) -> None:
+    """The log's own directory must be private; its ancestors may be anyone's (/tmp)."""
+    import tempfile
+
+    shared = pathlib.Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        shared.chmod(0o1777)  # like /tmp
+        log = shared / "a" / "b" / "job.log"
+        job = start_job(_spec(tmp_path, ["/bin/echo", "ok"], log=log))
+        job.release()
+        assert job.process.wait(10) == 0 and log.read_text() == "ok\n"
+        for directory in (shared / "a", shared / "a" / "b"):
+            assert directory.stat().st_mode & 0o777 == 0o700
+        assert log.stat().st_mode & 0o777 == 0o600
+    finally:
+        import shutil
+
+        shutil.rmtree(shared)
