@@ -317,7 +317,8 @@ def check_isolation(config: EdgeConfig) -> Check:
     probe = probe_isolation(base)
     if probe.available:
         return Check("isolation", True, False,
-                     f"remote jobs run in a private user+mount namespace ({probe.via}); hidden from them: {paths}")
+                     f"remote jobs run in a private user+mount namespace ({probe.via}); hidden from them: {paths} "
+                     "(they still see other processes, may signal the agent's, and share the network)")
     user = f"uid {os.geteuid()}"
     return Check(
         "isolation", False, False,

@@ -13,7 +13,9 @@ import stat
 
 from qinglong_edge.config import EdgeConfig
 
-__all__ = ["remote_hidden_paths"]
+__all__ = ["CGROUP_ROOT", "remote_hidden_paths"]
+
+CGROUP_ROOT = "/sys/fs/cgroup"
 
 
 def _private_directory(path: str) -> bool:
@@ -40,11 +42,14 @@ def remote_hidden_paths(config: EdgeConfig) -> tuple[str, ...]:
     * the journal (claims, inbox records with lease tokens, receipts with callback
       tokens) and the state directory (logs of other runs);
     * with a Local API: its database (its directory when private: SQLite's ``-journal``
-      and ``-wal`` files sit beside it), pepper keyring and Run logs.
+      and ``-wal`` files sit beside it), pepper keyring and Run logs;
+    * ``/sys/fs/cgroup``: the agent's user may write the ``cgroup.procs`` of its delegated
+      subtree, so a job seeing it could move itself out of its own cgroup (out of reach
+      of ``cgroup.kill`` and its pids cap).
 
     A job's working directory below a hidden one is kept visible by the wrapper.
     """
-    paths: set[str] = {os.path.normpath(config.state_directory)}
+    paths: set[str] = {os.path.normpath(config.state_directory), CGROUP_ROOT}
     worker = config.worker
     if worker is not None:
         paths.add(os.path.normpath(worker.journal_directory))
