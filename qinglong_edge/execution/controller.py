@@ -86,6 +86,7 @@ from qinglong_edge.execution.transitions import (
     record_completion,
     request_control_cancellation,
 )
+from qinglong_edge.local.run_logs import LEGACY_LOG_NAME, parse_log_name
 from qinglong_edge.local.store import Store, now_ms
 from qinglong_edge.process.cgroups import CgroupManager, RunCgroup
 from qinglong_edge.process.identity import decode_handle, inspect
@@ -547,15 +548,18 @@ class ExecutionController:
             cgroup.remove()
 
     def _sweep_fifos(self) -> None:
+        """Remove the log FIFOs an older agent made (it drained Run output through them;
+        the job wrapper needs none): only names this agent makes, never a foreign file."""
         try:
             names = os.listdir(self.config.log_directory)
         except OSError:
             return
         for name in names:
-            path = os.path.join(self.config.log_directory, name)
-            if name.endswith(".fifo"):
+            parsed = parse_log_name(name)
+            legacy = LEGACY_LOG_NAME.fullmatch(name)
+            if (parsed is not None and parsed[2] == "fifo") or (legacy is not None and legacy.group(2) == "fifo"):
                 with contextlib.suppress(OSError):
-                    os.unlink(path)
+                    os.unlink(os.path.join(self.config.log_directory, name))
 
     # -- shutdown drain -----------------------------------------------------------------
 

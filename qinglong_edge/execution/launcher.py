@@ -25,10 +25,12 @@ The job's command comes from the Run's task revision (:mod:`qinglong_edge.local.
 ``argv`` (``file`` + ``args``) or ``shell`` (``<shell or /bin/sh> -c <command>``), the
 working directory (default: the controller's work directory, ``<stateDirectory>/work``;
 also ``HOME``), and the task's environment on top of the minimal base of
-:func:`~qinglong_edge.process.spawn.job_environment`. The wrapper writes the output into
-the capped log ``<logDirectory>/<logArtifactId>.log`` (``execution.maxLogBytes``, the
-head kept, then :data:`~qinglong_edge.process.logs.TRUNCATION_NOTICE`); the exit status
-is the wrapper's, reaped by the controller (no receipt file for Local Runs).
+:func:`~qinglong_edge.process.spawn.job_environment`. The job wrapper writes the output
+into the capped log named after the Run and the attempt
+(``<logDirectory>/<runId>_<attemptId>.log``, :mod:`qinglong_edge.local.run_logs`;
+``execution.maxLogBytes``, the head kept, then
+:data:`~qinglong_edge.process.logs.TRUNCATION_NOTICE`); the exit status is the
+wrapper's, reaped by the controller (no receipt file for Local Runs).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from qinglong_edge.execution.transitions import (
     mark_terminal,
     terminate_in,
 )
+from qinglong_edge.local.run_logs import run_log_paths
 from qinglong_edge.local.store import Store, write_transaction
 from qinglong_edge.local.tasks import resolve_revision_ref
 from qinglong_edge.process.cgroups import CgroupManager, RunCgroup
@@ -327,7 +330,7 @@ class Launcher:
     Args:
         store: the Local store.
         cgroups: where per-Run cgroups are created (may be unavailable).
-        log_directory: existing directory for ``<logArtifactId>.log``.
+        log_directory: existing directory for ``<runId>_<attemptId>.log``.
         max_log_bytes: cap of each log file.
         work_directory: default working directory and ``HOME`` of jobs.
         clock: wall clock in ms.
@@ -399,9 +402,9 @@ class Launcher:
             {e["name"]: e["value"] for e in definition.get("environment", [])},
             run_id=claim.run_id, attempt_id=claim.attempt_id, home=cwd,
         )
-        log_path = os.path.join(self.log_directory, claim.log_artifact_id + ".log")
         cgroup: RunCgroup | None = None
         try:
+            log_path = run_log_paths(self.log_directory, claim.run_id, claim.attempt_id)[0]
             argv = command_argv(definition)
             argv[0] = resolve_executable(argv[0], env, cwd)
             cgroup = self.cgroups.create(claim.attempt_id)
