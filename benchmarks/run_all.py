@@ -50,6 +50,7 @@ PLAN: dict[str, tuple[list[str], list[str]]] = {
     "envelope": (["--load-seconds", "15"], ["--load-seconds", "5"]),
     "fleet": (["--devices", "10000"], ["--devices", "2000", "--max-minutes", "40"]),
     "idle_writes": (["--cycles", "20"], ["--cycles", "5"]),
+    "job_wrapper": (["--runs", "30", "--jobs", "4"], ["--runs", "5", "--jobs", "2"]),
     "transport": (["--requests", "60", "--repetitions", "5"], ["--requests", "10", "--repetitions", "1"]),
     "storage_caps": (["--runs", "20000"], ["--runs", "2000", "--baseline-runs", "300", "--disk-runs", "100"]),
 }
