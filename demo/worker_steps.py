@@ -153,7 +153,7 @@ class WorkerSteps(DemoBase):
         self.shell.env["QINGLONG_EDGE_CONFIG"] = str(self.config_path)
         c.prose("`doctor` runs real probes where the agent will write (links, O_EXCL, fsync, "
                 "flock, modes) and checks the credential files:")
-        self.qle("doctor", limit=20)
+        self.qle("doctor", limit=30)
 
     # -- 4. pull --------------------------------------------------------------------------------
 
