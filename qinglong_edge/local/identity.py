@@ -62,6 +62,7 @@ __all__ = [
     "get_subject",
     "issue_credential",
     "list_pepper_keys",
+    "presents_credential",
     "register_pepper_key",
     "retire_pepper_key",
     "revoke_credential",
@@ -469,6 +470,14 @@ def _split_authorization(values: list[str]) -> ApiToken | None:
     if match is None or len(match.group(1)) > _MAX_TOKEN_CHARS:
         return None
     return ApiToken(match.group(2), match.group(3))
+
+
+def presents_credential(authorization_values: list[str]) -> bool:
+    """The request carries a credential: exactly one ``Authorization`` value of the
+    ``Bearer ql3c_<id>_<secret>`` grammar (section 3.1; no store, no pepper). What the
+    server and the budget of requests without a valid credential classify by
+    (:mod:`qinglong_edge.local.budget`); whether it authenticates is another matter."""
+    return _split_authorization(authorization_values) is not None
 
 
 _RESOLVE = """

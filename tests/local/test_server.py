@@ -339,8 +339,12 @@ def test_100_concurrent_connections_never_raise_the_thread_count() -> None:
         assert server.thread_count == 1 + 4
         statuses, peak = _open_many(server.address, 100, request_bytes("GET", "/ok", headers=[("Connection", "close")]), ceiling)
         # Every client gets an answer: served, or 503 server_overloaded when more
-        # than 4 heads complete at once (local-api.md 2.1); none is dropped.
-        assert set(statuses) <= {b"HTTP/1.1 200 OK", b"HTTP/1.1 503 Service Unavailable"}, statuses
+        # than 4 heads complete at once (local-api.md 2.1); or, connected but not yet
+        # sending when the connection cap was reached, it was closed without one to
+        # accept a newer connection (the oldest waiting connection goes first): never
+        # more such closes than evictions.
+        assert set(statuses) <= {b"HTTP/1.1 200 OK", b"HTTP/1.1 503 Service Unavailable", b""}, statuses
+        assert statuses.get(b"", 0) <= server.evicted_connections, (statuses, server.evicted_connections)
         assert sum(statuses.values()) == 100
         assert statuses.get(b"HTTP/1.1 200 OK", 0) >= 4
         assert peak <= ceiling
@@ -417,3 +421,128 @@ def test_head_requests_get_headers_without_a_body() -> None:
         assert first.startswith(b"200 OK") and first.endswith(b"\r\n\r\n")
         assert b"content-length: 11\r\n" in first
         assert second.endswith(b'{"ok":true}')
+
+
+def _presents(head: object) -> bool:
+    return bool(head.values("authorization"))  # type: ignore[attr-defined]
+
+
+def test_requests_without_a_credential_hold_at_most_their_share_of_the_slots() -> None:
+    """Edge: 4 slots, 1 for requests without a credential. A second such request while the
+    first holds its slot is 429 (``retry-after: 1``); requests with one still get the other
+    three, and only then 503 ``server_overloaded``."""
+    app = App()
+    server = Server(app, limits=ServerLimits.for_profile("edge"), classify=_presents)
+    server.start()
+    credential = [("Authorization", "Bearer x")]
+    socks: list[socket.socket] = []
+    try:
+        anonymous = socket.create_connection(server.address)
+        socks.append(anonymous)
+        anonymous.sendall(request_bytes("GET", "/block"))
+        assert app.entered.acquire(timeout=5)
+        refused = exchange(server.address, request_bytes("GET", "/ok"))
+        assert refused is not None and (refused.status, refused.json()) == (429, {"code": "rate_limited"})
+        assert refused.header("retry-after") == "1"
+        for _ in range(3):
+            sock = socket.create_connection(server.address)
+            socks.append(sock)
+            sock.sendall(request_bytes("GET", "/block", headers=credential))
+            assert app.entered.acquire(timeout=5)
+        full = exchange(server.address, request_bytes("GET", "/ok", headers=credential))
+        assert full is not None and (full.status, full.json()) == (503, {"code": "server_overloaded"})
+        app.release.set()
+        for sock in socks:
+            done = ResponseReader(sock).read()
+            assert done is not None and done.status == 200
+        again = exchange(server.address, request_bytes("GET", "/ok"))  # the share is free again
+        assert again is not None and again.status == 200
+    finally:
+        app.release.set()
+        for sock in socks:
+            sock.close()
+        server.shutdown(timeout=2)
+
+
+def test_an_empty_budget_is_answered_from_the_poll_thread_without_the_application() -> None:
+    from qinglong_edge.local.budget import RequestBudget
+
+    calls: list[str] = []
+
+    def app(ex: Exchange) -> Response:
+        calls.append(ex.head.target)
+        return Response(200, {"ok": True})
+
+    budget = RequestBudget(burst=1, per_minute=1.0)
+    assert budget.take() == 0.0
+    server = Server(app, limits=fast(), classify=_presents, budget=budget)
+    server.start()
+    try:
+        refused = exchange(server.address, request_bytes("GET", "/anything"))
+        assert refused is not None and refused.status == 429
+        assert refused.header("retry-after") == "60"
+        served = exchange(server.address, request_bytes("GET", "/ok", headers=[("Authorization", "Bearer x")]))
+        assert served is not None and served.status == 200
+    finally:
+        server.shutdown(timeout=2)
+    assert calls == ["/ok"]
+    assert budget.pending() == {"credential_missing": 1} and server.rate_limited == 1
+
+
+def test_at_the_connection_cap_the_oldest_waiting_connection_makes_room() -> None:
+    with running(fast(max_connections=3)) as (server, _):
+        idle = [socket.create_connection(server.address) for _ in range(3)]
+        try:
+            deadline = time.monotonic() + 5
+            while server.connection_count < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            response = exchange(server.address, GET_OK)
+            assert response is not None and response.status == 200
+            assert server.evicted_connections == 1
+            assert ResponseReader(idle[0]).closed_by_server(timeout=5)  # the oldest
+            idle[1].sendall(GET_OK)  # the others are still served
+            kept = ResponseReader(idle[1]).read()
+            assert kept is not None and kept.status == 200
+        finally:
+            for sock in idle:
+                sock.close()
+
+
+def test_a_request_that_arrived_is_served_not_evicted() -> None:
+    """The oldest waiting connection's bytes are read before it would be closed: its
+    request had arrived, so it is answered and a younger idle one goes instead."""
+    with running(fast(max_connections=2)) as (server, _):
+        first = socket.create_connection(server.address)
+        second = socket.create_connection(server.address)
+        try:
+            deadline = time.monotonic() + 5
+            while server.connection_count < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            first.sendall(GET_OK)
+            third = exchange(server.address, GET_OK)
+            assert third is not None and third.status == 200
+            answered = ResponseReader(first).read()
+            assert answered is not None and answered.status == 200
+        finally:
+            first.close()
+            second.close()
+
+
+def test_when_every_connection_is_busy_new_clients_wait_in_the_backlog() -> None:
+    with running(fast(max_in_flight=2, max_connections=2)) as (server, app):
+        socks = [socket.create_connection(server.address) for _ in range(2)]
+        try:
+            for sock in socks:
+                sock.sendall(request_bytes("GET", "/block"))
+            for _ in range(2):
+                assert app.entered.acquire(timeout=5)
+            waiting = socket.create_connection(server.address)  # the kernel completes the handshake
+            socks.append(waiting)
+            waiting.sendall(GET_OK)
+            assert server.evicted_connections == 0
+            app.release.set()
+            answer = ResponseReader(waiting).read()
+            assert answer is not None and answer.status == 200
+        finally:
+            for sock in socks:
+                sock.close()
