@@ -28,8 +28,11 @@ storage on flash"; our deviation from the reference, which audits every one).
 
 Steps 1-5 run as **one** store operation (one hop through the bounded queue; the
 audit row still commits in its own transaction before the confirm); if the queue
-refuses that operation, authentication counts as unavailable and its audit row is
-attempted separately, as the reference's separate operations would.
+refuses that operation (``store_busy``), authentication counts as unavailable and its
+audit row is attempted separately, as the reference's separate operations would. The
+operation's lock waits add up to at most ``busyTimeoutMs`` (:mod:`qinglong_edge.local.store`):
+on a database another process holds locked, authentication fails after that wait, the
+audit write then fails at once, and the answer is 503 ``security_audit_unavailable``.
 
 The reference's "signal aborted -> 503 ``request_unavailable``" checks (steps 5.1,
 5.6, 5.8) are not reproduced: the server cannot see a client abort without reading
@@ -231,17 +234,23 @@ class Admission:
 
         try:
             stage = self._store.run(phase_one, timeout_s=self._timeout)
-        except StoreError:
-            # The queue refused or timed out the whole operation: authentication is
-            # unavailable, and its audit row is attempted on its own (usually failing
-            # the same way, which makes the answer security_audit_unavailable).
-            try:
-                written = self._store.run(
-                    lambda conn: audit(conn, "authentication_unavailable", ("authentication_unavailable",), None, None),
-                    timeout_s=self._timeout,
-                )
-            except StoreError:
-                written = False
+        except StoreError as exc:
+            # The queue refused the operation (store_busy: nothing ran, nothing waited):
+            # authentication is unavailable, and its audit row is attempted on its own,
+            # as the reference's separate operations would. After a timeout (the
+            # operation waited its time) or a closed store no second operation is
+            # tried: the audit row is not known to be written, so the answer is
+            # security_audit_unavailable, within one operation's wait.
+            written = False
+            if exc.code == "store_busy":
+                try:
+                    written = self._store.run(
+                        lambda conn: audit(conn, "authentication_unavailable", ("authentication_unavailable",),
+                                           None, None),
+                        timeout_s=self._timeout,
+                    )
+                except StoreError:
+                    written = False
             stage = _Stage("authentication_unavailable" if written else "audit")
         if stage.stop == "rate_limited":
             raise RateLimited(stage.retry_after_s)
