@@ -93,6 +93,17 @@ from qinglong_edge.process.stop import StopResult, stop
 
 __all__ = ["ExecutionController"]
 
+
+def _one_line(exc: BaseException) -> str:
+    """An unexpected exception in one log line (no traceback to a user): its type, the
+    first line of its message, and where it was raised."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = f" at {os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}" if tb is not None else ""
+    text = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return f"{type(exc).__name__}{where}" + (f": {text}" if text else "")
+
 _log = logging.getLogger("qinglong_edge.execution")
 #: Candidate pages read per pass (7.1 pages of 64; lifecycle ``maxDrainPages`` <= 16).
 _MAX_PAGES = 16
@@ -276,8 +287,8 @@ class ExecutionController:
     def _main(self) -> None:
         try:
             self._recover()
-        except Exception:  # noqa: BLE001 - the loop must run even if recovery could not finish
-            _log.exception("restart recovery failed; the control loop retries it")
+        except Exception as exc:  # noqa: BLE001 - the loop must run even if recovery could not finish
+            _log.warning("restart recovery failed (%s); the control loop retries it", _one_line(exc))
         self._ready.set()
         while not self._stopping.is_set():
             self._pump(self._next_timeout(), until_woken=True)
@@ -288,13 +299,16 @@ class ExecutionController:
                 self._pass()
             except StoreError as exc:
                 _log.warning("execution control pass failed: %s", exc.code)
-            except Exception:  # noqa: BLE001 - this thread must never die; the next pass retries
-                _log.exception("execution control pass failed")
+            except Exception as exc:  # noqa: BLE001 - this thread must never die; the next pass retries
+                _log.error("execution control pass failed: %s", _one_line(exc))
             self.passes += 1
         try:
             self._drain()
-        except Exception:  # noqa: BLE001 - still close what we hold
-            _log.exception("shutdown drain failed")
+        except StoreError as exc:  # the store is closed or failing (database gone): nothing can be recorded
+            _log.warning("shutdown drain stopped (%s): the Runs still running are left to the next start, "
+                         "which adopts or reconciles them", exc.code)
+        except Exception as exc:  # noqa: BLE001 - still close what we hold
+            _log.error("shutdown drain failed: %s", _one_line(exc))
         finally:
             for active in list(self._active.values()):
                 active.close()

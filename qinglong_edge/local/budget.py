@@ -44,6 +44,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from qinglong_edge.local.exchange import ServerLimits
 
 __all__ = [
     "LOOPBACK_PEER",
@@ -160,6 +164,13 @@ class RequestBudget:
         self._since = now
         self.refused_total = 0
         self.taken_total = 0
+
+    @classmethod
+    def from_limits(cls, limits: ServerLimits) -> RequestBudget:
+        """The profile's budget (``unauthenticated_burst``, ``unauthenticated_per_minute``,
+        ``refusal_interval_s`` of :class:`~qinglong_edge.local.exchange.ServerLimits`)."""
+        return cls(burst=limits.unauthenticated_burst, per_minute=limits.unauthenticated_per_minute,
+                   interval_s=limits.refusal_interval_s)
 
     # -- tokens ---------------------------------------------------------------------------
 
