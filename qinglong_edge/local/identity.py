@@ -480,6 +480,35 @@ def presents_credential(authorization_values: list[str]) -> bool:
     return _split_authorization(authorization_values) is not None
 
 
+#: Compared against when the credential id is unknown (never a real digest: no secret maps to it
+#: but the comparison costs the same).
+_DUMMY_DIGEST = "0" * 64
+#: The HMAC key of the dummy check when no usable active pepper key can be read.
+_DUMMY_PEPPER = bytes(32)
+
+
+def _dummy_check(key: PepperKeyRecord | None, token: ApiToken, keyring_directory: str) -> bool:
+    """An unknown credential id costs what a known id with a wrong secret costs (issue 17
+    item 6): the active key's catalog row was read in the same transaction, now its file
+    is read and verified, the presented secret's HMAC computed and compared in constant
+    time with a dummy digest. Always False; never raises (an unknown id is a 401 whatever
+    the keyring's state)."""
+    pepper = _DUMMY_PEPPER
+    if key is not None and key.material_digest is not None:
+        try:
+            material = read_pepper(keyring_directory, key.pepper_key_id)
+        except PepperError:
+            material = None
+        if material is not None and constant_time_equal(material.material_digest, key.material_digest):
+            pepper = material.pepper
+    try:
+        presented = api_credential_digest(pepper, token.credential_id, token.secret)
+    except ContractError:
+        return False  # a non-canonical secret: a known id stops here too, before any HMAC
+    constant_time_equal(presented, _DUMMY_DIGEST)  # the comparison a known id makes; its result is moot
+    return False
+
+
 _RESOLVE = """
 SELECT c.credential_id, c.version, c.state, c.subject_type, c.subject_id, c.secret_digest,
        c.created_at_ms, c.not_before_at_ms, c.expires_at_ms, s.status, b.pepper_key_id
@@ -514,15 +543,20 @@ def _authenticate_token(
         with read_transaction(conn):
             row = conn.execute(_RESOLVE, (token.credential_id,)).fetchone()
             if row is None:
-                return None
-            (cred_id, version, state, subject_type, subject_id, stored_digest, created, not_before, expires,
-             subject_status, pepper_key_id) = row
-            if pepper_key_id is None:
-                raise AuthenticationUnavailable(f"credential {token.credential_id} has no pepper binding")
-            fence_key_id = _text(pepper_key_id, CREDENTIAL_ID, 64)
-            key = get_pepper_key(conn, fence_key_id)
+                # The same two reads as a known id: its key's catalog row (here the active key's).
+                dummy_key = active_pepper_key(conn)
+            else:
+                (cred_id, version, state, subject_type, subject_id, stored_digest, created, not_before, expires,
+                 subject_status, pepper_key_id) = row
+                if pepper_key_id is None:
+                    raise AuthenticationUnavailable(f"credential {token.credential_id} has no pepper binding")
+                fence_key_id = _text(pepper_key_id, CREDENTIAL_ID, 64)
+                key = get_pepper_key(conn, fence_key_id)
     except sqlite3.Error:
         raise AuthenticationUnavailable("the credential store is unavailable") from None
+    if row is None:
+        _dummy_check(dummy_key, token, keyring_directory)
+        return None
     # Normalize the stored record: anything malformed is the 503 class, never a 401.
     _text(cred_id, CREDENTIAL_ID, 64)
     version = _int(version, 1, MAX_INT32)
