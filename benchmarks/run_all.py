@@ -40,7 +40,7 @@ if REPO not in sys.path:
 
 from tables import ADAPTERS, Row, Section, generic  # noqa: E402  (benchmarks/tables.py)
 
-#: name -> (arguments, arguments with --quick). About 2 minutes on 2 cores in all.
+#: name -> (arguments, arguments with --quick). About 4 minutes on 2 cores in all.
 PLAN: dict[str, tuple[list[str], list[str]]] = {
     "journal": (["--offers", "20", "--repetitions", "7"], ["--offers", "5", "--repetitions", "2"]),
     "local_api": (["--repeat", "7"], ["--runs", "1000", "--cancels", "60", "--reads", "40", "--repeat", "1"]),
@@ -48,6 +48,7 @@ PLAN: dict[str, tuple[list[str], list[str]]] = {
     "pull": (["--runs", "40"], ["--runs", "3"]),
     "startup": (["--runs", "60", "--site"], ["--runs", "5"]),
     "envelope": (["--load-seconds", "15"], ["--load-seconds", "5"]),
+    "availability": (["--seconds", "20"], ["--seconds", "3", "--requests", "10000", "--timing-rounds", "300"]),
 }
 TIMEOUT_S = 420
 _PR_SET_CHILD_SUBREAPER = 36

@@ -62,8 +62,15 @@ class ServerLimits:
     unauthenticated_per_minute: float = 10.0
     #: One summary audit row per refusal reason per interval (seconds).
     refusal_interval_s: float = 60.0
+    #: A kept connection answered 429 is not read again for this long (seconds).
+    refusal_pause_s: float = 1.0
     #: Connections accepted per poll round (the rest wait for the next round).
     accept_batch: int = 16
+    #: ``TCP_DEFER_ACCEPT`` on the listener, in seconds (``None``: ``ceil(head_timeout_s)``;
+    #: 0: off): a connection that sends nothing is not handed to ``accept()`` before it does
+    #: or this time passes (the kernel rounds it up to its SYN-ACK retransmit steps: 5 s is
+    #: about 7 s), so idle connections cost the server nothing and cannot evict anyone.
+    defer_accept_s: int | None = None
 
     @classmethod
     def for_profile(cls, profile: str) -> ServerLimits:

@@ -487,26 +487,24 @@ _DUMMY_DIGEST = "0" * 64
 _DUMMY_PEPPER = bytes(32)
 
 
-def _dummy_check(key: PepperKeyRecord | None, token: ApiToken, keyring_directory: str) -> bool:
+def _dummy_check(key: PepperKeyRecord | None, token: ApiToken, now_ms: int, keyring_directory: str) -> None:
     """An unknown credential id costs what a known id with a wrong secret costs (issue 17
-    item 6): the active key's catalog row was read in the same transaction, now its file
-    is read and verified, the presented secret's HMAC computed and compared in constant
-    time with a dummy digest. Always False; never raises (an unknown id is a 401 whatever
-    the keyring's state)."""
-    pepper = _DUMMY_PEPPER
-    if key is not None and key.material_digest is not None:
-        try:
-            material = read_pepper(keyring_directory, key.pepper_key_id)
-        except PepperError:
-            material = None
-        if material is not None and constant_time_equal(material.material_digest, key.material_digest):
-            pepper = material.pepper
+    item 6): a stand-in record bound to the active key (its catalog row was read in the
+    same transaction) goes through the very checks of a known one: the record's
+    normalization, the key file read and verified, the presented secret's HMAC, the
+    constant-time compare with a dummy digest. The outcome is always a 401: should the
+    keyring be unusable (the known path's 503 class), a real HMAC under a zero pepper is
+    computed instead, so the cost stays close."""
+    stand_in = (token.credential_id, 1, "active", "user", "unknown", _DUMMY_DIGEST, 0, 0, MAX_SAFE_INTEGER,
+                "active", key.pepper_key_id if key is not None else "unknown")
     try:
-        presented = api_credential_digest(pepper, token.credential_id, token.secret)
-    except ContractError:
-        return False  # a non-canonical secret: a known id stops here too, before any HMAC
-    constant_time_equal(presented, _DUMMY_DIGEST)  # the comparison a known id makes; its result is moot
-    return False
+        _verify(stand_in, key, token, now_ms, keyring_directory)
+    except AuthenticationUnavailable:
+        try:
+            constant_time_equal(api_credential_digest(_DUMMY_PEPPER, token.credential_id, token.secret),
+                                _DUMMY_DIGEST)
+        except ContractError:
+            pass  # a non-canonical secret: a known id computes no HMAC either
 
 
 _RESOLVE = """
@@ -546,17 +544,25 @@ def _authenticate_token(
                 # The same two reads as a known id: its key's catalog row (here the active key's).
                 dummy_key = active_pepper_key(conn)
             else:
-                (cred_id, version, state, subject_type, subject_id, stored_digest, created, not_before, expires,
-                 subject_status, pepper_key_id) = row
+                pepper_key_id = row[10]
                 if pepper_key_id is None:
                     raise AuthenticationUnavailable(f"credential {token.credential_id} has no pepper binding")
-                fence_key_id = _text(pepper_key_id, CREDENTIAL_ID, 64)
-                key = get_pepper_key(conn, fence_key_id)
+                key = get_pepper_key(conn, _text(pepper_key_id, CREDENTIAL_ID, 64))
     except sqlite3.Error:
         raise AuthenticationUnavailable("the credential store is unavailable") from None
     if row is None:
-        _dummy_check(dummy_key, token, keyring_directory)
+        _dummy_check(dummy_key, token, now_ms, keyring_directory)
         return None
+    return _verify(row, key, token, now_ms, keyring_directory)
+
+
+def _verify(
+    row: tuple[object, ...], key: PepperKeyRecord | None, token: ApiToken, now_ms: int, keyring_directory: str
+) -> Principal | None:
+    """The checks of a resolved credential row (the order of the module docstring)."""
+    (cred_id, version, state, subject_type, subject_id, stored_digest, created, not_before, expires,
+     subject_status, pepper_key_id) = row
+    fence_key_id = _text(pepper_key_id, CREDENTIAL_ID, 64)
     # Normalize the stored record: anything malformed is the 503 class, never a 401.
     _text(cred_id, CREDENTIAL_ID, 64)
     version = _int(version, 1, MAX_INT32)

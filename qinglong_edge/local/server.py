@@ -11,12 +11,16 @@ Threads (fixed, never one per connection)::
 Connection states::
 
     accept ──> IDLE ──first byte──> HEAD ──head complete──┬─> BUSY (worker) ──> IDLE (keep-alive)
-                 │                   │                     │        └──────────> closed / LINGER
-                 └─ idle 5 s ─> closed └─ head deadline: 408 ├─ draining / at capacity: 503 (poll thread)
-                                                           └─ no credential, beyond its budget: 429
+                 │                   │                     │        ├──────────> closed / LINGER
+                 └─ idle 5 s ─> closed └─ head deadline: 408 │        └─ 429 ───> PARKED ─1 s─> IDLE
+                                                           ├─ draining / at capacity: 503 (poll thread)
+                                                           └─ no credential, beyond its budget: 429 ─> PARKED
 
 Limits (local-api.md 2.1; :class:`ServerLimits`):
 
+* a connection is handed to ``accept()`` only once it has sent a byte, or after about the
+  head timeout (``TCP_DEFER_ACCEPT`` on Linux; :attr:`ServerLimits.defer_accept_s`): a flood
+  of connections that send nothing stays in the kernel and never reaches this thread.
 * at most ``max_connections`` open connections (edge 8, standalone 64). IDLE and HEAD
   connections (idle keep-alive, or a head still arriving) never block a new one: at the
   cap, accepting a connection first closes the **oldest** IDLE/HEAD connection (the one
@@ -37,7 +41,9 @@ Limits (local-api.md 2.1; :class:`ServerLimits`):
   ``{"code":"rate_limited"}`` with ``retry-after`` from this thread, before routing and
   without a worker, and counted (reason ``credential_missing``). A credential that
   fails authentication is charged to the same budget by admission
-  (:mod:`qinglong_edge.local.admission`), before its audit row.
+  (:mod:`qinglong_edge.local.admission`), before its audit row. A connection answered
+  429 is then *paused* (PARKED: not read for ``refusal_pause_s``, 1 s), so a client
+  sending as fast as it can costs this thread one request per second per connection.
 * deadlines: 5 s idle on a keep-alive or new connection before its first byte; a
   complete head within 5 s of the start of the wait (the accept, or the end of the
   previous response: ``head_timeout_s``), so dripping one byte a second cannot hold a
@@ -64,6 +70,7 @@ import collections
 import contextlib
 import enum
 import logging
+import math
 import os
 import select
 import socket
@@ -105,6 +112,11 @@ class _State(enum.Enum):
     HEAD = "head"
     BUSY = "busy"
     LINGER = "linger"
+    PARKED = "parked"
+
+
+#: States of a connection waiting for its next head (evictable at the connection cap).
+_WAITING: Final = frozenset({_State.IDLE, _State.HEAD, _State.PARKED})
 
 
 class _Conn:
@@ -185,6 +197,7 @@ class Server:
             except OSError:
                 listen_socket.close()
                 raise
+        _defer_accept(listen_socket, self.limits)
         listen_socket.setblocking(False)
         self._listener: socket.socket | None = listen_socket
         self.address: tuple[str, int] = listen_socket.getsockname()[:2]
@@ -374,7 +387,7 @@ class Server:
             raise
 
     def _next_timeout_ms(self) -> int:
-        deadlines = [c.deadline for c in self._conns.values() if c.state in (_State.IDLE, _State.HEAD)]
+        deadlines = [c.deadline for c in self._conns.values() if c.state in _WAITING]
         deadlines += [d for _, d in self._lingering.values()]
         if not deadlines:
             return 1000
@@ -384,7 +397,7 @@ class Server:
         """The IDLE/HEAD connection that has waited longest for its head, if any."""
         oldest: _Conn | None = None
         for conn in self._conns.values():
-            if conn.state in (_State.IDLE, _State.HEAD) and (oldest is None or conn.since < oldest.since):
+            if conn.state in _WAITING and (oldest is None or conn.since < oldest.since):
                 oldest = conn
         return oldest
 
@@ -422,9 +435,9 @@ class Server:
             if victim is None:
                 return
             since = victim.since
-            self._on_readable(victim, 0)
-            if self._conns.get(victim.fd) is victim and victim.state in (_State.IDLE, _State.HEAD) \
-                    and victim.since == since:
+            if victim.state is not _State.PARKED:  # a paused connection is not read early
+                self._on_readable(victim, 0)
+            if self._conns.get(victim.fd) is victim and victim.state in _WAITING and victim.since == since:
                 self._drop(victim)
                 self._evicted += 1
                 return
@@ -550,8 +563,26 @@ class Server:
         conn.served += 1
         if close:
             self._finish_close(conn, body_unread=head.has_body)
+        elif status == 429:
+            self._park(conn)
         else:
             self._to_idle(conn)
+
+    def _park(self, conn: _Conn) -> None:
+        """After a 429 on a kept connection: not read again for ``refusal_pause_s`` (the
+        connection stays open, evictable; its next request waits in the kernel). A client
+        refused for lack of a credential then costs this thread one request per pause
+        per connection, however fast it sends."""
+        now = time.monotonic()
+        conn.wait_again(now, self.limits)
+        conn.state = _State.PARKED
+        conn.deadline = now + self.limits.refusal_pause_s
+        with contextlib.suppress(KeyError, OSError):
+            self._poll.unregister(conn.fd)
+
+    def _unpark(self, conn: _Conn, now: float) -> None:
+        conn.wait_again(now, self.limits)
+        self._poll.register(conn.fd, _POLL_IN)
 
     def _answer_bare_and_close(self, conn: _Conn, status: int) -> None:
         with self._lock:
@@ -572,6 +603,9 @@ class Server:
                 conn.sock.setblocking(False)
                 self._to_idle(conn)
                 self._poll.register(conn.fd, _POLL_IN)
+            elif action == "park" and not self._draining:
+                conn.sock.setblocking(False)
+                self._park(conn)
             elif action == "linger":
                 self._finish_close(conn, body_unread=True)
             else:
@@ -587,7 +621,7 @@ class Server:
             _close(self._listener)
             self._listener = None
         for conn in list(self._conns.values()):
-            if conn.state is _State.IDLE:
+            if conn.state in (_State.IDLE, _State.PARKED):
                 self._drop(conn)
 
     def _expire(self) -> None:
@@ -595,6 +629,8 @@ class Server:
         for conn in list(self._conns.values()):
             if conn.state is _State.IDLE and now >= conn.deadline:
                 self._drop(conn)
+            elif conn.state is _State.PARKED and now >= conn.deadline:
+                self._unpark(conn, now)
             elif conn.state is _State.HEAD and now >= conn.deadline:
                 # headersTimeout: answer as Node does, then close.
                 self._answer_bare_and_close(conn, 408)
@@ -716,17 +752,30 @@ class Server:
                 self._requests += 1
         conn.served += 1
         if not close:
-            return "keep"
+            return "park" if response.status == 429 else "keep"
         return "linger" if body_unread else "close"
 
     def _hand_back(self, conn: _Conn, action: str) -> None:
-        """Return the connection to the poll thread: ``keep`` (keep-alive), ``linger``
-        (half-close, unread body may follow) or ``close``."""
+        """Return the connection to the poll thread: ``keep`` (keep-alive), ``park``
+        (keep-alive after a 429: paused first), ``linger`` (half-close, unread body may
+        follow) or ``close``."""
         with self._lock:
             self._busy -= 1
             self._idle.notify_all()
             self._returned.append((conn, action))
         self._wake()
+
+
+def _defer_accept(listener: socket.socket, limits: ServerLimits) -> None:
+    """``TCP_DEFER_ACCEPT`` where the platform has it (Linux); best effort elsewhere."""
+    seconds = limits.defer_accept_s
+    if seconds is None:
+        seconds = math.ceil(limits.head_timeout_s)
+    option = getattr(socket, "TCP_DEFER_ACCEPT", None)
+    if option is None or seconds <= 0 or listener.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    with contextlib.suppress(OSError):
+        listener.setsockopt(socket.IPPROTO_TCP, option, int(seconds))
 
 
 def _body_error_response(code: str) -> Response:
