@@ -42,6 +42,8 @@ EX_OK = 0
 EX_SOFTWARE = 70
 EX_IOERR = 74  # the database was removed or replaced while serving: restart (not in RestartPreventExitStatus)
 EX_TEMPFAIL = 75
+#: serve's GIL switch interval (CPython's default is 5 ms), seconds.
+_SWITCH_INTERVAL_S = 0.001
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
@@ -121,6 +123,10 @@ def _run(args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging.WARNING, format="qinglong-edge: %(name)s: %(message)s")
     check_keyring(local.pepper_keyring_directory)
     check_database_present(local.database_file, local.pepper_keyring_directory)
+    # The poll thread may be busy answering a flood (429) while a worker and the store
+    # thread serve the operator: each of their many GIL hand-offs (one per SQLite call)
+    # would wait up to the default 5 ms switch interval behind it.
+    sys.setswitchinterval(_SWITCH_INTERVAL_S)
     stop = threading.Event()
     previous = {
         signum: signal.signal(signum, lambda _signum, _frame: stop.set())
