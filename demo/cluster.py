@@ -19,11 +19,18 @@ cluster) with three things the in-process double leaves to its tests:
 
 Control: ``SIGUSR1`` arms one fault, *commit then drop*: the next ``offers`` request is
 processed (the lease is committed) and the connection is then closed without an
-answer, so the worker never learns the outcome. SIGTERM/SIGINT stop the server.
+answer, so the worker never learns the outcome. A cluster-side cancel (and the clock)
+goes through the admin listener on 127.0.0.1 (:mod:`tests.support.cluster_admin`)::
 
-Output: one JSON line on stdout when it listens (pid, port, origin, credential file);
-one line per request on stderr; ``<state-dir>/cluster-state.json`` rewritten after every
-request (sessions, leases, the SHA-256 of every offer request body; no secret).
+    python3 -m tests.support.cluster_admin --state-dir var/demo/cluster cancel [--run-id R]
+
+SIGTERM/SIGINT stop the server.
+
+Output: one JSON line on stdout when it listens (pid, port, origin, adminOrigin,
+credential file); one line per request on stderr; ``<state-dir>/cluster-state.json``
+rewritten after every request and admin action (sessions, leases, executions, the
+SHA-256 of every offer request body; no secret), ``<state-dir>/cluster-admin.json`` (the
+admin origin) and each uploaded log in ``<state-dir>/artifacts/``.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from qinglong_edge.contracts.execution_revision import (  # noqa: E402
     normalize_execution_revision,
 )
 from qinglong_edge.contracts.ids import new_uuid4  # noqa: E402
+from tests.support.cluster_admin import ADMIN_FILE, AdminListener, write_state  # noqa: E402
 from tests.support.cluster_double import ClusterDouble, Exchange, Fault  # noqa: E402
 from tests.support.cluster_state import Candidate, compact  # noqa: E402
 
@@ -113,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pki", required=True, type=pathlib.Path, help="the demo PKI directory")
     parser.add_argument("--state-dir", required=True, type=pathlib.Path, help="where the cluster writes its files")
     parser.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (default: any free one)")
+    parser.add_argument("--admin-port", type=int, default=0, help="admin listener port on 127.0.0.1 (default: any)")
     parser.add_argument("--worker-id", default="edge-1")
     args = parser.parse_args(argv)
     state_dir = args.state_dir.resolve()
@@ -138,10 +147,11 @@ def main(argv: list[str] | None = None) -> int:
                     "fault": exchange.fault,
                     "committed": exchange.committed,
                 })
-            snapshot = cluster.state.snapshot()
-            snapshot["offerRequests"] = offer_requests
-            snapshot["requests"] = len(cluster.exchanges)
-            _write_private(state_dir / "cluster-state.json", compact(snapshot) + b"\n")
+        dump()
+
+    def dump() -> None:
+        with lock:
+            write_state(cluster, state_dir, {"offerRequests": offer_requests})
 
     cluster = ClusterDouble(worker_id=args.worker_id, credential_id=f"{args.worker_id}.primary", port=args.port,
                             on_exchange=record)
@@ -161,11 +171,13 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr, flush=True)
 
     signal.signal(signal.SIGUSR1, arm_drop)
-    with cluster:
+    with cluster, AdminListener(cluster, args.admin_port, on_change=dump) as admin:
+        _write_private(state_dir / ADMIN_FILE, compact({"origin": admin.origin}) + b"\n")
         print(json.dumps({
             "pid": os.getpid(),
             "port": cluster.port,
             "origin": cluster.origin,
+            "adminOrigin": admin.origin,
             "workerId": cluster.worker_id,
             "credentialId": cluster.credential_id,
             "credentialFile": str(credential_file),

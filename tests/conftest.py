@@ -12,6 +12,7 @@ import pytest
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from qinglong_edge.process.cgroups import CgroupManager, RunCgroup
+    from tests.support.openwrt_tools import OpenwrtTools
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CORPORA_ENV = "QINGLONG_EDGE_CORPORA"
@@ -47,6 +48,20 @@ def private_dir(tmp_path: pathlib.Path) -> pathlib.Path:
 def python_cli() -> list[str]:
     """argv prefix that runs the real CLI in a child interpreter."""
     return [sys.executable, "-m", "qinglong_edge"]
+
+
+@pytest.fixture(scope="session")
+def openwrt_tools() -> OpenwrtTools:
+    """OpenWrt's real opkg-cl and uci (tests/support/openwrt_tools.py): skip with the reason when
+    they are not built, fail instead under $QINGLONG_EDGE_REQUIRE_OPENWRT_TOOLS=1 (.ci/run)."""
+    from tests.support.openwrt_tools import REQUIRE_ENV, find_tools
+
+    found = find_tools()
+    if isinstance(found, str):
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(f"{found} (required: ${REQUIRE_ENV}=1)")
+        pytest.skip(found)
+    return found
 
 
 @pytest.fixture(scope="session")

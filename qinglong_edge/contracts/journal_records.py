@@ -16,17 +16,11 @@ Files (each ``JSON.stringify(record) + "\\n"``, 2-163 840 bytes):
     ``invalid_configuration`` (a negative or unsafe ``createdAtMs``/``updatedAtMs``/
     ``nextAttemptAtMs``), the field codes of :class:`ClaimAuthority` for the authority.
 ``offers/<offerId>.json`` (inbox record)
-    ``schemaVersion (1), revision, state, offer, acceptedAtMs, updatedAtMs`` then the
-    optional ``executorHandle, executorStartedAtMs, logArtifactId,
-    completionReceiptCallbackSequence, completionReceiptTokenDigest,
-    completionAcknowledgedAtMs, recoveryReason``. Which optional field each state
-    requires, allows or forbids follows ``normalizeWorkerRemoteExecutionInboxRecord``
-    (:data:`INBOX_FIELD_STATES`). Codes: ``key_set``, ``schema_version``,
-    ``inbox_state``, ``record_order`` (``updatedAtMs < acceptedAtMs``),
-    ``invalid_record`` (an optional field in a state that forbids it, a missing
-    required one, a broken pair), field codes, every code of
-    :func:`~qinglong_edge.contracts.offer.normalize_internal_offer` under ``$.offer``,
-    ``offer_conflict`` (the record names another offer than its file).
+    The record rules and the state machine are :mod:`qinglong_edge.contracts.inbox`
+    (re-exported here: :func:`normalize_inbox_record`, :func:`check_inbox_update`,
+    :func:`inbox_record`, the state tables); this module adds the file bytes
+    (:func:`inbox_record_bytes`, :func:`parse_inbox_record`; code ``offer_conflict``
+    when the record names another offer than its file).
 ``abandoned/<offerId>.json`` (our decision, spec README)
     A claim given up, *without* its plaintext lease token: ``schemaVersion (1),
     offerId, reason, abandonedAtMs, workerId, workerSessionId, workerGeneration,
@@ -34,24 +28,29 @@ Files (each ``JSON.stringify(record) + "\\n"``, 2-163 840 bytes):
     lastAttemptAtMs, nextAttemptAtMs``; ``reason`` is one of :data:`ABANDON_REASONS`
     (code ``abandon_reason``).
 
-Update rules (section 3.6, :func:`check_inbox_update`): ``offer_conflict`` (authority
-changed), ``offer_revision_conflict`` (revision not +1, ``acceptedAtMs`` changed,
-``updatedAtMs`` or ``lease.version`` decreased, same lease version with a different
-lease), ``invalid_transition`` (state not allowed, a set optional field changed).
+Update rules (section 3.6): :func:`~qinglong_edge.contracts.inbox.check_inbox_update`.
 """
 
 from __future__ import annotations
 
-from qinglong_edge.contracts._shape import Frozen, child, exact_keys, int_value, is_int, object_value, utf8_length
+from qinglong_edge.contracts._shape import Frozen, exact_keys, int_value, is_int, object_value
 from qinglong_edge.contracts.errors import ContractError
-from qinglong_edge.contracts.fields import MAX_INT32, MAX_SAFE_INTEGER, has_control
+from qinglong_edge.contracts.fields import MAX_SAFE_INTEGER
 from qinglong_edge.contracts.ids import HEX64
-from qinglong_edge.contracts.offer import (
-    ClaimAuthority,
-    check_authority_fields,
-    normalize_internal_offer,
-    same_offer_authority,
+
+# The inbox record rules and state machine live in contracts/inbox.py; these names are
+# re-exported so existing callers (worker/journal.py, commands, tests) keep working.
+from qinglong_edge.contracts.inbox import (
+    INBOX_FIELD_STATES,
+    INBOX_OPTIONAL_KEYS,
+    INBOX_STATES,
+    INBOX_TRANSITIONS,
+    RECOVERY_REASONS,
+    check_inbox_update,
+    inbox_record,
+    normalize_inbox_record,
 )
+from qinglong_edge.contracts.offer import ClaimAuthority, check_authority_fields
 from qinglong_edge.contracts.strictjson import dumps, loads
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
@@ -88,70 +87,6 @@ _CLAIM_KEYS = (
     "schemaVersion", "revision", "workerId", "workerSessionId", "workerGeneration", "offerId", "leaseToken",
     "attemptCount", "createdAtMs", "updatedAtMs", "lastAttemptAtMs", "nextAttemptAtMs",
 )
-
-INBOX_STATES: tuple[str, ...] = (
-    "accepted",
-    "starting_acknowledged",
-    "launching",
-    "started",
-    "running_acknowledged",
-    "start_failed",
-    "start_failure_acknowledged",
-    "completion_acknowledged",
-    "recovery_required",
-)
-
-
-def _to(state: str, *targets: str) -> frozenset[str]:
-    return frozenset((state, *targets))  # same-state is always allowed
-
-
-#: Allowed inbox transitions (section 3.4); every state may also stay where it is.
-INBOX_TRANSITIONS: dict[str, frozenset[str]] = {
-    "accepted": _to("accepted", "starting_acknowledged", "recovery_required"),
-    "starting_acknowledged": _to("starting_acknowledged", "launching", "start_failed", "recovery_required"),
-    "launching": _to("launching", "started", "start_failed", "completion_acknowledged", "recovery_required"),
-    "started": _to("started", "running_acknowledged", "completion_acknowledged", "recovery_required"),
-    "running_acknowledged": _to("running_acknowledged", "completion_acknowledged", "recovery_required"),
-    "start_failed": _to("start_failed", "start_failure_acknowledged", "recovery_required"),
-    "start_failure_acknowledged": _to("start_failure_acknowledged"),
-    "completion_acknowledged": _to("completion_acknowledged"),
-    "recovery_required": _to("recovery_required", "completion_acknowledged"),
-}
-
-RECOVERY_REASONS: tuple[str, ...] = (
-    "launch_outcome_unknown",
-    "control_plane_already_running",
-    "control_plane_terminal",
-    "lease_lost_local_execution_stopped",
-    "lease_lost_local_execution_unverified",
-)
-_BASE_KEYS = ("schemaVersion", "revision", "state", "offer", "acceptedAtMs", "updatedAtMs")
-INBOX_OPTIONAL_KEYS: tuple[str, ...] = (
-    "executorHandle",
-    "executorStartedAtMs",
-    "logArtifactId",
-    "completionReceiptCallbackSequence",
-    "completionReceiptTokenDigest",
-    "completionAcknowledgedAtMs",
-    "recoveryReason",
-)
-_LAUNCHED = frozenset({"launching", "started", "running_acknowledged", "completion_acknowledged"})
-_MAYBE_LAUNCHED = frozenset({"start_failed", "start_failure_acknowledged", "recovery_required"})
-#: Per optional field: (states that require it, states that allow it without requiring it).
-#: Derived from ``normalizeWorkerRemoteExecutionInboxRecord``; every other state forbids it.
-#: The receipt pair (callback sequence + token digest) shares one rule.
-INBOX_FIELD_STATES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
-    "executorHandle": (
-        frozenset({"started", "running_acknowledged"}),
-        frozenset({"completion_acknowledged", "recovery_required"}),
-    ),
-    "executorStartedAtMs": (_LAUNCHED, _MAYBE_LAUNCHED),
-    "logArtifactId": (_LAUNCHED, _MAYBE_LAUNCHED),
-    "completionReceiptCallbackSequence": (_LAUNCHED, _MAYBE_LAUNCHED),
-    "completionAcknowledgedAtMs": (frozenset({"completion_acknowledged"}), frozenset()),
-    "recoveryReason": (frozenset({"recovery_required"}), frozenset()),
-}
 
 ABANDON_REASONS: tuple[str, ...] = ("stale_session", "attempt_budget_exhausted", "offer_fenced")
 _ABANDONED_KEYS = (
@@ -347,101 +282,6 @@ def parse_pending_claim(data: bytes) -> PendingClaim:
     )
 
 
-def _bounded_text(value: object, path: str, max_bytes: int) -> str:
-    if not isinstance(value, str):
-        raise ContractError("not_string", path, "must be a string")
-    if not value or utf8_length(value) > max_bytes:
-        raise ContractError("length", path, f"must be 1..{max_bytes} UTF-8 bytes")
-    if has_control(value):
-        raise ContractError("control_character", path, "control characters are not allowed")
-    return value
-
-
-def _optional_value(key: str, value: object, path: str) -> object:
-    if key == "executorHandle":
-        return _bounded_text(value, path, 512)
-    if key == "logArtifactId":
-        return _bounded_text(value, path, 36)
-    if key == "completionReceiptCallbackSequence":
-        return int_value(value, path, 1, MAX_INT32)
-    if key == "completionReceiptTokenDigest":
-        if not isinstance(value, str) or HEX64.fullmatch(value) is None:
-            raise ContractError("pattern", path, "must be 64 lowercase hex characters")
-        return value
-    if key == "recoveryReason":
-        if not isinstance(value, str) or value not in RECOVERY_REASONS:
-            raise ContractError("recovery_reason", path, "not a known recovery reason")
-        return value
-    return int_value(value, path)  # executorStartedAtMs, completionAcknowledgedAtMs
-
-
-def normalize_inbox_record(value: object, path: str = "$") -> dict[str, Any]:
-    """Validate an inbox record (``normalizeWorkerRemoteExecutionInboxRecord``).
-
-    Returns:
-        A new dict in file key order (base keys, then the present optional keys in
-        their order) with the offer re-normalized.
-
-    Raises:
-        ContractError: codes in the module docstring.
-    """
-    source = object_value(value, path)
-    exact_keys(source, _BASE_KEYS, path, INBOX_OPTIONAL_KEYS)
-    if source["schemaVersion"] != 1 or not is_int(source["schemaVersion"]):
-        raise ContractError("schema_version", child(path, "schemaVersion"), "must be 1")
-    state = source["state"]
-    if not isinstance(state, str) or state not in INBOX_TRANSITIONS:
-        raise ContractError("inbox_state", child(path, "state"), "not a known inbox state")
-    revision = int_value(source["revision"], child(path, "revision"))
-    accepted_at = int_value(source["acceptedAtMs"], child(path, "acceptedAtMs"))
-    updated_at = int_value(source["updatedAtMs"], child(path, "updatedAtMs"))
-    if updated_at < accepted_at:
-        raise ContractError("record_order", child(path, "updatedAtMs"), "must be >= acceptedAtMs")
-    offer = normalize_internal_offer(source["offer"], child(path, "offer"))
-    out: dict[str, Any] = {
-        "schemaVersion": 1,
-        "revision": revision,
-        "state": state,
-        "offer": offer,
-        "acceptedAtMs": accepted_at,
-        "updatedAtMs": updated_at,
-    }
-    for key in INBOX_OPTIONAL_KEYS:
-        if key in source:
-            out[key] = _optional_value(key, source[key], child(path, key))
-    if ("completionReceiptCallbackSequence" in out) != ("completionReceiptTokenDigest" in out):
-        raise ContractError("invalid_record", child(path, "completionReceiptTokenDigest"),
-                            "the completion receipt sequence and token digest come as a pair")
-    if "executorHandle" in out and "executorStartedAtMs" not in out:
-        raise ContractError("invalid_record", child(path, "executorStartedAtMs"),
-                            "an executor handle needs its start time")
-    for key, (required, allowed) in INBOX_FIELD_STATES.items():
-        present = key in out
-        if state in required and not present:
-            raise ContractError("invalid_record", child(path, key), f"required in state {state}")
-        if present and state not in required and state not in allowed:
-            raise ContractError("invalid_record", child(path, key), f"not allowed in state {state}")
-    return out
-
-
-def inbox_record(offer: dict[str, Any], now_ms: int) -> dict[str, Any]:
-    """A new inbox record for an accepted offer: state ``accepted``, revision 0.
-
-    Args:
-        offer: an internal offer (``OfferedResponse.offer``); it is re-normalized.
-        now_ms: wall-clock ms; becomes ``acceptedAtMs`` and ``updatedAtMs``.
-    """
-    int_value(now_ms, "$.acceptedAtMs")
-    return normalize_inbox_record({
-        "schemaVersion": 1,
-        "revision": 0,
-        "state": "accepted",
-        "offer": offer,
-        "acceptedAtMs": now_ms,
-        "updatedAtMs": now_ms,
-    })
-
-
 def inbox_record_bytes(record: dict[str, Any]) -> bytes:
     """Validate ``record`` and serialize it: file key order, compact, ``"\\n"``, 2-163 840 bytes."""
     return _record_bytes(normalize_inbox_record(record))
@@ -458,41 +298,6 @@ def parse_inbox_record(data: bytes, expected_offer_id: str | None = None) -> dic
     if expected_offer_id is not None and record["offer"]["offerId"] != expected_offer_id:
         raise ContractError("offer_conflict", "$.offer.offerId", "does not match the file name")
     return record
-
-
-def check_inbox_update(old: dict[str, Any], new: dict[str, Any], *, compare_delivery_kind: bool = False) -> None:
-    """Check that ``new`` may replace ``old`` (section 3.6; ``assertWorkerRemoteExecutionInboxTransition``).
-
-    Both records are re-normalized first. ``deliveryKind`` is not part of the
-    authority unless ``compare_delivery_kind`` (spec README: a ``lease_recovery``
-    replay with a higher lease version over a stored ``new_claim`` updates the lease).
-
-    Raises:
-        ContractError: ``offer_conflict``, ``offer_revision_conflict``,
-            ``invalid_transition`` (or a validation code for an invalid record).
-    """
-    before = normalize_inbox_record(old)
-    after = normalize_inbox_record(new)
-    if not same_offer_authority(before["offer"], after["offer"], compare_delivery_kind=compare_delivery_kind):
-        raise ContractError("offer_conflict", "$.offer", "the offer authority changed")
-    lease_before, lease_after = before["offer"]["lease"], after["offer"]["lease"]
-    for ok, at, detail in (
-        (after["revision"] == before["revision"] + 1, "$.revision", "must be the stored revision + 1"),
-        (after["acceptedAtMs"] == before["acceptedAtMs"], "$.acceptedAtMs", "must not change"),
-        (after["updatedAtMs"] >= before["updatedAtMs"], "$.updatedAtMs", "must not decrease"),
-        (lease_after["version"] >= lease_before["version"], "$.offer.lease.version", "must not decrease"),
-        (lease_after["version"] != lease_before["version"] or dumps(lease_after) == dumps(lease_before),
-         "$.offer.lease", "same version, different lease"),
-    ):
-        if not ok:
-            raise ContractError("offer_revision_conflict", at, detail)
-    if after["state"] not in INBOX_TRANSITIONS[before["state"]]:
-        raise ContractError("invalid_transition", "$.state", f"{before['state']} cannot become {after['state']}")
-    for key in INBOX_OPTIONAL_KEYS:
-        if key == "recoveryReason" and after["state"] == "completion_acknowledged":
-            continue  # the one field that may go away (recovery_required -> completion_acknowledged)
-        if key in before and before[key] != after.get(key):
-            raise ContractError("invalid_transition", child("$", key), "a set optional field may not change")
 
 
 class AbandonedClaim(Frozen):

@@ -212,7 +212,7 @@ def _walk(root: Any) -> None:
 
 
 def loads(
-    data: bytes,
+    data: bytes | bytearray | memoryview,
     *,
     max_bytes: int,
     min_bytes: int = 1,
@@ -221,7 +221,7 @@ def loads(
     """Decode ``data`` as strict JSON.
 
     Args:
-        data: the raw bytes (UTF-8, no BOM; callers that must accept one BOM, as the
+        data: the raw bytes, ``bytes``-like (UTF-8, no BOM; callers that must accept one BOM, as the
             Local API does, strip it first).
         max_bytes: size cap in bytes, checked before anything else.
         min_bytes: size floor in bytes (the offer contract uses 2).
@@ -242,7 +242,9 @@ def loads(
     if size < min_bytes:
         raise StrictJsonError("too_small", "$", f"{size} bytes is below {min_bytes}")
     try:
-        text = bytes(data).decode("utf-8", errors="strict")
+        # str() decodes straight from the buffer: a bytearray body holding secrets is not
+        # copied into an immutable bytes object first (the caller can zero it afterwards).
+        text = str(data, "utf-8", "strict")
     except UnicodeDecodeError as exc:
         raise StrictJsonError("invalid_utf8", "$", f"invalid UTF-8 at byte {exc.start}") from None
     _check_depth(text, max_depth)

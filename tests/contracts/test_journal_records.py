@@ -350,10 +350,20 @@ def test_rejects_a_changed_optional_field() -> None:
 
 
 def test_recovery_reason_may_go_away_on_completion() -> None:
-    old = {**base(), "state": "recovery_required", "recoveryReason": "control_plane_terminal"}
+    old = {**base(), "state": "recovery_required", **LAUNCH, "recoveryReason": "launch_outcome_unknown"}
     new = {k: v for k, v in old.items() if k != "recoveryReason"}
-    check_inbox_update(old, {**new, "revision": 1, "state": "completion_acknowledged",
-                             "completionAcknowledgedAtMs": 1009, **LAUNCH})
+    check_inbox_update(old, {**new, "revision": 1, "state": "completion_acknowledged", "updatedAtMs": 1009,
+                             "completionAcknowledgedAtMs": 1009})
+
+
+def test_only_a_launch_outcome_unknown_recovery_completes() -> None:
+    # Tightening (remote-execution.md 2.2 T10; contracts/inbox.py): the other reasons are terminal.
+    old = {**base(), "state": "recovery_required", **LAUNCH, "recoveryReason": "control_plane_terminal"}
+    new = {k: v for k, v in old.items() if k != "recoveryReason"}
+    with pytest.raises(ContractError) as info:
+        check_inbox_update(old, {**new, "revision": 1, "state": "completion_acknowledged", "updatedAtMs": 1009,
+                                 "completionAcknowledgedAtMs": 1009})
+    assert (info.value.code, info.value.path) == ("invalid_transition", "$.state")
 
 
 # --- abandoned claims (spec README) ---------------------------------------------------------------------

@@ -36,10 +36,11 @@ class Dist:
 
     directory: pathlib.Path
     version: str
+    release: int = 1
 
     @property
     def ipk(self) -> pathlib.Path:
-        return self.directory / f"qinglong-edge_{self.version}-1_all.ipk"
+        return self.directory / f"qinglong-edge_{self.version}-{self.release}_all.ipk"
 
     @property
     def tarball(self) -> pathlib.Path:
@@ -50,10 +51,10 @@ class Dist:
         return self.directory / "qinglong-edge.pyz"
 
 
-def build_dist(output: pathlib.Path, epoch: int = EPOCH) -> subprocess.CompletedProcess[str]:
+def build_dist(output: pathlib.Path, epoch: int = EPOCH, release: int = 1) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, SOURCE_DATE_EPOCH=str(epoch))
     return subprocess.run(
-        [sys.executable, str(PACKAGING / "build.py"), "--output", str(output)],
+        [sys.executable, str(PACKAGING / "build.py"), "--output", str(output), "--release", str(release)],
         capture_output=True, text=True, env=env, check=False, timeout=120,
     )
 

@@ -210,6 +210,26 @@ def test_postrm_restarts_cron_after_removal_only(busybox: str, device: Device) -
         assert read_log(device.log) == expected, (instroot, upgrade)
 
 
+def test_postrm_removes_the_empty_code_directories_only(busybox: str, device: Device) -> None:
+    """opkg leaves the package's directories (it records files only); postrm removes the empty ones."""
+    library = device.root / LIB
+    for path in sorted(library.rglob("*"), reverse=True):
+        if path.is_file():
+            path.unlink()
+    (library / "qinglong_edge" / "notes.txt").write_text("the operator's\n")
+    script = str(device.root / INFO / "qinglong-edge.postrm")
+    for instroot, upgrade in ((True, False), (False, True)):
+        result = subprocess.run([busybox, "sh", script, "remove"], env=device.env(instroot=instroot, upgrade=upgrade),
+                                capture_output=True, text=True, check=False)
+        assert result.returncode == 0, result.stderr
+        assert (library / "qinglong_edge" / "worker").is_dir(), (instroot, upgrade)
+    result = subprocess.run([busybox, "sh", script, "remove"], env=device.env(instroot=False),
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.relative_to(library).as_posix() for p in library.rglob("*")) == [
+        "qinglong_edge", "qinglong_edge/notes.txt"]
+
+
 def test_boilerplate_does_nothing_without_functions_sh(busybox: str, device: Device) -> None:
     (device.root / "lib/functions.sh").unlink()
     result = device.run_script(busybox, "postinst", "configure", instroot=True)

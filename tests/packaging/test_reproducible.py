@@ -28,6 +28,25 @@ def test_two_builds_are_byte_identical(dist: Dist, tmp_path: pathlib.Path) -> No
         assert first[name] == second[name], f"{name} differs between two builds"
 
 
+def test_the_standard_library_alone_builds_the_same_bytes_on_every_python(dist: Dist, tmp_path: pathlib.Path) -> None:
+    """`make dist` runs with plain python3: `python -I -S` (no site-packages, no .venv) on every
+    interpreter >= 3.11 here builds exactly the session's artefacts."""
+    import os
+    import subprocess
+
+    from tests.packaging.conftest import PACKAGING
+    from tests.support.openwrt_split import available_pythons
+
+    expected = _files(dist.directory)
+    for index, python in enumerate(available_pythons()):
+        output = tmp_path / f"python-{index}"
+        proc = subprocess.run([python, "-I", "-S", str(PACKAGING / "build.py"), "--output", str(output)],
+                              capture_output=True, text=True, check=False, timeout=120,
+                              env={"PATH": os.environ["PATH"], "SOURCE_DATE_EPOCH": str(EPOCH)})
+        assert proc.returncode == 0, (python, proc.stderr)
+        assert _files(output) == expected, f"{python} built different bytes"
+
+
 def test_source_date_epoch_is_what_varies_the_artefacts(dist: Dist, tmp_path: pathlib.Path) -> None:
     later = tmp_path / "later"
     assert build_dist(later, EPOCH + 86400).returncode == 0

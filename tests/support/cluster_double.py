@@ -4,39 +4,45 @@ Never shipped in the router package. The HTTP/TLS part is
 :class:`tests.support.tls_server.TLSServer` (TLS 1.3 only, server certificate
 ``server.pem`` for ``localhost``/``127.0.0.1`` chained to ``root-ca``, a client
 certificate from ``client-ca`` required); the cluster's behaviour is
-:class:`tests.support.cluster_state.ClusterState` (see there for what is modelled).
+:class:`tests.support.cluster_state.ClusterState` (sessions, offers) and its
+``execution`` (:mod:`tests.support.cluster_execution`: starting, start-failure, running,
+secrets, lease-control, the artifacts stream, completion; fences, replays, deadlines,
+cancels and the outcome mapping as the reference cluster does them).
 
 In a test::
 
     with ClusterDouble(tasks=("shell", "python")) as cluster:
         files = cluster.provision(tmp_path)          # credential, client chain/key, anchor
         config = cluster.agent_config(tmp_path / "state", files, requestTimeoutMs=1000)
-        cluster.push_fault(Fault.drop())             # the next offers request commits, then
-        ...                                          # the connection drops unanswered
+        task = cluster.add_command_task("echo $A $KEY", env={"A": "1"}, secrets={"KEY": "s3cr3t"},
+                                        timeout_ms=5_000)
+        run_id = task.candidate["runId"]
+        cluster.push_fault(Fault.drop("lease-control"))   # commits, then drops the answer
+        ...
+        cluster.request_cancel(run_id)               # the next lease-control: stop_requested{user}
+        cluster.advance_clock(6_000)                 # past the deadline: stop_requested{timeout}
+        cluster.attempt(run_id).status               # claimed/starting/running/succeeded/...
+        cluster.lease_version(run_id), cluster.events(run_id), cluster.artifact(run_id).data
+        cluster.completion(run_id)["status"]         # the cluster's outcome mapping
+        cluster.fence_reasons("running")             # why each 409 was answered
         cluster.exchanges_for("offers")              # every request, raw body bytes kept
-        cluster.state.leases_by_offer()              # what the cluster committed
 
-Faults are scripted per request: :meth:`ClusterDouble.push_fault` queues them; each
-applies to the next request of its ``op`` (``offers`` by default; ``None``: any).
-With ``commit=True`` the request is processed first (the cluster committed), then
-the answer is lost: ``drop`` (close, no answer), ``error_500`` (answer 500
-``internal_error`` instead), ``delay`` (answer after ``delay_s``, past the client's
-timeout), ``hang`` (never answer; wait for the client to leave), ``mid_body`` (the
-head and half the body, then close), ``garbage`` (200 with a body that is not the
-contract). ``Fault.status_answer(429, code, retry_after="30")`` answers a status without
-processing the request (``commit=False``), as the authentication shield or a fence
-does.
+Faults are scripted per request (:mod:`tests.support.cluster_faults`): :meth:`push_fault`
+queues them; each applies to the next request of its ``op`` (any route; ``None``: any).
 
 As its own process (the demo)::
 
-    python -m tests.support.cluster_double --state-dir D [--port P] [--tasks shell,python]
+    python -m tests.support.cluster_double --state-dir D [--port P] [--admin-port A] [--tasks shell,python]
 
 provisions the worker files under ``D`` (``worker-private/`` 0700 with the
 credential, client chain and key 0600; ``anchors/root-ca.pem``), writes
-``D/agent-config.json`` (a ``qinglong/edge-agent@v1`` config for this double), prints
-one JSON line (port, origin, certificate fingerprints, file paths) and serves until
-SIGTERM/SIGINT, rewriting ``D/cluster-state.json`` (sessions, leases, request count;
-no secret) after every request.
+``D/agent-config.json`` (a ``qinglong/edge-agent@v1`` config for this double), starts
+the plain-HTTP admin listener on 127.0.0.1 (:mod:`tests.support.cluster_admin`: cancel a
+run, move the clock, read the state; its origin in ``D/cluster-admin.json``), prints one
+JSON line (port, origin, adminOrigin, certificate fingerprints, file paths) and serves
+until SIGTERM/SIGINT, rewriting ``D/cluster-state.json`` (sessions, leases, executions,
+request count; no secret, no token) after every request and admin action, and writing
+each stored log to ``D/artifacts/<logArtifactId>.log``.
 """
 
 from __future__ import annotations
@@ -51,65 +57,21 @@ import socket
 import ssl
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from qinglong_edge.contracts.credentials import encode_secret
 from qinglong_edge.contracts.ids import new_uuid4
-from tests.support.cluster_state import Candidate, ClusterState, compact, wall_ms
-from tests.support.cluster_tasks import TASK_KINDS, build_task
-from tests.support.tls_server import Action, Close, Hang, Request, Respond, TLSServer, cert_path
+from tests.support.cluster_attempts import Attempt, Event, FenceRecord, StoredArtifact
+from tests.support.cluster_completion import MAX_ARTIFACT_BODY_BYTES
+from tests.support.cluster_faults import Fault, response_bytes
+from tests.support.cluster_state import Candidate, ClusterState, compact
+from tests.support.cluster_tasks import TASK_KINDS, build_task, command_task
+from tests.support.cluster_wire import Clock, wall_ms
+from tests.support.tls_server import Action, Close, Request, Respond, TLSServer, cert_path
 
-__all__ = ["TASK_KINDS", "ClusterDouble", "Exchange", "Fault", "build_task"]
-
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-            405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large", 415: "Unsupported Media Type",
-            429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable",
-            504: "Gateway Timeout"}
-
-
-@dataclass(frozen=True)
-class Fault:
-    """One scripted failure (see the module docstring)."""
-
-    kind: str
-    op: str | None = "offers"
-    commit: bool = True
-    status: int = 500
-    code: str = "internal_error"
-    retry_after: str | None = None
-    delay_s: float = 0.0
-
-    @classmethod
-    def drop(cls, op: str | None = "offers") -> Fault:
-        return cls("drop", op)
-
-    @classmethod
-    def error_500(cls, op: str | None = "offers") -> Fault:
-        return cls("error_500", op)
-
-    @classmethod
-    def delay(cls, delay_s: float, op: str | None = "offers") -> Fault:
-        return cls("delay", op, delay_s=delay_s)
-
-    @classmethod
-    def hang(cls, op: str | None = "offers") -> Fault:
-        return cls("hang", op)
-
-    @classmethod
-    def mid_body(cls, op: str | None = "offers") -> Fault:
-        return cls("mid_body", op)
-
-    @classmethod
-    def garbage(cls, op: str | None = "offers", *, commit: bool = True) -> Fault:
-        return cls("garbage", op, commit=commit)
-
-    @classmethod
-    def status_answer(cls, status: int, code: str, *, retry_after: str | None = None,
-                      op: str | None = "offers") -> Fault:
-        """Answer ``status {"code": code}`` without processing the request."""
-        return cls("status", op, commit=False, status=status, code=code, retry_after=retry_after)
+__all__ = ["TASK_KINDS", "ClusterDouble", "Exchange", "Fault", "build_task", "command_task", "response_bytes"]
 
 
 @dataclass(frozen=True)
@@ -138,12 +100,6 @@ class Exchange:
         return json.loads(self.body)
 
 
-def response_bytes(status: int, headers: Iterable[tuple[str, str]], body: bytes) -> bytes:
-    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"]
-    lines += [f"{name}: {value}" for name, value in headers]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-
-
 class ClusterDouble:
     """The double: a TLS 1.3 mTLS server + :class:`ClusterState` + faults + a request log.
 
@@ -152,8 +108,12 @@ class ClusterDouble:
         credential_id: its ql3w credential id.
         tasks: task kinds queued at start (``shell``, ``python``).
         port: 0 for any free port.
-        clock_ms: the cluster's clock.
+        clock_ms: the cluster's clock source (ms); the double wraps it in a
+            :class:`~tests.support.cluster_wire.Clock` (``advance_clock``/``set_clock``)
+            unless it already is one.
         lease_duration_ms: how long a claimed lease runs.
+        renewal_duration_ms: what lease-control grants (5 000-600 000, default 30 000 as
+            the reference's lease-control service).
         on_exchange: called (outside the lock) after every recorded exchange.
     """
 
@@ -166,18 +126,22 @@ class ClusterDouble:
         port: int = 0,
         clock_ms: Callable[[], int] = wall_ms,
         lease_duration_ms: int = 30_000,
+        renewal_duration_ms: int = 30_000,
         on_exchange: Callable[[Exchange], None] | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.credential_id = credential_id
-        self._clock_ms = clock_ms
+        self._clock_source = clock_ms
+        self.clock = clock_ms if isinstance(clock_ms, Clock) else Clock(clock_ms)
         self._lease_duration_ms = lease_duration_ms
+        self._renewal_duration_ms = renewal_duration_ms
         self._faults: deque[Fault] = deque()
         self._exchanges: list[Exchange] = []
         self._cond = threading.Condition()
         self._on_exchange = on_exchange
         self.reset(tasks)
-        self.server = TLSServer(self._handle, identity="server", client_ca="client-ca")
+        self.server = TLSServer(self._handle, identity="server", client_ca="client-ca", head_handler=self._head,
+                                short_bodies=True)
         if port:
             _rebind(self.server, port)
 
@@ -213,10 +177,13 @@ class ClusterDouble:
 
     def reset(self, tasks: Iterable[str] = ()) -> None:
         """A fresh cluster behind the same server: new pepper, credential secret and state;
-        faults and the request log cleared (lets a test module share one TLS server)."""
+        faults and the request log cleared, the clock back to its source (lets a test
+        module share one TLS server)."""
         with self._cond:
-            self.state = ClusterState(os.urandom(32), clock_ms=self._clock_ms,
-                                      lease_duration_ms=self._lease_duration_ms)
+            if not isinstance(self._clock_source, Clock):
+                self.clock = Clock(self._clock_source)
+            self.state = ClusterState(os.urandom(32), clock_ms=self.clock, lease_duration_ms=self._lease_duration_ms,
+                                      renewal_duration_ms=self._renewal_duration_ms)
             self.secret = encode_secret(os.urandom(32))
             self.state.add_credential(self.credential_id, self.worker_id, self.secret)
             self._faults.clear()
@@ -224,10 +191,84 @@ class ClusterDouble:
         for kind in tasks:
             self.add_task(kind)
 
-    def add_task(self, kind: str, **options: Any) -> Candidate:
-        candidate = build_task(kind, now_ms=self.state.clock_ms(), **options)
+    # -- tasks, secrets ------------------------------------------------------------------------
+
+    def add_task(self, kind: str = "shell", **options: Any) -> Candidate:
+        """Queue a task (:func:`tests.support.cluster_tasks.build_task`: ``shell``, ``python``
+        or ``custom`` with ``command=``, ``environment=``, ``environment_bundle_ref=``,
+        ``timeout_ms=``, ``working_directory=``, ``task_id=``, ``secrets=``)."""
+        candidate = build_task(kind, now_ms=self.clock(), **options)
         self.state.add_candidate(candidate)
         return candidate
+
+    def add_command_task(self, command: str | Iterable[str] | dict[str, Any], **options: Any) -> Candidate:
+        """Queue a custom task (:func:`tests.support.cluster_tasks.command_task`: a shell
+        string, an argv list or a command dict; ``env=``, ``secrets=`` name -> value,
+        ``bundle=`` name -> value, ``timeout_ms=``, ``working_directory=``, ``task_id=``)."""
+        spec = command if isinstance(command, str | dict) else list(command)
+        candidate = command_task(spec, now_ms=self.clock(), **options)
+        self.state.add_candidate(candidate)
+        return candidate
+
+    def define_secret(self, name: str, value: str, *, project_id: str = "project-1",
+                      version: int | None = None) -> str:
+        """A project secret the secrets route delivers; returns its ``qlsecret:v1:`` ref."""
+        return self.state.execution.define_secret(name, value, project_id=project_id, version=version)
+
+    def define_environment_bundle(self, name: str, entries: Mapping[str, str], *, project_id: str = "project-1",
+                                  version: int = 1) -> str:
+        """An environment bundle secret; returns its ref (for ``environment_bundle_ref=``)."""
+        return self.state.execution.define_environment_bundle(name, entries, project_id=project_id,
+                                                              version=version)
+
+    # -- the cluster's side of an execution -----------------------------------------------------
+
+    def advance_clock(self, ms: int) -> int:
+        """Move the cluster's clock forward (lease expiry, deadlines); returns the new time."""
+        return self.clock.advance(ms)
+
+    def set_clock(self, ms: int) -> None:
+        """Freeze the cluster's clock at ``ms`` (``self.clock.release()`` unfreezes)."""
+        self.clock.set(ms)
+
+    def now_ms(self) -> int:
+        return self.clock()
+
+    def request_cancel(self, run_id: str, reason: str = "user") -> str:
+        """An operator (``user``) or the system (``policy``, ``shutdown``, ``reconcile``,
+        ``timeout``) cancels a claimed run: ``accepted`` / ``already_requested`` /
+        ``already_terminal``. KeyError for a run nobody claimed."""
+        return self.state.execution.request_cancel(run_id, reason)
+
+    def attempt(self, run_id: str | None = None, *, attempt_id: str | None = None,
+                offer_id: str | None = None) -> Attempt:
+        """The cluster's row of a claimed attempt (live: read it, do not change it)."""
+        return self.state.execution.attempt(run_id, attempt_id=attempt_id, offer_id=offer_id)
+
+    def lease_version(self, run_id: str) -> int:
+        return self.attempt(run_id).lease.version
+
+    def events(self, run_id: str) -> list[Event]:
+        return self.state.execution.events(run_id)
+
+    def artifact(self, run_id: str) -> StoredArtifact | None:
+        """The stored log (``.data`` bytes, ``.sha256``, ``.truncated``) or None."""
+        return self.state.execution.artifact(run_id)
+
+    def completion(self, run_id: str) -> dict[str, Any] | None:
+        """The accepted completion: ``status`` (the cluster's mapping), ``errorCode``,
+        ``result``, ``artifact``, ``terminalAtMs``; None before one."""
+        return self.attempt(run_id).completion
+
+    def fence_reasons(self, op: str | None = None) -> list[FenceRecord]:
+        """Every 409 answered (``op``, ``reason``, ``run_id``, ``attempt_id``, ``at_ms``)."""
+        return self.state.execution.fence_reasons(op)
+
+    def executions(self) -> dict[str, Any]:
+        """A JSON-able view of every claimed attempt by runId (no token, no secret)."""
+        return self.state.execution.snapshot()
+
+    # -- scripting ---------------------------------------------------------------------------
 
     def push_fault(self, *faults: Fault) -> None:
         with self._cond:
@@ -309,51 +350,38 @@ class ClusterDouble:
         if self._on_exchange is not None:
             self._on_exchange(exchange)
 
+    def _head(self, request: Request) -> bytes | Action | None:
+        """Refuse an upload whose content-length is over the stream cap before reading it
+        (the reference checks it before the body, after route and authentication)."""
+        op = _op(request.target)
+        length = request.header("content-length") or ""
+        if op != "artifacts" or not length.isdigit() or int(length) <= MAX_ARTIFACT_BODY_BYTES:
+            return None
+        reply = self.state.handle(request.method, request.target, request.headers, None)
+        self._record(request, reply.op or op, reply.status, None, False)
+        return Respond(response_bytes(reply.status, reply.headers, reply.body), close=True)
+
     def _handle(self, request: Request) -> bytes | Action:
-        op = request.target.partition("?")[0].rsplit("/", 1)[-1]
+        op = _op(request.target)
+        if not request.complete and op != "artifacts":
+            return Close()  # the client left mid-body: nothing to answer (as before)
         fault = self._take_fault(op)
-        if fault is not None and not fault.commit and fault.kind == "status":
-            body = compact({"code": fault.code})
-            headers = [("cache-control", "no-store"), ("content-type", "application/json; charset=utf-8"),
-                       ("content-length", str(len(body))), ("x-content-type-options", "nosniff"),
-                       ("x-request-id", new_uuid4())]
-            if fault.retry_after is not None:
-                headers.append(("retry-after", fault.retry_after))
-            self._record(request, op, fault.status, fault, False)
-            return response_bytes(fault.status, headers, body)
-        if fault is not None and fault.kind == "garbage" and not fault.commit:
-            self._record(request, op, 200, fault, False)
-            return _garbage()
-        reply = self.state.handle(request.method, request.target, request.headers, request.body)
-        data = response_bytes(reply.status, reply.headers, reply.body)
-        committed = reply.committed
+        if fault is not None and not fault.commit:
+            status, data = fault.uncommitted(op, new_uuid4())
+            self._record(request, op, status, fault, False)
+            return Respond(data, close=not request.complete)
+        reply = self.state.handle(request.method, request.target, request.headers, request.body,
+                                  complete=request.complete)
         if fault is None:
-            self._record(request, reply.op or op, reply.status, None, committed)
-            return Respond(data, close=reply.close)
-        kind = fault.kind
-        self._record(request, reply.op or op, 500 if kind == "error_500" else
-                     (200 if kind == "garbage" else None), fault, committed)
-        if kind == "drop":
-            return Close()
-        if kind == "hang":
-            return Hang()
-        if kind == "delay":
-            return Respond(data, delay_s=fault.delay_s, close=True)
-        if kind == "mid_body":
-            return Respond(data[: len(data) - len(reply.body) // 2], close=True)
-        if kind == "garbage":
-            return _garbage()
-        body = compact({"code": "internal_error"})
-        return response_bytes(500, [("cache-control", "no-store"),
-                                    ("content-type", "application/json; charset=utf-8"),
-                                    ("content-length", str(len(body))), ("x-content-type-options", "nosniff"),
-                                    ("x-request-id", new_uuid4())], body)
+            self._record(request, reply.op or op, reply.status, None, reply.committed)
+            return Respond(response_bytes(reply.status, reply.headers, reply.body), close=reply.close)
+        sent, answer = fault.committed(op, reply)
+        self._record(request, reply.op or op, sent, fault, reply.committed)
+        return answer
 
 
-def _garbage() -> bytes:
-    body = b'{"schema":"qinglong/remote-execution-offer@v1","status":"offered","offer":'
-    return response_bytes(200, [("content-type", "application/json; charset=utf-8"),
-                                ("content-length", str(len(body)))], body)
+def _op(target: str) -> str:
+    return target.partition("?")[0].rsplit("/", 1)[-1]
 
 
 def _rebind(server: TLSServer, port: int) -> None:
@@ -382,10 +410,13 @@ def _fingerprint(name: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tests.support.cluster_admin import ADMIN_FILE, AdminListener, write_private, write_state
+
     parser = argparse.ArgumentParser(prog="python -m tests.support.cluster_double",
                                      description="QingLong cluster double (worker ingress, TLS 1.3 mTLS)")
     parser.add_argument("--state-dir", required=True, help="where the worker files and state are written")
     parser.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (default: any free one)")
+    parser.add_argument("--admin-port", type=int, default=0, help="admin listener port on 127.0.0.1 (default: any)")
     parser.add_argument("--tasks", default="shell,python", help="comma-separated task kinds to queue")
     parser.add_argument("--worker-id", default="edge-1")
     parser.add_argument("--credential-id", default="edge-1.primary")
@@ -394,11 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     kinds = [kind for kind in args.tasks.split(",") if kind]
     lock = threading.Lock()
 
-    def dump(_exchange: Exchange) -> None:
+    def dump(_exchange: Exchange | None = None) -> None:
         with lock:
-            snapshot = cluster.state.snapshot()
-            snapshot["requests"] = len(cluster.exchanges)
-            _write_atomically(state_dir / "cluster-state.json", compact(snapshot) + b"\n", 0o600)
+            write_state(cluster, state_dir)
 
     cluster = ClusterDouble(worker_id=args.worker_id, credential_id=args.credential_id, tasks=kinds,
                             port=args.port, on_exchange=dump)
@@ -409,10 +438,13 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    with cluster:
+    with cluster, AdminListener(cluster, args.admin_port, on_change=dump) as admin:
+        write_private(state_dir / ADMIN_FILE, compact({"origin": admin.origin}) + b"\n")
+        dump()
         print(json.dumps({
             "port": cluster.port,
             "origin": cluster.origin,
+            "adminOrigin": admin.origin,
             "serverCertificateSha256": _fingerprint("server.pem"),
             "trustAnchorSha256": _fingerprint("root-ca.pem"),
             "clientCaSha256": _fingerprint("client-ca.pem"),

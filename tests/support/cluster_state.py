@@ -24,7 +24,10 @@ Order of checks (first failure answers)::
              (the part before ';', trimmed, compared case-sensitively)
              not JSON                        -> 400 invalid_json
              empty body (null)               -> 400 invalid_worker_request
-    route handler (register / heartbeat / offers)
+    route handler (register / heartbeat / offers; the execution routes starting,
+    start-failure, running, secrets, lease-control, completion and the artifacts
+    stream are :attr:`ClusterState.execution`, :mod:`tests.support.cluster_execution`,
+    which does its own framing for the stream route)
 
 Credentials: only the HMAC digest is stored (``worker_credential_digest`` with the
 double's 32-byte pepper), with ``state`` and ``notBeforeAtMs <= now < expiresAtMs``.
@@ -54,9 +57,9 @@ Offers (``claimNext``), keyed by (workerId, offerId):
   leaseGeneration 1, expires now + ``lease_duration_ms``) bound to the token digest,
   answered ``new_claim``.
 
-Not modelled (the pull cycle never meets them): the authentication shield's counters
-(429/503 come from scripted faults instead), active leases counted against
-``availableSlots``, the other session/lease operations of section 5.
+Not modelled: the authentication shield's counters (429/503 come from scripted faults
+instead), active leases counted against ``availableSlots``, ``transition`` and
+``attestations`` (503 ``worker_ingress_unavailable``).
 """
 
 from __future__ import annotations
@@ -66,17 +69,35 @@ import hmac
 import json
 import re
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from qinglong_edge.contracts.credentials import WORKER_DIGEST_PREFIX, decode_secret
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.placement import canonical_capabilities
+from tests.support.cluster_execution import EXECUTION_OPS, Executions
+from tests.support.cluster_wire import (
+    MAX_SAFE,
+    Failure,
+    Reply,
+    compact,
+    dispatch_id,
+    exact_keys,
+    header,
+    js_int,
+    wall_ms,
+)
 
-MAX_SAFE = 2**53 - 1
+# Older names, kept for the modules that import them from here.
+_Failure = Failure
+_js_int = js_int
+_dispatch_id = dispatch_id
+_exact = exact_keys
+_header = header
+__all__ = ["MAX_SAFE", "Candidate", "ClusterState", "Credential", "LeaseRow", "Reply", "SessionRow", "compact",
+           "wall_ms"]
 OFFER_SCHEMA = "qinglong/remote-execution-offer@v1"
 REGISTER_SCHEMA = "qinglong/worker-session-register@v1"
 HEARTBEAT_SCHEMA = "qinglong/worker-session-heartbeat@v1"
@@ -93,34 +114,6 @@ _AUTHORIZATION = re.compile(r"Worker ql3w_([A-Za-z0-9][A-Za-z0-9._:-]{0,63})_([A
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _LEASE_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 _METHODS = ("DELETE", "GET", "PATCH", "POST", "PUT")
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def compact(value: Any) -> bytes:
-    """``JSON.stringify``: compact, insertion order, non-ASCII kept."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-
-
-class _Failure(Exception):
-    def __init__(self, status: int, code: str) -> None:
-        super().__init__(code)
-        self.status = status
-        self.code = code
-
-
-@dataclass(frozen=True)
-class Reply:
-    """What the double answers. ``committed`` is True when the call changed state."""
-
-    status: int
-    body: bytes
-    headers: tuple[tuple[str, str], ...]
-    close: bool = False
-    op: str | None = None
-    committed: bool = False
 
 
 @dataclass
@@ -156,6 +149,8 @@ class Candidate:
     revision: dict[str, Any]
     plan_available: bool = True
     placement_score: int = 0
+    #: Secret values the task needs (secretRef -> value), registered with the double.
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass
@@ -189,38 +184,6 @@ class LeaseRow:
         }
 
 
-def _js_int(value: object, low: int = 0, high: int = MAX_SAFE) -> int:
-    """A JS safe integer (``1.0`` counts, as ``Number.isSafeInteger`` says); else TypeError."""
-    if isinstance(value, bool):
-        raise TypeError("not an integer")
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not isinstance(value, int) or not low <= value <= high:
-        raise TypeError("not a safe integer in range")
-    return value
-
-
-def _dispatch_id(value: object) -> str:
-    if not isinstance(value, str) or not 1 <= len(value.encode("utf-16-le")) // 2 <= 128:
-        raise TypeError("bad id")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
-        raise TypeError("bad id")
-    return value
-
-
-def _exact(body: object, keys: Iterable[str]) -> dict[str, Any]:
-    if not isinstance(body, dict) or sorted(body) != sorted(keys):
-        raise _Failure(400, "invalid_worker_request")
-    return body
-
-
-def _header(headers: Iterable[tuple[str, str]], name: str) -> str | None:
-    for key, value in headers:
-        if key.lower() == name:
-            return value
-    return None
-
-
 class ClusterState:
     """Credentials, sessions, candidates and leases of one double (thread-safe).
 
@@ -229,6 +192,9 @@ class ClusterState:
         clock_ms: the cluster's wall clock (ms).
         lease_duration_ms: how long a claimed lease runs.
         max_body_bytes: the ingress body cap (1 KiB-64 KiB in the reference).
+        renewal_duration_ms: what lease-control grants (5 000-600 000; the reference's
+            lease-control ``leaseDurationMs`` option, default 30 000, independent of the
+            claim's duration).
     """
 
     def __init__(
@@ -238,6 +204,7 @@ class ClusterState:
         clock_ms: Callable[[], int] = wall_ms,
         lease_duration_ms: int = DEFAULT_LEASE_DURATION_MS,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        renewal_duration_ms: int = DEFAULT_LEASE_DURATION_MS,
     ) -> None:
         if len(pepper) != 32:
             raise ValueError("the pepper is 32 bytes")
@@ -252,6 +219,7 @@ class ClusterState:
         self.replaced_sessions: list[SessionRow] = []
         self.candidates: list[Candidate] = []
         self.leases: dict[tuple[str, str], LeaseRow] = {}
+        self.execution = Executions(self, lease_duration_ms=renewal_duration_ms)
 
     # -- set-up and knobs ------------------------------------------------------------------
 
@@ -267,6 +235,7 @@ class ClusterState:
     def add_candidate(self, candidate: Candidate) -> None:
         with self.lock:
             self.candidates.append(candidate)
+            self.execution.secret_values.update(candidate.secrets)
 
     def expire_session(self, worker_id: str) -> None:
         """The session's lease ran out on the cluster (its heartbeats stopped)."""
@@ -305,12 +274,18 @@ class ClusterState:
                             "expiresAtMs": row.expires_at_ms}
                     for (_, offer), row in self.leases.items()
                 },
+                "executions": self.execution.snapshot(),
             }
 
     # -- the request pipeline ----------------------------------------------------------------
 
-    def handle(self, method: str, target: str, headers: tuple[tuple[str, str], ...], body: bytes) -> Reply:
-        """Answer one request (see the module docstring for the order of checks)."""
+    def handle(self, method: str, target: str, headers: tuple[tuple[str, str], ...], body: bytes | None, *,
+               complete: bool = True) -> Reply:
+        """Answer one request (see the module docstring for the order of checks).
+
+        ``body`` None: the server did not read it (``artifacts`` with a content-length over
+        the stream cap); ``complete`` False: the client ended the request early.
+        """
         request_id = _header(headers, "x-request-id")
         if request_id is None or _REQUEST_ID.fullmatch(request_id) is None:
             request_id = str(uuid.uuid4())
@@ -326,7 +301,16 @@ class ClusterState:
             if method != "POST" or query or match is None:
                 raise _Failure(404, "worker_route_not_found")
             worker_id, session_id, op = match.group(1), match.group(2), match.group(3)
-            self._authenticate(_header(headers, "authorization"), worker_id)
+            try:
+                self._authenticate(_header(headers, "authorization"), worker_id)
+            except _Failure as failure:
+                failure.close = op == "artifacts"  # the stream's body is left unread
+                raise
+            if op == "artifacts":
+                answer = self.execution.upload(worker_id, session_id, headers, body, complete=complete)
+                return self._reply(200, compact(answer), request_id, op=op, committed=True)
+            if body is None:  # not read: only the stream route has a head-time size check
+                raise _Failure(413, "request_too_large")
             document = self._read_body(headers, body)
             with self.lock:
                 if op == "register":
@@ -335,11 +319,13 @@ class ClusterState:
                     answer = self._heartbeat(worker_id, session_id, document)
                 elif op == "offers":
                     answer = self._offers(worker_id, session_id, document)
+                elif op in EXECUTION_OPS:
+                    answer = self.execution.handle(op, worker_id, session_id, document)
                 else:
                     raise _Failure(503, "worker_ingress_unavailable")
             return self._reply(200, compact(answer), request_id, op=op, committed=True)
         except _Failure as failure:
-            close = failure.code == "request_too_large"
+            close = failure.close or failure.code == "request_too_large"
             extra: tuple[tuple[str, str], ...] = ()
             if failure.status == 405:
                 extra = (("allow", ", ".join(_METHODS)),)

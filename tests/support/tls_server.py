@@ -23,6 +23,11 @@ loads ``server-expired.pem``/``.key``), the TLS versions (``"1.3"``, ``"1.2"``, 
 RuntimeError, for the caller to skip with, when this OpenSSL cannot speak them, and
 :func:`probe_tls_version` checks any server), and the CA a client certificate must
 come from (``client_ca="client-ca"``; None: no client certificate requested).
+``head_handler`` sees each request head before its body is read and may answer from it
+alone (the server then half-closes, discards what the client still sends, and ends the
+connection: how a server refuses a body it will not read, e.g. a too-large upload);
+``short_bodies=True`` hands the handler a request whose client ended its side before
+``Content-Length`` bytes came (``complete=False``) instead of dropping it.
 
 Other peers: :class:`PlainHTTPServer` (plaintext HTTP on the port a client expects TLS
 on: answers ``400`` like Node), :class:`SilentPeer` (accepts TCP, never speaks),
@@ -61,7 +66,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 CERTS = pathlib.Path(__file__).resolve().parent / "certs"
@@ -86,6 +91,9 @@ class Request:
         body: ``Content-Length`` bytes of body.
         raw_head: the head bytes exactly as received (request line to CRLF CRLF).
         connection: 1-based index of the TCP connection that carried it.
+        complete: False when the client ended its side before ``Content-Length``
+            bytes came (only with ``short_bodies=True``), or for the head alone given
+            to a ``head_handler``.
     """
 
     method: str
@@ -95,6 +103,7 @@ class Request:
     body: bytes
     raw_head: bytes
     connection: int
+    complete: bool = True
 
     def header(self, name: str) -> str | None:
         """The first value of ``name`` (case-insensitive), or None."""
@@ -133,6 +142,9 @@ class Close:
 
 Action = Respond | Trickle | Hang | Close
 Handler = Callable[[Request], "bytes | Action"]
+#: Called with the head alone (``body`` empty, ``complete`` False) before the body is
+#: read; an answer other than None is sent and the connection ends (body unread).
+HeadHandler = Callable[[Request], "bytes | Action | None"]
 
 
 def http_response(
@@ -298,15 +310,24 @@ class TLSServer(_LoopbackServer):
         certificate: str | None = None,
         client_ca: str | None = "client-ca",
         tls_version: str = "1.3",
+        head_handler: HeadHandler | None = None,
+        short_bodies: bool = False,
     ) -> None:
         super().__init__()
         self.handler = handler
+        self.head_handler = head_handler
+        self.short_bodies = short_bodies
         self.requests: list[Request] = []
         self.handshakes = 0
         self.handshake_errors: list[str] = []
         self.sni: list[str | None] = []
         self.peer_names: list[str] = []
         self.context = self._make_context(identity, certificate, client_ca, tls_version)
+        if short_bodies:
+            # A client that half-closes the TCP stream (FIN, no close_notify) must still
+            # be able to read the answer: without this, OpenSSL 3 treats the EOF as a
+            # fatal error and answers with an alert instead of the data.
+            self.context.options |= ssl.OP_IGNORE_UNEXPECTED_EOF
 
     def _make_context(
         self, identity: str, certificate: str | None, client_ca: str | None, tls_version: str
@@ -348,7 +369,21 @@ class TLSServer(_LoopbackServer):
         buffer = bytearray()
         try:
             while not self._stop.is_set():
-                request = _read_request(tls, buffer, index)
+                head = _read_head(tls, buffer, index)
+                if head is None:
+                    self._note("peer_closed")
+                    return
+                if self.head_handler is not None:
+                    early = self.head_handler(head)
+                    if early is not None:
+                        # Answered from the head alone: the body stays unread, so the
+                        # connection ends; lingering first lets the peer read the answer
+                        # instead of a reset (the unread bytes would cause one).
+                        self._note("requests", head)
+                        self._answer(tls, early)
+                        self._linger(tls)
+                        return
+                request = _read_body(tls, buffer, head, self.short_bodies)
                 if request is None:
                     self._note("peer_closed")
                     return
@@ -356,8 +391,24 @@ class TLSServer(_LoopbackServer):
                 answer = self.handler(request)
                 if not self._answer(tls, answer):
                     return
+                if not request.complete:
+                    self._note("peer_closed")
+                    return
         finally:
             tls.close()
+
+    def _linger(self, tls: ssl.SSLSocket, limit_s: float = 5.0) -> None:
+        """Half-close, then discard what the peer still sends until it closes (bounded)."""
+        with contextlib.suppress(OSError):
+            socket.socket.shutdown(tls, socket.SHUT_WR)
+        deadline = time.monotonic() + limit_s
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            try:
+                readable, _, _ = select.select([tls], [], [], 0.1)
+                if readable and not socket.socket.recv(tls, 65536):
+                    return
+            except OSError:
+                return
 
     def _answer(self, tls: ssl.SSLSocket, answer: bytes | Action) -> bool:
         """Carry out ``answer``; False when the connection is finished."""
@@ -389,8 +440,9 @@ _TLS_VERSIONS = {
 _REQUEST_LINE = re.compile(rb"([A-Z]+) (\S+) (HTTP/1\.[01])")
 
 
-def _read_request(sock: socket.socket, buffer: bytearray, index: int) -> Request | None:
-    """Read one request (head + Content-Length body); None at a clean EOF."""
+def _read_head(sock: socket.socket, buffer: bytearray, index: int) -> Request | None:
+    """Read one request head (the body not yet read: ``body`` empty, ``complete`` False);
+    None at a clean EOF."""
     while b"\r\n\r\n" not in buffer:
         if len(buffer) > MAX_REQUEST_HEAD:
             raise ValueError("request head too large")
@@ -409,23 +461,35 @@ def _read_request(sock: socket.socket, buffer: bytearray, index: int) -> Request
     for line in lines[1:]:
         name, _, value = line.partition(b":")
         headers.append((name.decode("latin-1"), value.strip().decode("latin-1")))
-    length = next((int(v) for k, v in headers if k.lower() == "content-length"), 0)
-    while len(buffer) < length:
-        data = sock.recv(65536)
-        if not data:
-            return None
-        buffer += data
-    body = bytes(buffer[:length])
-    del buffer[:length]
     return Request(
         method=match.group(1).decode(),
         target=match.group(2).decode(),
         version=match.group(3).decode(),
         headers=tuple(headers),
-        body=body,
+        body=b"",
         raw_head=raw_head,
         connection=index,
+        complete=False,
     )
+
+
+def _read_body(sock: socket.socket, buffer: bytearray, head: Request, short_bodies: bool) -> Request | None:
+    """Read ``Content-Length`` bytes of body after ``head``. At EOF before that: None, or
+    with ``short_bodies`` the request with what came (``complete`` False)."""
+    text = head.header("content-length")
+    length = int(text) if text is not None and text.isdigit() else 0
+    while len(buffer) < length:
+        data = sock.recv(65536)
+        if not data:
+            if not short_bodies:
+                return None
+            body = bytes(buffer)
+            buffer.clear()
+            return replace(head, body=body, complete=False)
+        buffer += data
+    body = bytes(buffer[:length])
+    del buffer[:length]
+    return replace(head, body=body, complete=True)
 
 
 class PlainHTTPServer(_LoopbackServer):

@@ -1,11 +1,13 @@
 """A stand-in for OpenWrt's ``uci`` command: ``/etc/config`` file text -> ``uci show``.
 
-The real ``uci`` is C (openwrt/uci) and does not exist here. This fake covers what
-our package needs and says so: ``config <type> ['<name>']``, ``option <name> <value>``,
-``list <name> <value>`` and ``#`` comments, with shell-like quoting (UCI's own
+The real ``uci`` is C (openwrt/uci): tests/cli/test_config_render_uci_real.py runs it
+(built by tests/support/openwrt_tools.py) and checks this fake against it. The fake
+covers what our package needs and says so: ``config <type> ['<name>']``, ``option
+<name> <value>``, ``list <name> <value>`` and ``#`` comments, with shell-like quoting (UCI's own
 tokenizer accepts single/double quotes and backslashes, like ``shlex``). Output is
 ``uci show`` formatting (openwrt/uci ``cli.c``): unnamed sections as ``@type[n]``,
-every value single-quoted with ``'\\''`` escapes, list items space-separated; see
+every value single-quoted with ``'\\''`` escapes, list items space-separated, an
+``option`` with an empty value left out (an empty ``list`` item is kept); see
 :func:`qinglong_edge.contracts.uci.format_show`, which implements that formatting.
 
 :func:`install_fake_uci` writes an executable ``uci`` that answers
@@ -42,7 +44,9 @@ def uci_file_to_show(text: str, package: str) -> str:
             sections.append((name, kind, {}))
         elif keyword in ("option", "list") and len(words) == 3 and sections:
             options = sections[-1][2]
-            if keyword == "option":
+            if keyword == "option" and words[2] == "":
+                options.pop(words[1], None)  # uci drops an empty option (a list keeps an empty item)
+            elif keyword == "option":
                 options[words[1]] = [words[2]]
             else:
                 options.setdefault(words[1], []).append(words[2])
