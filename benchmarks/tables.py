@@ -294,6 +294,50 @@ def availability(j: dict[str, Any]) -> list[Section]:
     return [Section("", rows, notes)]
 
 
+def storage_caps(j: dict[str, Any]) -> list[Section]:
+    mib = 1024 * 1024
+    final, peak, base, caps, met = j["final"], j["peak_before_a_pass"], j["baseline"], j["caps"], j["met"]
+    n = j["runs"]
+    db_cap, log_cap = caps["database_maximum_bytes"], caps["max_total_log_bytes"]
+    both = final["database_file_bytes"] + final["log_bytes"]
+    base_both = base["projected_database_bytes"] + base["projected_log_bytes"]
+    rows = [
+        Row(f"database file after {n} Runs (MiB)", _r(final["database_file_bytes"] / mib),
+            _r(base["projected_database_bytes"] / mib), _ratio(final["database_file_bytes"],
+                                                               base["projected_database_bytes"]),
+            f"<= {_r(db_cap / mib, 1)} (databaseMaximumBytes)", met["database_within_cap"]),
+        Row(f"Run logs after {n} Runs (MiB allocated)", _r(final["log_bytes"] / mib),
+            _r(base["projected_log_bytes"] / mib), _ratio(final["log_bytes"], base["projected_log_bytes"]),
+            f"<= {_r(log_cap / mib, 1)} (maxTotalLogBytes)", met["logs_within_cap"]),
+        Row("database + logs (MiB)", _r(both / mib), _r(base_both / mib), _ratio(both, base_both),
+            f"<= {_r((db_cap + log_cap) / mib, 1)}", both <= db_cap + log_cap),
+        Row(f"highest just before a pass: database / logs (MiB; a pass every {j['pass_every_runs']} Runs)",
+            f"{_r(peak['database_file_bytes'] / mib)} / {_r(peak['log_bytes'] / mib)}"),
+        Row("kept: terminal Runs / audit rows", f"{final['terminal_runs']} / {final['audit_rows']}",
+            target=f"{caps['run_maximum_entries']} / {caps['audit_maximum_entries']} (the count caps)"),
+        Row(f"pruning steps: count, median / longest ms ({j['fs']})",
+            f"{j['steps']['count']}, {j['steps']['median_ms']} / {j['steps']['max_ms']}"),
+        Row(f"pruning steps on a disk-backed database: median / longest ms ({j['disk_steps']['fs']})",
+            f"{j['disk_steps']['median_ms']} / {j['disk_steps']['max_ms']}"),
+    ]
+    pruned = j["pruned"]
+    notes = [
+        f"{n} Runs with output (100-4000 bytes each, every 100th 64 KiB) through the real task.start, launch, "
+        f"running and completion transactions, their logs written where the launcher names them, one audit row "
+        f"per Run; the real Pruner every {j['pass_every_runs']} Runs, at the edge defaults; the store on a "
+        f"{j['fs']} ({j['seconds']} s). Pruned: {pruned['runs']} Runs ({pruned['runsBy']}), {pruned['auditRows']} "
+        f"audit rows ({pruned['auditRowsBy']}), {pruned['logs']} logs of kept Runs, {pruned['vacuumPages']} pages "
+        f"returned; integrity_check: {j['integrity']}.",
+        f"Baseline: today's main, which never deletes: {base['runs']} Runs measured without pruning "
+        f"({_r(base['database_bytes_per_run'] / 1024)} KiB of database and {_r(base['log_bytes_per_run'] / 1024)} "
+        f"KiB of logs per Run), projected linearly to {n} Runs.",
+        f"Disk steps: {j['disk_steps']['runs_pruned']} Runs and {j['disk_steps']['audit_rows_pruned']} audit rows "
+        f"over the caps pruned in {j['disk_steps']['steps']} steps on a disk-backed directory (each step one "
+        "SQLite transaction with synchronous=FULL: the longest a step holds the store's queue).",
+    ]
+    return [Section("", rows, notes)]
+
+
 def generic(j: dict[str, Any]) -> list[Section]:
     rows = []
     met = j.get("met") if isinstance(j.get("met"), dict) else {}
@@ -312,4 +356,5 @@ ADAPTERS: dict[str, Callable[[dict[str, Any]], list[Section]]] = {
     "startup": startup,
     "envelope": envelope,
     "availability": availability,
+    "storage_caps": storage_caps,
 }

@@ -34,7 +34,12 @@ Shape (camelCase, like the QingLong configs; defaults in brackets)::
         "listener": {"host": "127.0.0.1" | "::1", "port": 1024-65535},  required
         "databaseFile": "/abs",                     [<stateDirectory>/local.db]
         "pepperKeyringDirectory": "/abs",           [<stateDirectory>/pepper]
-        "busyTimeoutMs": 100-30000                  [5000]
+        "busyTimeoutMs": 100-30000,                 [5000]
+        "auditMaximumEntries": 100-10000000,        [5000 edge, 200000 standalone]
+        "auditRetentionMs": 60000-31536000000,      [2592000000 = 30 days edge, 90 days standalone]
+        "runMaximumEntries": 10-1000000,            [500 edge, 20000 standalone: terminal Runs]
+        "runRetentionMs": 60000-31536000000,        [2592000000 = 30 days edge, 90 days standalone]
+        "databaseMaximumBytes": 1048576-68719476736 [8 MiB edge, 256 MiB standalone]
       },
       "execution": {                                           absent: Runs are never launched
         "maxConcurrentRuns": 1-64,                  [2 edge, 8 standalone]
@@ -43,6 +48,7 @@ Shape (camelCase, like the QingLong configs; defaults in brackets)::
         "controlIntervalMs": 250-3600000,           [1000]
         "logDirectory": "/abs",                     [<stateDirectory>/logs]
         "maxLogBytes": 1024-67108864,               [1048576]
+        "maxTotalLogBytes": 1048576-1099511627776,  [4 MiB edge, 256 MiB standalone]
         "cgroups": "auto" | "off",                  ["auto"]
         "maxRunPids": 0-4194304                     [24 edge, 28 standalone; 0: no cap]
       }
@@ -50,13 +56,18 @@ Shape (camelCase, like the QingLong configs; defaults in brackets)::
 
 ``execution`` needs ``localApi`` (Runs live in the Local store).
 
-``execution.maxRunPids`` is the ``pids.max`` of each Run's own cgroup: the tasks
-(processes *and* threads) one Run may have, so a fork bomb in a job stops at its cap
-instead of eating the agent's budget (systemd ``TasksMax``; a router's cgroup). The
-defaults split the profile's task budget: edge 64 = 2 Runs x 24 + 16 for ``serve`` and
-``pull``; standalone 256 = 8 Runs x 28 + 32. It is applied where the per-Run cgroup has a
-pids controller (the cgroup v1 ``pids`` hierarchy; see
-:mod:`qinglong_edge.process.cgroups`), else it has no effect; 0 sets no cap.
+Storage caps (issue 16; spec README "Decisions for storage on flash"): the security audit
+(``auditMaximumEntries`` rows, ``auditRetentionMs``), terminal Runs with their attempts,
+events and step runs (``runMaximumEntries``, ``runRetentionMs``), the database's used
+bytes (``databaseMaximumBytes``: beyond it the oldest audit rows and terminal Runs go
+first) and the Run logs (``execution.maxTotalLogBytes``: beyond it the logs of the oldest
+terminal Runs are deleted, the Runs stay). ``serve`` prunes to them in bounded steps
+(:mod:`qinglong_edge.local.retention`); ``admin prune`` does it at once. The edge
+defaults keep the Local store within 12 MiB of flash (8 MiB database, 4 MiB logs): a
+Run that ran takes ~7.1 KiB of database when written (8 events and their indexes), an
+audit row ~0.36 KiB; after 20000 Runs pruned to 500 Runs and 5000 audit rows the file
+holds at ~7 MiB (B-tree pages are not full once rows come and go), so the count caps,
+not the byte cap, decide what goes (benchmarks/bench_storage_caps.py).
 """
 
 from __future__ import annotations
@@ -194,19 +205,55 @@ class ListenerConfig(Frozen):
 class LocalApiConfig(Frozen):
     """Local API role (ADR-0372)."""
 
-    __slots__ = ("listener", "database_file", "pepper_keyring_directory", "busy_timeout_ms")  # noqa: RUF023 (field order)
+    __slots__ = (  # noqa: RUF023 (field order)
+        "listener",
+        "database_file",
+        "pepper_keyring_directory",
+        "busy_timeout_ms",
+        "audit_maximum_entries",
+        "audit_retention_ms",
+        "run_maximum_entries",
+        "run_retention_ms",
+        "database_maximum_bytes",
+    )
 
     listener: ListenerConfig
     database_file: str
     pepper_keyring_directory: str
     busy_timeout_ms: int
+    #: Security audit rows kept (oldest pruned first).
+    audit_maximum_entries: int
+    #: Audit rows older than this (ms) are pruned.
+    audit_retention_ms: int
+    #: Terminal Runs kept, with their attempts, events and step runs (oldest pruned first).
+    run_maximum_entries: int
+    #: Terminal Runs that finished longer ago than this (ms) are pruned.
+    run_retention_ms: int
+    #: Cap of the database's used bytes (pages in use x page size).
+    database_maximum_bytes: int
 
-    def __init__(self, listener: ListenerConfig, database_file: str, pepper_keyring_directory: str,
-                 busy_timeout_ms: int) -> None:
-        object.__setattr__(self, "listener", listener)
-        object.__setattr__(self, "database_file", database_file)
-        object.__setattr__(self, "pepper_keyring_directory", pepper_keyring_directory)
-        object.__setattr__(self, "busy_timeout_ms", busy_timeout_ms)
+    def __init__(  # noqa: PLR0917 (the dataclass signature)
+        self,
+        listener: ListenerConfig,
+        database_file: str,
+        pepper_keyring_directory: str,
+        busy_timeout_ms: int,
+        audit_maximum_entries: int = 5000,
+        audit_retention_ms: int = 2_592_000_000,
+        run_maximum_entries: int = 500,
+        run_retention_ms: int = 2_592_000_000,
+        database_maximum_bytes: int = 8 * 1024 * 1024,
+    ) -> None:
+        _set = object.__setattr__
+        _set(self, "listener", listener)
+        _set(self, "database_file", database_file)
+        _set(self, "pepper_keyring_directory", pepper_keyring_directory)
+        _set(self, "busy_timeout_ms", busy_timeout_ms)
+        _set(self, "audit_maximum_entries", audit_maximum_entries)
+        _set(self, "audit_retention_ms", audit_retention_ms)
+        _set(self, "run_maximum_entries", run_maximum_entries)
+        _set(self, "run_retention_ms", run_retention_ms)
+        _set(self, "database_maximum_bytes", database_maximum_bytes)
 
 
 class ExecutionConfig(Frozen):
@@ -221,6 +268,7 @@ class ExecutionConfig(Frozen):
         "max_log_bytes",
         "cgroups",
         "max_run_pids",
+        "max_total_log_bytes",
     )
 
     max_concurrent_runs: int
@@ -232,10 +280,12 @@ class ExecutionConfig(Frozen):
     cgroups: str
     #: Per-Run ``pids.max`` (tasks: processes and threads); 0: no cap.
     max_run_pids: int
+    #: Cap of all Run logs in ``log_directory`` (bytes allocated on disk).
+    max_total_log_bytes: int
 
     def __init__(self, max_concurrent_runs: int, terminate_grace_ms: int, kill_grace_ms: int,  # noqa: PLR0917 (the dataclass signature)
                  control_interval_ms: int, log_directory: str, max_log_bytes: int, cgroups: str,
-                 max_run_pids: int = 0) -> None:
+                 max_run_pids: int = 0, max_total_log_bytes: int = 4 * 1024 * 1024) -> None:
         _set = object.__setattr__
         _set(self, "max_concurrent_runs", max_concurrent_runs)
         _set(self, "terminate_grace_ms", terminate_grace_ms)
@@ -245,6 +295,7 @@ class ExecutionConfig(Frozen):
         _set(self, "max_log_bytes", max_log_bytes)
         _set(self, "cgroups", cgroups)
         _set(self, "max_run_pids", max_run_pids)
+        _set(self, "max_total_log_bytes", max_total_log_bytes)
 
 
 class EdgeConfig(Frozen):
@@ -404,7 +455,11 @@ def _parse_worker(sec: _Section, state_dir: str, profile: str) -> WorkerConfig:
     return config
 
 
-def _parse_local_api(sec: _Section, state_dir: str) -> LocalApiConfig:
+_DAY_MS = 86_400_000
+_MIB = 1024 * 1024
+
+
+def _parse_local_api(sec: _Section, state_dir: str, profile: str) -> LocalApiConfig:
     listener_sec = sec.section("listener")
     if listener_sec is None:
         at = sec._at("listener")
@@ -415,6 +470,7 @@ def _parse_local_api(sec: _Section, state_dir: str) -> LocalApiConfig:
         raise ConfigError(f"{port_at}: is required", path=port_at)
     port = listener_sec.integer("port", 1024, 65535, 0)
     listener_sec.done()
+    edge = profile == "edge"
     config = LocalApiConfig(
         listener=ListenerConfig(host=host, port=port),
         database_file=sec.path_value("databaseFile", os.path.join(state_dir, "local.db")),
@@ -422,6 +478,15 @@ def _parse_local_api(sec: _Section, state_dir: str) -> LocalApiConfig:
             "pepperKeyringDirectory", os.path.join(state_dir, "pepper")
         ),
         busy_timeout_ms=sec.integer("busyTimeoutMs", 100, 30_000, 5000),
+        audit_maximum_entries=sec.integer(
+            "auditMaximumEntries", 100, 10_000_000, 5000 if edge else 200_000
+        ),
+        audit_retention_ms=sec.integer("auditRetentionMs", 60_000, 31_536_000_000, (30 if edge else 90) * _DAY_MS),
+        run_maximum_entries=sec.integer("runMaximumEntries", 10, 1_000_000, 500 if edge else 20_000),
+        run_retention_ms=sec.integer("runRetentionMs", 60_000, 31_536_000_000, (30 if edge else 90) * _DAY_MS),
+        database_maximum_bytes=sec.integer(
+            "databaseMaximumBytes", _MIB, 64 * 1024 * _MIB, (8 if edge else 256) * _MIB
+        ),
     )
     sec.done()
     return config
@@ -437,6 +502,9 @@ def _parse_execution(sec: _Section, state_dir: str, profile: str) -> ExecutionCo
         max_log_bytes=sec.integer("maxLogBytes", 1024, 64 * 1024 * 1024, 1024 * 1024),
         cgroups=sec.choice("cgroups", ("auto", "off"), "auto"),
         max_run_pids=sec.integer("maxRunPids", 0, 4_194_304, 24 if profile == "edge" else 28),
+        max_total_log_bytes=sec.integer(
+            "maxTotalLogBytes", _MIB, 1024 * 1024 * _MIB, (4 if profile == "edge" else 256) * _MIB
+        ),
     )
     sec.done()
     return config
@@ -456,7 +524,7 @@ def parse_config(document: object, source: str = "") -> EdgeConfig:
     local_sec = root.section("localApi")
     exec_sec = root.section("execution")
     worker = _parse_worker(worker_sec, state_dir, profile) if worker_sec else None
-    local_api = _parse_local_api(local_sec, state_dir) if local_sec else None
+    local_api = _parse_local_api(local_sec, state_dir, profile) if local_sec else None
     execution = _parse_execution(exec_sec, state_dir, profile) if exec_sec else None
     root.done()
     if execution is not None and local_api is None:

@@ -343,6 +343,122 @@ def check_readable(path: str, name: str) -> Check:
     return Check(name, ok, True, f"{path}: {size} bytes", "" if ok else "1 byte to 1 MiB expected")
 
 
+def _mib(n: int) -> str:
+    return f"{n / (1024 * 1024):.1f} MiB"
+
+
+def _days(ms: int) -> str:
+    return f"{ms / 86_400_000:.1f} days"
+
+
+def _cap(name: str, ok: bool, detail: str) -> Check:
+    remedy = "" if ok else "serve prunes to the caps as it runs; `qinglong-edge admin prune` does it now"
+    return Check(name, ok, False, detail, remedy)
+
+
+def check_local_store_caps(config: EdgeConfig) -> list[Check]:
+    """Each Local store's size against its cap (issue 16): database, audit, Runs, logs.
+
+    Read-only: the database is opened ``mode=ro`` (never created, migrated or probed;
+    in WAL mode SQLite may create the ``-wal``/``-shm`` files any reader needs), the log
+    directory only listed. Never required: over a cap is a warning (``serve``
+    prunes to it).
+    """
+    local = config.local_api
+    if local is None:
+        return []
+    if not os.path.exists(local.database_file):
+        return [Check("store_database", True, False, f"{local.database_file}: no database yet")]
+    try:
+        import sqlite3
+        import urllib.parse
+
+        from qinglong_edge.local.retention import measure_store
+
+        uri = "file:" + urllib.parse.quote(local.database_file) + "?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=local.busy_timeout_ms / 1000)
+        try:
+            usage = measure_store(conn)
+        finally:
+            conn.close()
+    except Exception as exc:  # noqa: BLE001 - a diagnosis (sqlite3.Error, OSError...), never a traceback
+        name = getattr(exc, "sqlite_errorname", "") or type(exc).__name__
+        return [Check("store_database", False, False, f"{local.database_file}: cannot be read ({name})",
+                      "check the file (admin init creates it; serve must be able to open it)")]
+    now = int(time.time() * 1000)
+    checks = [
+        _cap("store_database", usage.used_bytes <= local.database_maximum_bytes,
+             f"{_mib(usage.used_bytes)} used of {_mib(local.database_maximum_bytes)} (file {_mib(usage.file_bytes)},"
+             f" auto_vacuum {usage.to_json()['autoVacuum']})"),
+    ]
+    audit_age = None if usage.audit_oldest_ms is None else max(0, now - usage.audit_oldest_ms)
+    audit_ok = usage.audit_rows <= local.audit_maximum_entries and (
+        audit_age is None or audit_age <= local.audit_retention_ms)
+    checks.append(_cap(
+        "store_audit", audit_ok,
+        f"{usage.audit_rows} rows of {local.audit_maximum_entries}"
+        + ("" if audit_age is None else f", oldest {_days(audit_age)} of {_days(local.audit_retention_ms)}"),
+    ))
+    run_age = None if usage.oldest_terminal_ended_ms is None else max(0, now - usage.oldest_terminal_ended_ms)
+    checks.append(_cap(
+        "store_runs",
+        usage.terminal_runs <= local.run_maximum_entries and (run_age is None or run_age <= local.run_retention_ms),
+        f"{usage.terminal_runs} terminal Runs of {local.run_maximum_entries} ({usage.runs - usage.terminal_runs}"
+        " not terminal, never pruned)"
+        + ("" if run_age is None else f", oldest ended {_days(run_age)} ago of {_days(local.run_retention_ms)}"),
+    ))
+    execution = config.execution
+    if execution is not None:
+        from qinglong_edge.local.run_logs import scan_logs
+
+        try:
+            scan = scan_logs(execution.log_directory)
+        except OSError as exc:
+            checks.append(Check("store_logs", False, False, f"{execution.log_directory}: {exc.strerror}",
+                                "check the log directory"))
+        else:
+            checks.append(_cap(
+                "store_logs", scan.total_bytes <= execution.max_total_log_bytes,
+                f"{_mib(scan.total_bytes)} of {_mib(execution.max_total_log_bytes)} in {scan.logs} log files"
+                f" ({execution.log_directory})",
+            ))
+    return checks
+
+
+def check_journal_caps(config: EdgeConfig) -> list[Check]:
+    """The worker journal's inbox and ``abandoned/`` against their caps (read-only)."""
+    worker = config.worker
+    if worker is None or not _exists(worker.journal_directory):
+        return []
+    from qinglong_edge.errors import EdgeError
+    from qinglong_edge.worker.journal import TERMINAL_STATES
+    from qinglong_edge.worker.journal_view import JournalReader
+
+    try:
+        with JournalReader.open(worker.journal_directory) as reader:
+            ids = reader.list_offers()
+            terminal_times = []
+            for offer_id in ids:
+                record = reader.read_offer(offer_id)
+                if record is not None and record["state"] in TERMINAL_STATES:
+                    terminal_times.append(int(record["updatedAtMs"]))
+            abandoned = reader.count_abandoned()
+    except EdgeError as exc:
+        return [Check("store_inbox", False, False, f"{worker.journal_directory}: {exc.code}",
+                      "run `qinglong-edge inbox list` for the details")]
+    now = int(time.time() * 1000)
+    oldest = max((now - t for t in terminal_times), default=None)
+    due = oldest is not None and oldest > worker.inbox_retention_ms
+    return [
+        _cap("store_inbox", not due and len(ids) <= worker.inbox_maximum_entries,
+             f"{len(ids)} records of {worker.inbox_maximum_entries} ({len(terminal_times)} terminal"
+             + ("" if oldest is None else f", oldest {_days(max(0, oldest))} of {_days(worker.inbox_retention_ms)}")
+             + ")"),
+        _cap("store_abandoned", abandoned <= worker.abandoned_maximum_entries,
+             f"{abandoned} abandoned claims of {worker.abandoned_maximum_entries}"),
+    ]
+
+
 def _storage_checks(directory: str, label: str, required: bool, creator: str = "") -> Iterator[Check]:
     yield check_directory(directory, f"{label}_dir", required, creator=creator)
     if not _exists(directory):
@@ -390,4 +506,6 @@ def run_checks(config: EdgeConfig) -> list[Check]:
     if config.execution is not None:
         checks.append(check_cgroups())
     checks.append(check_clock())
+    checks.extend(check_local_store_caps(config))
+    checks.extend(check_journal_caps(config))
     return checks

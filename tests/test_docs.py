@@ -317,5 +317,6 @@ def test_readme_walkthrough_runs(tmp_path: pathlib.Path) -> None:
     final = json.loads(gets[-1])["run"]
     assert final["status"] == "cancelled" and final["latestAttempt"]["status"] == "cancelled"
     assert "qinglong-edge: stopped" in proc.stderr
-    logs = list((home / "qinglong-local" / "state" / "logs").glob("local-*.log"))
+    logs = list((home / "qinglong-local" / "state" / "logs").glob("*_*.log"))
     assert logs and "step 1" in logs[0].read_text()
+    assert re.search(r"^step 1$", out, re.M)  # admin runs log $RUN printed it

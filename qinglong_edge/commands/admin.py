@@ -17,6 +17,8 @@ Sub-commands (all need the configuration's ``localApi`` section, else exit 78)::
     admin task list --project P
     admin task disable|enable --project P --id T
     admin runs list --project P [--limit N]          read-only
+    admin runs log RUN_ID [--attempt N] [--max-bytes N] [--tail]   a Run's log (commands/admin_storage.py)
+    admin prune                                      prune every store to its cap now (admin_storage.py)
 
 ``credential issue`` prints the token exactly once, on stdout (alone on its line, so
 ``TOKEN=$(qinglong-edge admin credential issue ...)`` works; the details go to stderr),
@@ -125,18 +127,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
         sub.add_argument("--id", required=True, dest="task_id")
         sub.set_defaults(handler=_task_status, action=action)
 
-    runs = _group(groups, "runs", common, "Runs (read-only)")
+    runs = _group(groups, "runs", common, "Runs and their logs (read-only)")
     runs_list = runs.add_parser("list", parents=[common], help="list a project's newest Runs")
     runs_list.add_argument("--project", required=True)
     runs_list.add_argument("--limit", type=int, default=32, help="1-64 (default 32)")
     runs_list.set_defaults(handler=_runs_list)
+
+    from qinglong_edge.commands import admin_storage
+
+    admin_storage.register(groups, runs, common)
 
 
 def _print_help(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.json:  # --json promises one JSON line, not the help text
         from qinglong_edge.errors import UsageError
 
-        raise UsageError("admin needs a group: init, pepper, project, subject, credential, role, task or runs")
+        raise UsageError("admin needs a group: init, pepper, project, subject, credential, role, task, runs or prune")
     parser.print_help()
     return 64
 

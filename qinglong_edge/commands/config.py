@@ -37,10 +37,12 @@ agent's default applies, or the key is reported as required)::
         database_file            localApi.databaseFile
         pepper_keyring_directory localApi.pepperKeyringDirectory
         busy_timeout_ms          localApi.busyTimeoutMs
+        audit_maximum_entries  audit_retention_ms  run_maximum_entries  run_retention_ms
+        database_maximum_bytes   localApi.<camelCase of the same name>, integers
     config execution 'execution'                 execution   (rendered only when enabled=1)
         enabled          0|1
         max_concurrent_runs  terminate_grace_ms  kill_grace_ms  control_interval_ms
-        max_log_bytes  max_run_pids  execution.<camelCase>, integers
+        max_log_bytes  max_run_pids  max_total_log_bytes  execution.<camelCase>, integers
         log_directory            execution.logDirectory
         cgroups                  execution.cgroups
 
@@ -160,6 +162,11 @@ UCI_SCHEMA: tuple[UciSectionType, ...] = (
         _text("database_file", "databaseFile"),
         _text("pepper_keyring_directory", "pepperKeyringDirectory"),
         _int("busy_timeout_ms", "busyTimeoutMs"),
+        _int("audit_maximum_entries", "auditMaximumEntries"),
+        _int("audit_retention_ms", "auditRetentionMs"),
+        _int("run_maximum_entries", "runMaximumEntries"),
+        _int("run_retention_ms", "runRetentionMs"),
+        _int("database_maximum_bytes", "databaseMaximumBytes"),
     )),
     UciSectionType("execution", "execution", (
         _FLAG,
@@ -171,6 +178,7 @@ UCI_SCHEMA: tuple[UciSectionType, ...] = (
         _int("max_log_bytes", "maxLogBytes"),
         _text("cgroups", "cgroups"),
         _int("max_run_pids", "maxRunPids"),
+        _int("max_total_log_bytes", "maxTotalLogBytes"),
     )),
 )
 _BY_TYPE = {section.type: section for section in UCI_SCHEMA}

@@ -7,7 +7,8 @@ line naming the file, its mode and owner; a missing keyring is 78), refuse to cr
 an empty database where the keyring proves one existed (exit 73 ``database_missing``),
 open the store (migrations run), bind the loopback listener (a port in use is exit
 69), start the execution controller when the ``execution`` section is present (see
-:func:`start_execution_controller`), serve.
+:func:`start_execution_controller`), serve. The main thread then keeps the storage
+caps (:class:`Maintenance`: a pruning pass one second after the start and every 10 s).
 
 While serving, about once a second: a change of the keyring's safety is logged once
 (requests fail closed meanwhile, 503 ``authentication_unavailable``); the database
@@ -97,6 +98,66 @@ def start_execution_controller(config: Any, store: Any, relay: IntentRelay) -> C
     return stop
 
 
+class Maintenance:
+    """The storage caps, kept by ``serve``'s main thread (issue 16).
+
+    :meth:`tick` runs a pruning pass (:class:`qinglong_edge.local.retention.Pruner`:
+    bounded steps, each its own store operation, so requests and the controller go in
+    between) at the first call and then every ``MAINTENANCE_INTERVAL_S`` seconds. The
+    first pass also sweeps log files a crash left without their row, and prunes to a
+    cap lowered since the last start. A failed pass (disk full, store busy) is logged
+    once per error code and retried at the next interval; it never stops ``serve``.
+    """
+
+    def __init__(self, config: Any, store: Any, stop: Any) -> None:
+        from qinglong_edge.local.retention import MAINTENANCE_INTERVAL_S, Pruner, PruneReport, RetentionCaps
+
+        self.pruner = Pruner(store, RetentionCaps.from_config(config))
+        self.interval_s = MAINTENANCE_INTERVAL_S
+        self.report = PruneReport()
+        self._stop = stop
+        self._due = 0.0
+        self._first = True
+        self._failed: str | None = None
+
+    def tick(self) -> None:
+        import logging
+        import time
+
+        from qinglong_edge.errors import EdgeError
+
+        if time.monotonic() < self._due:
+            return
+        before = self.report.to_json()
+        try:
+            self.pruner.run(should_stop=self._stop.is_set, report=self.report)
+            self._failed = None
+        except (EdgeError, OSError) as exc:
+            code = getattr(exc, "code", None) or type(exc).__name__
+            if code != self._failed:
+                _say(f"pruning failed ({code}); retried every {self.interval_s:.0f} s")
+            self._failed = code
+        after = self.report.to_json()
+        if after != before:
+            text = _pruned_text(before, after)
+            if self._first and text:
+                _say(f"pruned to the storage caps: {text}")
+            elif text:
+                logging.getLogger("qinglong_edge.retention").info("pruned: %s", text)
+        self._first = False
+        self._due = time.monotonic() + self.interval_s
+
+
+def _pruned_text(before: dict[str, Any], after: dict[str, Any]) -> str:
+    parts = []
+    for key, what in (("auditRows", "audit rows"), ("runs", "Runs"), ("logs", "logs"),
+                      ("orphanFiles", "orphan log files"), ("vacuumPages", "free pages returned")):
+        n = int(after[key]) - int(before[key])
+        if n:
+            parts.append(f"{n} {what}")
+    return ", ".join(parts)
+
+
 def _say(text: str) -> None:
     sys.stderr.write(f"qinglong-edge: {text}\n")
     sys.stderr.flush()
@@ -138,6 +199,7 @@ def _run(args: argparse.Namespace) -> int:
     stop_controller: Callable[[], bool] | None = None
     controller_stopped: list[bool] = []
     server: Server | None = None
+    maintenance: Maintenance | None = None
     clean = False
     lost: str | None = None
     api: LocalApi | None = None
@@ -163,6 +225,7 @@ def _run(args: argparse.Namespace) -> int:
         stop_controller = start_execution_controller(config, store, relay)
         server.start()
         _say(f"serving the Local API on {local.listener.host}:{server.address[1]} (profile {config.profile})")
+        maintenance = Maintenance(config, store, stop)
         while not stop.wait(1.0):
             if not server.healthy:
                 _say("the server's poll thread stopped; exiting")
@@ -177,6 +240,7 @@ def _run(args: argparse.Namespace) -> int:
             if problem is not None:
                 _say(problem)
             api.flush_refusals()
+            maintenance.tick()
         healthy = server.healthy
         _say("draining")
         # The controller stops its Runs (reason shutdown) while the HTTP drain runs, so
@@ -211,8 +275,10 @@ def _run(args: argparse.Namespace) -> int:
     _say("stopped" if clean and lost is None else "stopped before every request finished" if lost is None
          else f"stopped (database {lost})")
     if args.json:
-        document: dict[str, object] = {"ok": clean and lost is None, "drained": clean, "exitStatus": status}
+        summary: dict[str, Any] = {"ok": clean and lost is None, "drained": clean, "exitStatus": status}
         if lost is not None:
-            document["code"] = "database_replaced"
-        print_json(document)
+            summary["code"] = "database_replaced"
+        if maintenance is not None:
+            summary["pruned"] = maintenance.report.to_json()
+        print_json(summary)
     return status

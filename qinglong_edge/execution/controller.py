@@ -94,6 +94,7 @@ from qinglong_edge.execution.transitions import (
     record_completion,
     request_control_cancellation,
 )
+from qinglong_edge.local.run_logs import run_log_paths
 from qinglong_edge.local.store import Store, now_ms
 from qinglong_edge.process.cgroups import CgroupManager, RunCgroup
 from qinglong_edge.process.identity import decode_handle, inspect
@@ -573,7 +574,7 @@ class ExecutionController:
         if status.status == "unknown":
             raise EdgeError(f"identity unavailable ({status.reason})", code="provider_unavailable")
         cgroup = self.cgroups.open(attempt.id)
-        log = self._reopen_log(attempt.log_artifact_id)
+        log = self._reopen_log(snap.run.id, attempt.id, attempt.log_artifact_id)
         if status.status == "running":
             identity = decode_handle(handle).identity
             adopted = ActiveRun(snap.run.id, attempt.id, handle, identity, None, cgroup, log, attempt.deadline_at_ms,
@@ -596,17 +597,25 @@ class ExecutionController:
         if cgroup is not None:
             cgroup.remove()
 
-    def _reopen_log(self, log_artifact_id: str | None) -> LogSink | None:
+    def _reopen_log(self, run_id: str, attempt_id: str, log_artifact_id: str | None) -> LogSink | None:
+        """The adopted attempt's log sink, by its FIFO: ``<runId>_<attemptId>.fifo``, or
+        ``<logArtifactId>.fifo`` for a Run launched before issue 16 renamed the logs."""
         if log_artifact_id is None:
             return None
-        fifo = os.path.join(self.config.log_directory, log_artifact_id + ".fifo")
-        if not os.path.exists(fifo):
-            return None
-        try:
-            return LogSink(fifo, os.path.join(self.config.log_directory, log_artifact_id + ".log"),
-                           self.config.max_log_bytes)
-        except EdgeError:
-            return None
+        directory = self.config.log_directory
+        pairs = []
+        with contextlib.suppress(EdgeError):
+            log_path, fifo = run_log_paths(directory, run_id, attempt_id)
+            pairs.append((fifo, log_path))
+        legacy = os.path.join(directory, log_artifact_id)
+        pairs.append((legacy + ".fifo", legacy + ".log"))
+        for fifo, log_path in pairs:
+            if os.path.exists(fifo):
+                try:
+                    return LogSink(fifo, log_path, self.config.max_log_bytes)
+                except EdgeError:
+                    return None
+        return None
 
     def _sweep_fifos(self) -> None:
         keep = {a.log.fifo_path for a in self._active.values() if a.log is not None}

@@ -38,7 +38,8 @@ The job's command comes from the Run's task revision (:mod:`qinglong_edge.local.
 working directory (default: the controller's work directory, ``<stateDirectory>/work``;
 also ``HOME``), and the task's environment on top of the minimal base of
 :func:`~qinglong_edge.process.spawn.job_environment`. Output goes to the bounded log of
-:mod:`qinglong_edge.process.logs` (``<logDirectory>/<logArtifactId>.log``).
+:mod:`qinglong_edge.process.logs`, named after the Run and the attempt
+(``<logDirectory>/<runId>_<attemptId>.log``, :mod:`qinglong_edge.local.run_logs`).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from qinglong_edge.execution.transitions import (
     requeue_launch,
     terminate_in,
 )
+from qinglong_edge.local.run_logs import run_log_paths
 from qinglong_edge.local.store import Store, write_transaction
 from qinglong_edge.local.tasks import resolve_revision_ref
 from qinglong_edge.process.cgroups import CgroupManager, RunCgroup
@@ -353,7 +355,7 @@ class Launcher:
     Args:
         store: the Local store.
         cgroups: where per-Run cgroups are created (may be unavailable).
-        log_directory: existing directory for ``<logArtifactId>.log`` and ``.fifo``.
+        log_directory: existing directory for ``<runId>_<attemptId>.log`` and ``.fifo``.
         max_log_bytes: cap of each log file.
         work_directory: default working directory and ``HOME`` of jobs.
         clock: wall clock in ms.
@@ -466,11 +468,10 @@ class Launcher:
             {e["name"]: e["value"] for e in definition.get("environment", [])},
             run_id=claim.run_id, attempt_id=claim.attempt_id, home=cwd,
         )
-        fifo = os.path.join(self.log_directory, claim.log_artifact_id + ".fifo")
-        log_path = os.path.join(self.log_directory, claim.log_artifact_id + ".log")
         cgroup: RunCgroup | None = None
         sink: LogSink | None = None
         try:
+            log_path, fifo = run_log_paths(self.log_directory, claim.run_id, claim.attempt_id)
             cgroup = self.cgroups.create(claim.attempt_id)
             create_fifo(fifo)
             sink = LogSink(fifo, log_path, self.max_log_bytes)

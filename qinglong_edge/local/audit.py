@@ -19,6 +19,12 @@ operation ``request.refused``, reasons ``["rate_limited", <reason>]``, no projec
 subject, no fence, ``occurred_at_ms`` the interval's end, and the two columns of
 migration 5: ``refused_count`` and ``refused_since_ms`` (the interval's start). Every
 other row has both NULL.
+
+Retention (issue 16, an on-disk deviation: the reference never deletes an audit row):
+:func:`prune_audit` deletes the oldest rows, in insertion order (``rowid``), beyond
+``localApi.auditMaximumEntries`` or older than ``localApi.auditRetentionMs``, a bounded
+batch per call; :mod:`qinglong_edge.local.retention` calls it from ``serve`` and
+``admin prune``.
 """
 
 from __future__ import annotations
@@ -43,7 +49,9 @@ __all__ = [
     "REFUSAL_OPERATION_ID",
     "AuditRecord",
     "AuditUnavailable",
+    "audit_usage",
     "normalize_audit_record",
+    "prune_audit",
     "record_audit",
     "record_refusal_summaries",
 ]
@@ -257,3 +265,45 @@ def record_refusal_summaries(
             f"audit summary write failed: {getattr(exc, 'sqlite_errorname', type(exc).__name__)}"
         ) from None
     return len(rows)
+
+
+# -- retention (issue 16) ------------------------------------------------------------------
+
+def audit_usage(conn: sqlite3.Connection) -> tuple[int, int | None]:
+    """``(rows, occurred_at_ms of the oldest row)`` (oldest: first inserted); read-only.
+
+    ``count(*)`` walks the smallest index of the table: O(rows), about a millisecond
+    per 100 000 rows here.
+    """
+    count = int(conn.execute('SELECT count(*) FROM "QingLong3SecurityAuditEvents"').fetchone()[0])
+    oldest = conn.execute('SELECT occurred_at_ms FROM "QingLong3SecurityAuditEvents" ORDER BY rowid LIMIT 1').fetchone()
+    return count, None if oldest is None else int(oldest[0])
+
+
+def prune_audit(conn: sqlite3.Connection, *, maximum_entries: int, older_than_ms: int | None, limit: int) -> int:
+    """Delete at most ``limit`` of the oldest audit rows; returns how many went.
+
+    A row goes when more than ``maximum_entries`` rows are stored, or when it and every
+    row inserted before it occurred before ``older_than_ms`` (``None``: no age limit).
+    Only a prefix in insertion order (``rowid``) is ever deleted, so the rows kept are
+    always the newest: a row written under a clock that stepped back waits for the rows
+    before it. One ``BEGIN IMMEDIATE`` transaction.
+
+    Raises:
+        sqlite3.Error: the delete failed (rolled back; :meth:`Store.run` maps it).
+    """
+    if limit < 1:
+        return 0
+    with write_transaction(conn):
+        count = int(conn.execute('SELECT count(*) FROM "QingLong3SecurityAuditEvents"').fetchone()[0])
+        rows = conn.execute(
+            'SELECT rowid, occurred_at_ms FROM "QingLong3SecurityAuditEvents" ORDER BY rowid LIMIT ?', (limit,)
+        ).fetchall()
+        n = min(max(0, count - maximum_entries), len(rows))
+        if older_than_ms is not None:
+            while n < len(rows) and int(rows[n][1]) < older_than_ms:
+                n += 1
+        if n == 0:
+            return 0
+        deleted = conn.execute('DELETE FROM "QingLong3SecurityAuditEvents" WHERE rowid <= ?', (rows[n - 1][0],))
+        return int(deleted.rowcount)

@@ -85,6 +85,10 @@ in effect and :attr:`Store.journal_fallback` the reason for a fallback (else ``N
 Every open performs the probe: a committed one-row write to ``store_probe``, which is
 also what detects a read-only database or directory before serving.
 
+New databases use ``auto_vacuum=INCREMENTAL`` (set before the first table), so pruning
+can shrink the file (:mod:`qinglong_edge.local.retention`); one created before keeps
+``none`` (freed pages are reused, the file does not shrink).
+
 Files: a missing parent directory is created ``0700``; a missing database file is
 created ``0600`` (``O_EXCL|O_NOFOLLOW``) before SQLite opens it, so SQLite's journal
 files inherit ``0600``. Existing directories and files keep their modes.
@@ -118,6 +122,7 @@ __all__ = [
     "DEFAULT_BUSY_TIMEOUT_MS",
     "MAX_PENDING",
     "Store",
+    "foreign_keys_off",
     "now_ms",
     "read_transaction",
     "write_transaction",
@@ -252,6 +257,29 @@ def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     except BaseException:
         _rollback_quietly(conn)
         raise
+
+
+@contextlib.contextmanager
+def foreign_keys_off(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """Foreign key enforcement off for one operation, back on afterwards (always).
+
+    For the Run pruning only (:mod:`qinglong_edge.local.retention`): it deletes a Run's
+    rows child tables first, so no key is left dangling, and without enforcement SQLite
+    does not scan the unindexed child columns (``RunEvents.attempt_id``,
+    ``Runs.parent_run_id``...) once per deleted row. The pragma is a no-op inside a
+    transaction, so this must be entered in autocommit mode, around the transaction.
+
+    Raises:
+        RuntimeError: a transaction is open (a caller bug).
+    """
+    if conn.in_transaction:
+        raise RuntimeError("foreign_keys_off inside a transaction")
+    conn.execute("PRAGMA foreign_keys = OFF")
+    try:
+        yield conn
+    finally:
+        _rollback_quietly(conn)
+        conn.execute("PRAGMA foreign_keys = ON")
 
 
 @contextlib.contextmanager
@@ -423,6 +451,7 @@ class Store:
             defensive = _configure(conn, path, profile, busy_timeout_ms)
             _quick_check(conn, path)
             _check_identity(conn, path)
+            _choose_auto_vacuum(conn, path)
             journal_mode, fallback = _journal_and_probe(conn, profile, path)
             _migrate(conn, path)
         except BaseException:
@@ -710,6 +739,18 @@ def _probe(conn: sqlite3.Connection) -> None:
         )
         if int(conn.execute("PRAGMA application_id").fetchone()[0]) == 0:
             conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+
+
+def _choose_auto_vacuum(conn: sqlite3.Connection, path: str) -> None:
+    """A new (empty) database gets ``auto_vacuum=INCREMENTAL``: the pruner can then give
+    freed pages back to the file system (``PRAGMA incremental_vacuum``). It can only be
+    chosen before the first write (before WAL is entered too); an older database keeps
+    ``none``."""
+    try:
+        if int(conn.execute("PRAGMA page_count").fetchone()[0]) == 0:
+            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+    except sqlite3.Error as exc:
+        raise _open_failure(exc, path, "cannot configure auto-vacuum") from None
 
 
 def _set_journal_mode(conn: sqlite3.Connection, mode: str) -> str:

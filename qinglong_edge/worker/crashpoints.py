@@ -32,6 +32,12 @@ Point names are ``<operation>.<step>``. Operations (see :mod:`qinglong_edge.work
 ``session_write``   a new ``session.json`` (register, heartbeat: update steps)
 ``session_clear``   removal of ``session.json`` (a fenced session)
 ``pull``            the step boundaries of one offer pull (PULL_STEPS below)
+``store_prune``     Run pruning (:mod:`qinglong_edge.local.retention`):
+                    ``rows_deleted`` (inside the transaction, not committed),
+                    ``rows_committed`` (rows gone, log files not yet removed),
+                    ``files_removed``
+``log_prune``       log pruning: ``rows_updated`` (``log_artifact_id`` cleared, not
+                    committed), ``rows_committed`` (the file not yet removed)
 ==================  ==========================================================
 
 Steps of a first publication (:data:`FIRST_PUBLICATION_STEPS`), in order:
@@ -91,6 +97,8 @@ OPERATIONS: dict[str, tuple[str, ...]] = {
     "session_write": UPDATE_STEPS,
     "session_clear": REMOVAL_STEPS,
     "pull": PULL_STEPS,
+    "store_prune": ("rows_deleted", "rows_committed", "files_removed"),
+    "log_prune": ("rows_updated", "rows_committed"),
 }
 
 #: Every documented point name, in execution order within each operation.

@@ -8,7 +8,7 @@ and printing)::
     open the journal (owner lock; another pull -> already_owned, reported as "busy")
     [--duration S] repeat at the profile cadence (edge 2 s) until S seconds passed:
         clock sanity (year >= 2020; a router that booted at 1970 waits for NTP)
-        prune terminal inbox records past retention
+        prune terminal inbox records past retention, abandoned claims beyond their bound
         session: register / heartbeat when due (SessionKeeper)
         pull:    one coordinator step (PullCoordinator)
     close the transport, release the journal
@@ -109,6 +109,7 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
     if now < CLOCK_FLOOR_MS:
         return CycleReport(None, None, "clock_not_set", "the wall clock is before 2020: waiting for NTP")
     journal.prune_inbox(now)
+    journal.prune_abandoned()
     try:
         session = keeper.ensure(_slots(journal, worker.max_concurrent_runs))
     except SessionError as exc:

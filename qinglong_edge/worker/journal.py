@@ -405,14 +405,31 @@ class Journal(RecordReads):
                 records.append(parse_record(parse_abandoned_record, data, what))
         return records
 
-    def _prune_abandoned(self, keep: str) -> None:
+    def prune_abandoned(self) -> list[str]:
+        """Remove the oldest abandoned claims beyond ``abandoned_maximum_entries``.
+
+        Called by every cycle (and ``admin prune``), so a bound lowered below what is
+        stored holds from the next cycle on, not only after the next abandon. Within the
+        bound it only lists ``abandoned/`` (no record is read, nothing is written).
+        Returns the offerIds removed, oldest first.
+        """
+        with self._owned():
+            return self._prune_abandoned(keep=None)
+
+    def _prune_abandoned(self, keep: str | None) -> list[str]:
+        fd = self._abandoned_fd
+        if len(files.list_records(fd, self._dirs.what(ABANDONED_DIR))) <= self.options.abandoned_maximum_entries:
+            return []
         records = self._read_abandoned()
         excess = len(records) - self.options.abandoned_maximum_entries
         if excess <= 0:
-            return
+            return []
         aged = sorted((r.abandoned_at_ms, r.offer_id) for r in records if f"{r.offer_id}.json" != keep)
+        removed = []
         for _, offer_id in aged[:excess]:
-            self._remove(self._abandoned_fd, files.record_file_name(offer_id), "abandoned_prune")
+            self._remove(fd, files.record_file_name(offer_id), "abandoned_prune")
+            removed.append(offer_id)
+        return removed
 
     # -- inbox (3.4, 3.6) ------------------------------------------------------------------
 

@@ -175,3 +175,14 @@ class JournalReader(RecordReads):
     def read_offer(self, offer_id: str) -> InboxRecord | None:
         """The inbox record of ``offer_id``, or None."""
         return self._read_offer(offer_id)
+
+    def count_abandoned(self) -> int:
+        """How many abandoned claims ``abandoned/`` keeps (0 when it does not exist)."""
+        path = os.path.join(self._dirs.root, ABANDONED_DIR)
+        if not os.path.lexists(path):
+            return 0
+        fd, _ = files.open_private_directory(ABANDONED_DIR, dir_fd=self._dirs.root_fd, what=path, create=False)
+        try:
+            return len(files.list_records(fd, path))
+        finally:
+            os.close(fd)

@@ -86,7 +86,10 @@ HIDDEN = {
     Material: {"authorization", "certificate", "private_key", "anchors", "digest"}, TransportResponse: {"body"},
 }
 DEFAULTS: dict[type[Frozen], dict[str, Any]] = {
-    ExecutionConfig: {"max_run_pids": 0}, EdgeConfig: {"source": ""}, PendingClaim: {"schema_version": 1},
+    ExecutionConfig: {"max_run_pids": 0, "max_total_log_bytes": 4 << 20}, EdgeConfig: {"source": ""},
+    LocalApiConfig: {"audit_maximum_entries": 5000, "audit_retention_ms": 2_592_000_000, "run_maximum_entries": 500,
+                     "run_retention_ms": 2_592_000_000, "database_maximum_bytes": 8 << 20},
+    PendingClaim: {"schema_version": 1},
     SessionProjection: {"replaced_session": None}, CycleReport: {"error": None, "detail": ""},
     JournalOptions: {"maximum_entries": 64, "abandoned_maximum_entries": 32, "retention_ms": 604_800_000,
                      "ownership_stale_ms": JournalOptions().ownership_stale_ms},

@@ -55,7 +55,8 @@ def test_natural_exit_is_recorded_with_exit_code_and_events(env: Env) -> None:
         ("run.failed", f"local-completion:{aid}:1:run", ("executor", "local_process"),
          '{"from_status":"running","to_status":"failed","version":8}'),
     ]
-    log = os.path.join(env.log_directory, attempt["log_artifact_id"] + ".log")
+    assert attempt["log_artifact_id"].startswith("local-")  # logAvailable; the file is named by the ids
+    log = os.path.join(env.log_directory, f"{run_id}_{aid}.log")
     assert read_text(log) == "hello\noops\n"
     assert not os.path.exists(log[:-4] + ".fifo")
 
@@ -297,7 +298,7 @@ def test_output_beyond_the_cap_is_discarded_and_the_job_is_not_blocked(env: Env)
     with env.controller(max_log_bytes=1024) as controller:
         controller.notify()
         assert env.wait_status(run_id, "succeeded") == "succeeded"
-    log = os.path.join(env.log_directory, env.attempt_row(attempt_id)["log_artifact_id"] + ".log")
+    log = os.path.join(env.log_directory, f"{run_id}_{attempt_id}.log")
     data = read_text(log).encode("utf-8", "surrogateescape")
     assert len(data) <= 1024 and data.endswith(b"[qinglong-edge: output truncated]\n")
 

@@ -74,7 +74,7 @@ def test_restart_adopts_a_running_job_and_keeps_draining_its_log(env: Env) -> No
         pid = _running_pid(env, run_id, attempt_id)
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
-    log = os.path.join(env.log_directory, env.attempt_row(attempt_id)["log_artifact_id"] + ".log")
+    log = os.path.join(env.log_directory, f"{run_id}_{attempt_id}.log")
     with env.controller() as controller:
         assert attempt_id in controller.active_attempts  # adopted, not lost
         assert wait_for(lambda: read_text(log) == "one\ntwo\n")  # "two" was written after the agent died

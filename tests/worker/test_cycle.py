@@ -108,3 +108,19 @@ def test_an_abort_during_a_cycle_stops_the_loop_after_the_report(tmp_path: pathl
         next(cycles)
     # the journal was released: a new cycle can open it
     assert next(run_pull(_worker(tmp_path), clock_ms=lambda: NOW, transport=ingress)).result is not None  # type: ignore[arg-type]
+
+
+def test_a_cycle_prunes_abandoned_claims_beyond_a_lowered_bound(tmp_path: pathlib.Path, ingress: Closable) -> None:
+    """Issue 16: the bound holds from the next cycle, not only from the next abandon."""
+    from qinglong_edge.contracts.journal_records import PendingClaim
+    from qinglong_edge.worker.journal import Journal, JournalOptions
+    from tests.worker import offer_vectors as vectors
+
+    worker = _worker(tmp_path, abandonedMaximumEntries=2)
+    with Journal.open(worker.journal_directory, JournalOptions(abandoned_maximum_entries=8)) as journal:
+        for i in range(5):
+            journal.create_claim(PendingClaim.create(vectors.authority(f"old-{i}"), NOW - 5000 + i))
+            journal.abandon_claim("stale_session", NOW - 5000 + i)
+    reports = list(run_pull(worker, clock_ms=lambda: NOW, transport=ingress))  # type: ignore[arg-type]
+    assert reports[0].result is not None and reports[0].result.status == "idle"
+    assert sorted(os.listdir(pathlib.Path(worker.journal_directory) / "abandoned")) == ["old-3.json", "old-4.json"]

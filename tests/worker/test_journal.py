@@ -287,6 +287,21 @@ def test_abandoned_records_are_bounded_oldest_pruned(root: pathlib.Path) -> None
         assert [r.offer_id for r in journal.list_abandoned()] == ["o3", "o0"]
 
 
+def test_a_lowered_abandoned_bound_holds_from_the_next_cycle(root: pathlib.Path) -> None:
+    """Issue 16: a bound set lower than what is stored prunes down to it at the next
+    cycle (prune_abandoned, called by every cycle), oldest first, not only at the next
+    abandon; within the bound nothing is removed."""
+    with Journal.open(str(root), JournalOptions(abandoned_maximum_entries=8)) as journal:
+        for i, at in enumerate((500, 100, 400, 200, 300)):
+            journal.create_claim(_claim(offer_id=f"o{i}"))
+            journal.abandon_claim("stale_session", at)
+        assert journal.prune_abandoned() == []
+    with Journal.open(str(root), JournalOptions(abandoned_maximum_entries=2)) as journal:
+        assert journal.prune_abandoned() == ["o1", "o3", "o4"]  # t=100, 200, 300
+        assert sorted(os.listdir(root / "abandoned")) == ["o0.json", "o2.json"]
+        assert journal.prune_abandoned() == []
+
+
 def test_rejects_abandon_without_a_claim_or_with_an_unknown_reason(journal: Journal) -> None:
     with pytest.raises(JournalError) as info:
         journal.abandon_claim("offer_fenced", 1)
