@@ -177,8 +177,10 @@ class WorkerSteps(DemoBase):
         claim = self.claim()
         if claim is None:
             raise DemoError("no pending claim in the journal after the lost response")
-        c.result("exit 75 (temporary failure; request_rejected is the transport's code for \"no answer\"): "
-                 "the claim is kept, nothing is lost")
+        c.result("exit 75 (temporary failure; connection_closed is the transport's reason for \"the answer "
+                 "was cut off\", and it may have reached the cluster): the claim is kept, nothing is lost")
+        if "connection_closed" not in lost.stdout:
+            raise DemoError("the cycle with the lost response did not name the connection_closed reason")
         c.info(f"the journal's pending claim ({self.rel(self.state / 'worker' / 'pending-claim.json')}, "
                "read by the demo; the lease token is a capability, so not shown):")
         c.output(f"offerId {claim['offerId']}  attemptCount {claim['attemptCount']}  "

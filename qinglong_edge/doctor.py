@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
-from qinglong_edge.config import EdgeConfig
+from qinglong_edge.config import EdgeConfig, WorkerConfig
 
-__all__ = ["Check", "run_checks"]
+__all__ = ["Check", "check_certificate_validity", "check_worker_tls", "run_checks"]
 
 MIN_FREE_BYTES = 8 * 1024 * 1024
 MIN_SQLITE = (3, 35, 0)
@@ -343,6 +343,89 @@ def check_readable(path: str, name: str) -> Check:
     return Check(name, ok, True, f"{path}: {size} bytes", "" if ok else "1 byte to 1 MiB expected")
 
 
+def _skipped(name: str, because: str) -> Check:
+    """A check that could not run because another one failed (reported once, there)."""
+    return Check(name, False, False, f"not checked: {because} failed", f"fix {because} first")
+
+
+def check_certificate_validity(path: str, name: str, *, role: str, private: bool, now_ms: int) -> Check:
+    """Every certificate's validity window in one file (issue 18 item 7).
+
+    Fails (required) when one is expired or not yet valid, warns when one ends within
+    30 days (:data:`qinglong_edge.worker.certificates.DOCTOR_WARN_MS`), else passes;
+    the detail lists each window. Unreadable dates are a warning: the transport's own
+    reading decides whether the file works at all.
+    """
+    from qinglong_edge.contracts.x509 import iso_utc
+    from qinglong_edge.errors import TransportError
+    from qinglong_edge.worker.certificates import DOCTOR_WARN_MS, file_windows
+
+    try:
+        windows = file_windows(path, role, private=private)
+    except TransportError as exc:
+        return Check(name, False, False, exc.message, "install a PEM certificate file that OpenSSL and doctor can read")
+    detail = f"{path}: " + "; ".join(f"[{w.index}] {w.validity.describe(now_ms)}" for w in windows)
+    states = [w.state(now_ms, DOCTOR_WARN_MS) for w in windows]
+    which = "worker.certificateFile" if private else "worker.trustAnchorFiles"
+    if "expired" in states or "not_yet_valid" in states:
+        if "not_yet_valid" in states:
+            remedy = "check the device clock (NTP); else install a certificate that is valid now"
+        elif private:
+            remedy = f"renew the client certificate and install it at {which} (with its key)"
+        else:
+            remedy = f"replace the expired trust anchor in {which} with the cluster's current CA"
+        return Check(name, False, True, detail, remedy)
+    if "expiring" in states:
+        end = min(w.validity.not_after_ms for w, state in zip(windows, states, strict=True) if state == "expiring")
+        return Check(name, False, False, detail, f"renew it before {iso_utc(end)} ({which})")
+    return Check(name, True, True, detail)
+
+
+def check_worker_tls(worker: WorkerConfig, now_ms: int) -> Check:
+    """A real TLS 1.3 handshake with the origin and the client certificate, no request
+    sent (:meth:`~qinglong_edge.worker.transport.IngressTransport.probe_handshake`);
+    a failure reports the transport's reason and remedy."""
+    from qinglong_edge.errors import TransportError
+    from qinglong_edge.worker.transport import IngressTransport
+
+    name = "worker_tls_handshake"
+    target = worker.origin.host_header
+    try:
+        with IngressTransport.from_config(worker) as transport:
+            report = transport.probe_handshake()
+    except TransportError as exc:
+        return Check(name, False, True, f"{target}: {exc.reason}: {exc.message}", exc.remedy)
+    server = report.server_certificate
+    parts = [f"{target}: {report.tls_version} {report.cipher}"]
+    if server is not None:
+        parts.append(f"server certificate {server.describe(now_ms)}")
+    if report.client_certificate_accepted:
+        parts.append("client certificate accepted (session ticket received)")
+    else:
+        parts.append("client certificate acceptance unconfirmed (the server sent no session ticket)")
+    return Check(name, True, True, "; ".join(parts))
+
+
+def _worker_checks(worker: WorkerConfig, file_checks: list[Check]) -> Iterator[Check]:
+    now_ms = time.time_ns() // 1_000_000
+    failed = {check.name for check in file_checks if not check.ok}
+    if "worker_certificate" in failed:
+        yield _skipped("worker_certificate_validity", "worker_certificate")
+    else:
+        yield check_certificate_validity(worker.certificate_file, "worker_certificate_validity",
+                                         role="client certificate", private=True, now_ms=now_ms)
+    for index, anchor in enumerate(worker.trust_anchor_files):
+        name = f"trust_anchor_validity_{index}"
+        if f"trust_anchor_{index}" in failed:
+            yield _skipped(name, f"trust_anchor_{index}")
+        else:
+            yield check_certificate_validity(anchor, name, role="trust anchor", private=False, now_ms=now_ms)
+    if failed:
+        yield _skipped("worker_tls_handshake", ", ".join(sorted(failed)))
+    else:
+        yield check_worker_tls(worker, now_ms)
+
+
 def _mib(n: int) -> str:
     return f"{n / (1024 * 1024):.1f} MiB"
 
@@ -485,11 +568,15 @@ def run_checks(config: EdgeConfig) -> list[Check]:
     if worker is not None:
         if worker.journal_directory != config.state_directory and _exists(worker.journal_directory):
             checks.extend(_storage_checks(worker.journal_directory, "journal", True))
-        checks.append(check_secret_file(worker.credential_file, "worker_credential", 256))
-        checks.append(check_secret_file(worker.private_key_file, "worker_private_key", 1024 * 1024))
-        checks.append(check_readable(worker.certificate_file, "worker_certificate"))
-        for index, anchor in enumerate(worker.trust_anchor_files):
-            checks.append(check_readable(anchor, f"trust_anchor_{index}"))
+        file_checks = [
+            check_secret_file(worker.credential_file, "worker_credential", 256),
+            check_secret_file(worker.private_key_file, "worker_private_key", 1024 * 1024),
+            check_readable(worker.certificate_file, "worker_certificate"),
+        ]
+        file_checks += [check_readable(anchor, f"trust_anchor_{index}")
+                        for index, anchor in enumerate(worker.trust_anchor_files)]
+        checks.extend(file_checks)
+        checks.extend(_worker_checks(worker, file_checks))
     if local is not None:
         db_dir = os.path.dirname(local.database_file)
         if _exists(db_dir):

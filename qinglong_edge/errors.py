@@ -9,7 +9,7 @@
     ├── StorageError(EdgeError, OSError)                   unsafe or failing storage  -> 73/74
     │   └── JournalError(StorageError)                     worker journal, ADR-0110 3.8
     ├── TransportError(EdgeError, ConnectionError)         worker ingress client, ADR-0110 1.6
-    │       .http_status .retry_after_ms
+    │       .http_status .retry_after_ms .reason .remedy .reached_cluster .cluster_code
     ├── DeliveryError(EdgeError)                           pull coordinator, ADR-0110 3.8
     ├── SessionError(EdgeError)                            worker session, ADR-0110 5.1
     ├── HttpProtocolError(EdgeError, ValueError)           malformed HTTP/1.1 request head
@@ -30,6 +30,7 @@ from qinglong_edge.contracts.errors import ContractError, EdgeError
 
 __all__ = [
     "EXIT_STATUS_BY_CODE",
+    "TRANSPORT_REASONS",
     "ApiError",
     "ConfigError",
     "ContractError",
@@ -44,6 +45,7 @@ __all__ = [
     "TransportError",
     "UsageError",
     "exit_status_for",
+    "transport_remedy",
 ]
 
 # sysexits.h
@@ -108,6 +110,104 @@ class JournalError(StorageError):
     """
 
 
+#: Transport reasons (``TransportError.reason``): code -> (one-line remedy, whether a
+#: request failing this way may have reached the cluster's HTTP layer by default).
+#: Stable API: ``pull`` prints them, ``pull --json`` and ``doctor`` carry them, the
+#: README's Troubleshooting table lists them (tests/test_docs.py checks it). The pull
+#: coordinator's attempt budget counts only failures with ``reached_cluster`` (spec
+#: README, offer delivery decisions). Sources: offer-delivery.md 1.2 (TLS), 1.5
+#: (timeouts), 1.6 (acceptance), 1.7 (statuses).
+TRANSPORT_REASONS: dict[str, tuple[str, bool]] = {
+    # before TCP: nothing was sent
+    "dns_failure": ("the origin's host name does not resolve: check worker.origin and the device's DNS "
+                    "resolver (/etc/resolv.conf)", False),
+    "connection_refused": ("nothing accepts connections on the origin's port: check the port in worker.origin "
+                           "and that the cluster's worker ingress is running", False),
+    "network_unreachable": ("no route to the cluster: check the device's network link, default route and "
+                            "firewall", False),
+    "connect_timeout": ("the cluster did not accept the TCP connection within worker.requestTimeoutMs: check "
+                        "the network path (a firewall dropping packets?)", False),
+    "connection_failed": ("the TCP connection failed (see the message): check the network path to the "
+                          "origin", False),
+    # the TLS handshake (TLS 1.3 only, only the configured anchors): nothing was sent
+    "tls_handshake_timeout": ("the peer accepted TCP but did not complete a TLS handshake in time: is the "
+                              "origin's port the cluster's TLS worker ingress?", False),
+    "certificate_expired": ("the cluster's certificate (or one of its chain) has expired by this device's "
+                            "clock: check the clock (NTP), else the cluster must renew it", False),
+    "certificate_not_yet_valid": ("the cluster's certificate is not valid yet by this device's clock: set "
+                                  "the clock (NTP; a router may boot in 1970)", False),
+    "hostname_mismatch": ("the cluster's certificate does not name the origin's host: put the name (or IP) "
+                          "it was issued for in worker.origin", False),
+    "untrusted_issuer": ("the cluster's certificate does not chain to a configured trust anchor: add the CA "
+                         "that issued it to worker.trustAnchorFiles (or something intercepts the "
+                         "connection)", False),
+    "weak_certificate": ("the cluster's certificate has a key or signature below security level 2 (RSA < "
+                         "2048 bits, SHA-1): the cluster must use a stronger certificate", False),
+    "certificate_rejected": ("the cluster's certificate failed verification (see the message): it must be a "
+                             "valid serverAuth certificate from a configured anchor", False),
+    "protocol_version": ("the peer does not speak TLS 1.3: point worker.origin at the cluster's worker "
+                         "ingress, or upgrade the server", False),
+    "plaintext_peer": ("the peer answered without TLS (plain HTTP?): worker.origin must name the cluster's "
+                       "HTTPS worker ingress port", False),
+    "tls_handshake_failed": ("the TLS handshake failed (see the message): check worker.origin and the "
+                             "cluster's TLS settings", False),
+    # after the handshake: a TLS 1.3 server judges the client certificate only now
+    "client_certificate_rejected": ("the cluster refused this device's client certificate: install one "
+                                    "issued by the cluster's worker client CA, not expired "
+                                    "(worker.certificateFile / privateKeyFile)", False),
+    "tls_alert": ("the cluster ended the TLS session with an alert (see the message): retried; if it "
+                  "persists check the cluster's TLS logs", True),
+    "send_timeout": ("the cluster stopped reading the request within worker.requestTimeoutMs: check the "
+                     "network and the cluster's load; retried", True),
+    "read_timeout": ("no complete answer within worker.requestTimeoutMs (or the hard deadline): check the "
+                     "cluster's load and the network; retried", True),
+    "connection_reset": ("the connection was reset during the exchange: retried; if it persists check "
+                         "middleboxes (proxies, NAT timeouts) and the cluster", True),
+    "connection_closed": ("the cluster closed the connection before its answer was complete: retried", True),
+    "unexpected_status": ("the cluster answered with a status other than 200 (see httpStatus): retried", True),
+    "malformed_response": ("the answer broke the worker ingress contract (offer-delivery.md 1.6): is "
+                           "worker.origin the cluster's worker ingress, with no proxy in between?", True),
+    "response_too_large": ("the answer was larger than the route allows: is worker.origin the cluster's "
+                           "worker ingress, with no proxy in between?", True),
+    "source_changed": ("the file being uploaded changed during the upload: retried with the file as it is "
+                       "then", True),
+    # local faults: nothing was sent
+    "credentials_unavailable": ("fix the file the message names: owned by the agent's user, mode 0600 in a "
+                                "0700 directory (anchors: not group/other writable), 1 byte - 1 MiB", False),
+    "invalid_configuration": ("fix the worker configuration the message names", False),
+    "invalid_request": ("a request broke the transport's own limits: a bug, please report it", False),
+    "closed": ("the transport was closed (the agent is stopping)", True),
+}
+
+#: Remedies of ``unexpected_status`` by HTTP status (offer-delivery.md 1.7).
+_STATUS_REMEDIES: dict[int, str] = {
+    400: "the cluster refused the request as malformed: a bug, please report it with the cluster's code",
+    401: "the cluster rejected the worker credential: install a valid ql3w credential of this worker "
+         "(worker.credentialFile)",
+    403: "the cluster rejected the worker credential: install a valid ql3w credential of this worker "
+         "(worker.credentialFile)",
+    404: "the cluster has no such worker route: check worker.origin and worker.workerId",
+    409: "the cluster fenced the call (see the code): the agent resolves it",
+    413: "the cluster refused the request as too large: a bug, please report it",
+    415: "the cluster refused the request's media type: a bug, please report it",
+    429: "the cluster is rate-limiting this device: retried after its Retry-After",
+    503: "the cluster is busy, starting or reloading: retried after its Retry-After",
+    504: "the cluster timed out handling the call: retried",
+}
+
+
+def transport_remedy(reason: str, http_status: int | None = None) -> str:
+    """The one-line remedy of a transport reason (:data:`TRANSPORT_REASONS`); for
+    ``unexpected_status`` the one of the HTTP status class. "" for an unknown reason."""
+    if reason == "unexpected_status" and http_status is not None:
+        if http_status in _STATUS_REMEDIES:
+            return _STATUS_REMEDIES[http_status]
+        if 500 <= http_status <= 599:
+            return "the cluster failed handling the call (5xx): retried; see the cluster's logs"
+    entry = TRANSPORT_REASONS.get(reason)
+    return entry[0] if entry is not None else ""
+
+
 class TransportError(EdgeError, ConnectionError):
     """Worker ingress HTTPS call failed (ADR-0110 section 1.6).
 
@@ -117,6 +217,17 @@ class TransportError(EdgeError, ConnectionError):
     Attributes:
         http_status: the response status when one was received (never the body).
         retry_after_ms: parsed ``Retry-After`` of a 429/503, in milliseconds, else None.
+        reason: the typed reason, a key of :data:`TRANSPORT_REASONS`
+            (``certificate_expired``, ``read_timeout``...); the code when none was given
+            (an error made the old way, e.g. by a test double).
+        remedy: its one-line remedy (:func:`transport_remedy`; "" for a bare code).
+        reached_cluster: whether the request may have reached the cluster's HTTP
+            layer: False for DNS, connect and handshake failures, a TLS alert on the
+            first read of a new connection (how TLS 1.3 refuses a client certificate)
+            and local faults; True otherwise (also when unknown).
+        cluster_code: the ``code`` of a non-200 JSON answer ``{"code":"..."}`` when it
+            is a plain snake_case word (e.g. ``worker_offer_fenced``), else None. The
+            rest of the body is never kept.
     """
 
     code = "request_rejected"
@@ -129,10 +240,26 @@ class TransportError(EdgeError, ConnectionError):
         code: str | None = None,
         http_status: int | None = None,
         retry_after_ms: int | None = None,
+        reason: str | None = None,
+        reached_cluster: bool | None = None,
+        cluster_code: str | None = None,
     ) -> None:
         self.http_status = http_status
         self.retry_after_ms = retry_after_ms
+        self.cluster_code = cluster_code
         super().__init__(message, code=code)
+        self.reason: str = reason or self.code
+        self.remedy: str = transport_remedy(self.reason, http_status)
+        if reached_cluster is None:
+            entry = TRANSPORT_REASONS.get(self.reason)
+            reached_cluster = entry[1] if entry is not None else True
+        self.reached_cluster: bool = reached_cluster
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if self.reason == self.code:
+            return text
+        return f"{self.code} ({self.reason}): {self.message}"
 
 
 class DeliveryError(EdgeError):
@@ -152,10 +279,20 @@ class SessionError(EdgeError):
     Codes: ``credential_rejected`` (401/403), ``session_fenced`` (409),
     ``invalid_response``, ``session_unavailable``, ``credentials_unavailable`` and
     ``invalid_configuration`` (from the transport), ``unsupported_platform``.
+
+    Attributes:
+        reason: the :attr:`TransportError.reason` when a transport failure caused it
+            (``certificate_expired``...), else None.
+        remedy: that failure's :attr:`TransportError.remedy` ("" without one).
     """
 
     code = "session_unavailable"
     exit_status = EX_TEMPFAIL
+
+    def __init__(self, message: str = "", *, code: str | None = None, cause: TransportError | None = None) -> None:
+        self.reason = cause.reason if cause is not None else None
+        self.remedy = cause.remedy if cause is not None else ""
+        super().__init__(message, code=code)
 
 
 class HttpProtocolError(EdgeError, ValueError):

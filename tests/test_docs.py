@@ -223,6 +223,19 @@ def test_every_doctor_check_is_in_troubleshooting(tmp_path: pathlib.Path) -> Non
         assert f"`{name}`" in table, f"doctor check {name} is not in the troubleshooting table"
 
 
+def test_every_transport_reason_is_in_troubleshooting_with_its_remedy() -> None:
+    """A row per typed transport reason (issue 18): its remedy, word for word, and
+    whether it counts toward the attempt budget (``reached_cluster``)."""
+    from qinglong_edge.errors import TRANSPORT_REASONS
+
+    rows = {cells[0]: cells for cells in _rows(_section("Troubleshooting")) if len(cells) == 4}
+    for reason, (remedy, reached) in TRANSPORT_REASONS.items():
+        row = rows.get(f"`{reason}`")
+        assert row is not None, f"transport reason {reason} has no Troubleshooting row"
+        assert row[3] == remedy, f"{reason}: the README's remedy differs from errors.TRANSPORT_REASONS"
+        assert row[2] == ("yes" if reached else "no"), reason
+
+
 # -- Local API --------------------------------------------------------------------------------
 
 def test_every_route_has_a_curl_example() -> None:

@@ -32,8 +32,13 @@ answers ``lease_recovery`` if it had committed (field lessons 1). Exit 75.
      "status":"accepted|replayed|idle|backoff|inbox_full|abandoned|unavailable|
                invalid_response|credential_rejected",
      "offerId":..,"runId":..,"reason":..,"nextAttemptAtMs":..,"httpStatus":..,
-     "retryAfterMs":..,"attemptCount":..,"stats":{..}}          (absent keys: not applicable)
-    {"status":"failed","code":"credential_rejected|session_unavailable|..","detail":..}
+     "retryAfterMs":..,"attemptCount":..,"stats":{..},"remedy":..}  (absent keys: not applicable)
+    {"status":"failed","code":"credential_rejected|session_unavailable|..","reason":..,
+     "detail":..,"remedy":..}
+
+A failure caused by the transport names its typed ``reason`` (``certificate_expired``,
+``dns_failure``...: :data:`qinglong_edge.errors.TRANSPORT_REASONS`) and its one-line
+``remedy``; the human line ends with ``-> remedy``.
     {"status":"busy","code":"already_owned"}
     {"status":"aborted","signal":"SIGTERM"}
 """
@@ -157,12 +162,31 @@ def _iso(ms: int | None) -> str:
     return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
 
 
+def _remedy(reason: object, http_status: object = None) -> str:
+    """The remedy of a typed transport reason ("" for other reasons and the bare codes)."""
+    from qinglong_edge.errors import TRANSPORT_REASONS, transport_remedy
+
+    if not isinstance(reason, str) or reason not in TRANSPORT_REASONS:
+        return ""
+    return transport_remedy(reason, http_status if isinstance(http_status, int) else None)
+
+
+def _with_remedy(payload: dict[str, object]) -> dict[str, object]:
+    if payload.get("status") in ("unavailable", "credential_rejected") and "remedy" not in payload:
+        remedy = _remedy(payload.get("reason"), payload.get("httpStatus"))
+        if remedy:
+            payload["remedy"] = remedy
+    return payload
+
+
 def _describe(report: object) -> str:
     from qinglong_edge.worker.cycle import CycleReport
 
     assert isinstance(report, CycleReport)
     if report.error is not None:
-        return f"pull: {report.error}: {report.detail}"
+        remedy = report.remedy
+        reason = f" ({report.reason})" if report.reason and report.reason != report.error else ""
+        return f"pull: {report.error}{reason}: {report.detail}" + (f" -> {remedy}" if remedy else "")
     result = report.result
     session = report.session
     prefix = ""
@@ -183,10 +207,11 @@ def _describe(report: object) -> str:
         text = f"claim {result.offer_id} abandoned ({result.reason}); the next cycle makes a new claim"
     else:
         http = f" HTTP {result.http_status}" if result.http_status else ""
+        remedy = _remedy(result.reason, result.http_status)
         text = (
             f"{status} ({result.reason}{http}); claim {result.offer_id} kept, "
             f"attempt {result.attempt_count}, retry at {_iso(result.next_attempt_at_ms)}"
-        )
+        ) + (f" -> {remedy}" if remedy else "")
     return "pull: " + prefix + text
 
 
@@ -227,7 +252,7 @@ def _run(args: argparse.Namespace) -> int:
         for report in run_pull(config.worker, duration_s=args.duration, splay=not args.no_splay, abort=abort):
             status = _exit_status(report)
             if args.json:
-                print_json(report.to_json())
+                print_json(_with_remedy(report.to_json()))
             else:
                 print(_describe(report), flush=True)
     except PullAborted as exc:

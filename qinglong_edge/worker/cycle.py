@@ -57,27 +57,35 @@ class CycleReport(Frozen):
             ``session_unavailable``, ``invalid_response``, ``unsupported_platform``,
             ``clock_not_set``).
         detail: a human-readable line (no secrets).
+        reason: the transport reason behind ``error`` (``certificate_expired``...), if any.
+        remedy: its one-line remedy ("" without one).
     """
 
-    __slots__ = ("session", "result", "error", "detail")  # noqa: RUF023 (field order)
+    __slots__ = ("session", "result", "error", "detail", "reason", "remedy")  # noqa: RUF023 (field order)
 
     session: SessionOutcome | None
     result: PullResult | None
     error: str | None
     detail: str
+    reason: str | None
+    remedy: str
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 (the dataclass signature)
         self,
         session: SessionOutcome | None,
         result: PullResult | None,
         error: str | None = None,
         detail: str = "",
+        reason: str | None = None,
+        remedy: str = "",
     ) -> None:
         _set = object.__setattr__
         _set(self, "session", session)
         _set(self, "result", result)
         _set(self, "error", error)
         _set(self, "detail", detail)
+        _set(self, "reason", reason)
+        _set(self, "remedy", remedy)
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {}
@@ -93,8 +101,12 @@ class CycleReport(Frozen):
         if self.error is not None:
             out["status"] = "failed"
             out["code"] = self.error
+            if self.reason is not None:
+                out["reason"] = self.reason
         if self.detail:
             out["detail"] = self.detail
+        if self.error is not None and self.remedy:
+            out["remedy"] = self.remedy
         return out
 
 
@@ -113,7 +125,7 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
     try:
         session = keeper.ensure(_slots(journal, worker.max_concurrent_runs))
     except SessionError as exc:
-        return CycleReport(None, None, exc.code, exc.message)
+        return CycleReport(None, None, exc.code, exc.message, reason=exc.reason, remedy=exc.remedy)
     record = session.session
     result = coordinator.pull(SessionAuthority(record.worker_id, record.session_id, record.generation))
     return CycleReport(session, result)

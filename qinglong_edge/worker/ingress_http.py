@@ -29,7 +29,11 @@ Acceptance (section 1.6), in this order; the first failure wins:
 5. the body (decoded from its framing) at most the cap, counted as it streams
    (``response_too_large``), at least 2 bytes (``response_rejected``).
 
-Errors are :class:`~qinglong_edge.errors.TransportError` and never contain body bytes.
+Errors are :class:`~qinglong_edge.errors.TransportError` and never contain body bytes;
+their ``reason`` is ``unexpected_status`` (rule 1), ``malformed_response`` (the head
+grammar, rules 2-4, a short body), ``connection_closed`` (EOF inside the body) or
+``response_too_large``. :func:`error_code` reads the one thing of a non-200 body the
+client keeps: the cluster's ``{"code":"..."}`` word.
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ import math
 import re
 
 from qinglong_edge.contracts._shape import Frozen
+from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.ids import SESSION_ID, WORKER_ID
+from qinglong_edge.contracts.strictjson import loads
 from qinglong_edge.errors import TransportError
 
 __all__ = [
@@ -54,7 +60,9 @@ __all__ = [
     "LengthBody",
     "ResponseHead",
     "accept_head",
+    "error_code",
     "is_ingress_path",
+    "is_stream_path",
     "parse_response_head",
     "retry_after_ms",
 ]
@@ -85,6 +93,15 @@ _INGRESS_PATH = re.compile(
     rf"/api/v3/worker-ingress/workers/{WORKER_ID.pattern}/sessions/{SESSION_ID.pattern}/(?:{_OPERATIONS})",
     re.ASCII,
 )
+#: The stream routes (remote-execution.md 3.6): a binary body, not JSON.
+_STREAM_PATH = re.compile(
+    rf"/api/v3/worker-ingress/workers/{WORKER_ID.pattern}/sessions/{SESSION_ID.pattern}/artifacts",
+    re.ASCII,
+)
+#: A cluster error code worth keeping (``worker_offer_fenced``); anything else is dropped.
+_ERROR_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}", re.ASCII)
+#: Largest non-200 body read for its code (the cluster's are ``{"code":"..."}``).
+MAX_ERROR_BODY_BYTES = 1024
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: ([\t\x20-\x7e\x80-\xff]*))?")
 _FIELD_LINE = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):(.*)", re.DOTALL)
 _FIELD_VALUE = re.compile(rb"[\t\x20-\x7e\x80-\xff]*")
@@ -101,6 +118,25 @@ def is_ingress_path(path: object) -> bool:
     no query string, no fragment, no percent-encoding.
     """
     return isinstance(path, str) and _INGRESS_PATH.fullmatch(path) is not None
+
+
+def is_stream_path(path: object) -> bool:
+    """True for ``/api/v3/worker-ingress/workers/{workerId}/sessions/{sessionId}/artifacts``
+    (remote-execution.md 3.6, the one stream route)."""
+    return isinstance(path, str) and _STREAM_PATH.fullmatch(path) is not None
+
+
+def error_code(body: bytes) -> str | None:
+    """The ``code`` of a non-200 body that is exactly ``{"code":"<snake_case word>"}``
+    (offer-delivery.md 1.7), else None. Nothing else of the body is kept or shown."""
+    try:
+        document = loads(body, max_bytes=MAX_ERROR_BODY_BYTES, min_bytes=2)
+    except ContractError:
+        return None
+    if not isinstance(document, dict) or set(document) != {"code"}:
+        return None
+    code = document["code"]
+    return code if isinstance(code, str) and _ERROR_CODE.fullmatch(code) else None
 
 
 class ResponseHead(Frozen):
@@ -137,8 +173,11 @@ class ResponseHead(Frozen):
         return "close" not in tokens
 
 
-def _rejected(message: str, status: int | None = None, retry_after: int | None = None) -> TransportError:
-    return TransportError(message, code="response_rejected", http_status=status, retry_after_ms=retry_after)
+def _rejected(
+    message: str, status: int | None = None, retry_after: int | None = None, reason: str = "malformed_response"
+) -> TransportError:
+    return TransportError(message, code="response_rejected", http_status=status, retry_after_ms=retry_after,
+                          reason=reason)
 
 
 def _too_large(message: str, status: int | None = 200) -> TransportError:
@@ -236,7 +275,7 @@ def accept_head(head: ResponseHead, max_response_bytes: int, now_ms: int) -> Bod
     """
     status = head.status
     if status != 200:
-        raise _rejected(f"HTTP {status} is not 200", status, retry_after_ms(head, now_ms))
+        raise _rejected(f"HTTP {status} is not 200", status, retry_after_ms(head, now_ms), "unexpected_status")
     content_types = head.values("content-type")
     if len(content_types) != 1 or _JSON_MEDIA_TYPE.match(content_types[0]) is None:
         raise _rejected("content-type is not exactly one application/json", status)
@@ -295,7 +334,7 @@ class BodyDecoder:
             TransportError: ``response_rejected`` when the message is incomplete.
         """
         if not self.done:
-            raise _rejected("connection closed before the end of the body", 200)
+            raise _rejected("connection closed before the end of the body", 200, reason="connection_closed")
 
     def finish(self) -> bytes:
         """The decoded body of a done message (at least 2 bytes).

@@ -161,8 +161,13 @@ def _read_checked(fd: int, path: str, max_bytes: int, forbidden: int, what: str)
     chunks: list[bytes] = []
     total = 0
     while total <= max_bytes:
+        # Ask for what fstat promised (+1 to see growth or EOF), not for the cap: os.read
+        # allocates the whole request up front (1 MiB per file per request otherwise).
+        # A file that grew past it is read in cap-sized requests, as before.
+        want = info.st_size + 1 - total if total <= info.st_size else max_bytes + 1 - total
+        want = min(want, max_bytes + 1 - total)
         try:
-            chunk = os.read(fd, max_bytes + 1 - total)
+            chunk = os.read(fd, want)
         except OSError as exc:
             raise _unavailable(f"{what} {path}: cannot read ({exc.strerror})") from None
         if not chunk:

@@ -178,7 +178,8 @@ class PullResult(Frozen):
             ``abandoned``, ``unavailable``, ``invalid_response`` or ``credential_rejected``.
         offer_id: the claim's offerId (None for ``inbox_full``).
         run_id: the offered Run (accepted/replayed).
-        reason: idle reason, abandon reason, or the failure code.
+        reason: idle reason, abandon reason, or the failure code (a transport failure's
+            typed reason, :attr:`~qinglong_edge.errors.TransportError.reason`).
         next_attempt_at_ms: when the kept claim is due again (backoff and failures).
         http_status: the HTTP status of a failed call, when one was received.
         retry_after_ms: the honoured Retry-After, when the cluster sent one.
@@ -358,7 +359,7 @@ class PullCoordinator:
                 # retry would get it again, so give the claim up now (README, 3.9).
                 return self._abandon(claim, "offer_fenced", self._clock_ms(), http_status=409)
             status = "credential_rejected" if exc.http_status in (401, 403) else "unavailable"
-            return self._back_off(claim, status, exc.code, exc.http_status, exc.retry_after_ms)
+            return self._back_off(claim, status, exc.reason, exc.http_status, exc.retry_after_ms)
         except ContractError as exc:
             return self._back_off(claim, "invalid_response", exc.code, None, None)
         now = max(self._clock_ms(), claim.updated_at_ms)

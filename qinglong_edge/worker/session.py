@@ -367,15 +367,16 @@ class SessionKeeper:
                 now = self._clock_ms()
                 self._retry_after = (now, now + min(exc.retry_after_ms, MAX_RETRY_AFTER_MS))
             if exc.code in ("credentials_unavailable", "invalid_configuration"):
-                raise SessionError(f"{operation}: {exc.message}", code=exc.code) from None
+                raise SessionError(f"{operation}: {exc.message}", code=exc.code, cause=exc) from None
             if exc.http_status in (401, 403):
                 raise SessionError(
                     f"{operation}: the cluster rejected the worker credential (HTTP {exc.http_status})",
-                    code="credential_rejected",
+                    code="credential_rejected", cause=exc,
                 ) from None
             if exc.http_status == 409:
-                raise SessionError(f"{operation}: session fenced (HTTP 409)", code="session_fenced") from None
-            raise SessionError(f"{operation}: {exc}", code="session_unavailable") from None
+                raise SessionError(f"{operation}: session fenced (HTTP 409)", code="session_fenced",
+                                   cause=exc) from None
+            raise SessionError(f"{operation}: {exc}", code="session_unavailable", cause=exc) from None
         body_bytes: bytes = response.body
         return body_bytes
 

@@ -22,6 +22,7 @@ import pytest
 
 from qinglong_edge.contracts.journal_records import PendingClaim
 from qinglong_edge.contracts.offer import ClaimAuthority
+from qinglong_edge.errors import transport_remedy
 from qinglong_edge.worker.journal import Journal
 from tests.support.cluster_double import ClusterDouble, Fault
 from tests.support.pull_env import PullEnv, kill, wait_stopped
@@ -304,8 +305,9 @@ def test_401_on_register_exits_77_with_the_code(env: PullEnv) -> None:
     env.cluster.state.credentials[env.cluster.credential_id].state = "revoked"
     outcome = env.pull("--json")
     assert outcome.status == 77
-    assert outcome.last() == {"status": "failed", "code": "credential_rejected",
-                              "detail": "register: the cluster rejected the worker credential (HTTP 401)"}
+    assert outcome.last() == {"status": "failed", "code": "credential_rejected", "reason": "unexpected_status",
+                              "detail": "register: the cluster rejected the worker credential (HTTP 401)",
+                              "remedy": transport_remedy("unexpected_status", 401)}
     assert env.session() is None and env.claim() is None
     assert env.cluster.secret not in outcome.stdout + outcome.stderr
 

@@ -90,12 +90,14 @@ DEFAULTS: dict[type[Frozen], dict[str, Any]] = {
     LocalApiConfig: {"audit_maximum_entries": 5000, "audit_retention_ms": 2_592_000_000, "run_maximum_entries": 500,
                      "run_retention_ms": 2_592_000_000, "database_maximum_bytes": 8 << 20},
     PendingClaim: {"schema_version": 1},
-    SessionProjection: {"replaced_session": None}, CycleReport: {"error": None, "detail": ""},
+    SessionProjection: {"replaced_session": None}, CycleReport: {"error": None, "detail": "", "reason": None,
+                                                                  "remedy": ""},
     JournalOptions: {"maximum_entries": 64, "abandoned_maximum_entries": 32, "retention_ms": 604_800_000,
                      "ownership_stale_ms": JournalOptions().ownership_stale_ms},
     PullResult: dict.fromkeys(("offer_id", "run_id", "reason", "next_attempt_at_ms", "http_status",
                                "retry_after_ms", "attempt_count", "stats")),
     SessionOutcome: {"replaced": False, "detail": ""},
+    TransportResponse: {"source_sha256": None, "resumed": False},
 }
 SECRETS = (SECRET, TOKEN, "CERT", "KEY", "ANCHOR", "secret")
 

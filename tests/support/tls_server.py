@@ -17,7 +17,8 @@ certificates of ``tests/support/certs`` (see ``make_certs.py``). Per request it 
 :func:`http_response` builds a cluster-shaped response (offer-delivery.md section 1.7
 headers) with any status, body and extra or replaced headers.
 
-Options: the certificate identity the server presents (``identity="server-expired"``
+Options: ``num_tickets`` (TLS 1.3 session tickets sent per handshake; 0: none, so no
+client can resume), the certificate identity the server presents (``identity="server-expired"``
 loads ``server-expired.pem``/``.key``), the TLS versions (``"1.3"``, ``"1.2"``, ``"1.1"``,
 ``"1.0"``; the old ones with ``@SECLEVEL=0``; :func:`legacy_tls_server` raises
 RuntimeError, for the caller to skip with, when this OpenSSL cannot speak them, and
@@ -38,7 +39,8 @@ versions other than this Python's).
 
 Recorded: ``requests`` (every :class:`Request`), ``connections`` (accepted TCP
 connections), ``handshakes`` (completed TLS handshakes), ``handshake_errors`` (the
-server-side reasons), ``sni`` (server names received, None for no SNI), ``peer_names``
+server-side reasons), ``sni`` (server names received, None for no SNI), ``resumed`` (per
+completed handshake: whether it resumed a session), ``peer_names``
 (the client certificate's CN per handshake) and ``peer_closed`` (connections the client
 closed); :meth:`wait_for` waits for a condition over any of these.
 
@@ -312,6 +314,7 @@ class TLSServer(_LoopbackServer):
         tls_version: str = "1.3",
         head_handler: HeadHandler | None = None,
         short_bodies: bool = False,
+        num_tickets: int | None = None,
     ) -> None:
         super().__init__()
         self.handler = handler
@@ -322,7 +325,10 @@ class TLSServer(_LoopbackServer):
         self.handshake_errors: list[str] = []
         self.sni: list[str | None] = []
         self.peer_names: list[str] = []
+        self.resumed: list[bool] = []
         self.context = self._make_context(identity, certificate, client_ca, tls_version)
+        if num_tickets is not None:
+            self.context.num_tickets = num_tickets
         if short_bodies:
             # A client that half-closes the TCP stream (FIN, no close_notify) must still
             # be able to read the answer: without this, OpenSSL 3 treats the EOF as a
@@ -365,6 +371,7 @@ class TLSServer(_LoopbackServer):
         peer = tls.getpeercert() or {}
         subject = dict(item[0] for item in peer.get("subject", ()))
         self._note("peer_names", subject.get("commonName", ""))
+        self._note("resumed", tls.session_reused)
         self._note("handshakes")
         buffer = bytearray()
         try:
