@@ -705,26 +705,36 @@ def _verify_applied(applied: dict[int, str], path: str) -> None:
 
 
 def _check_identity(conn: sqlite3.Connection, path: str) -> None:
-    """Read-only: refuse a foreign, newer or mismatched database before writing."""
+    """Read-only: refuse a foreign, newer or mismatched database before writing.
+
+    One read transaction: without it, a concurrent first open could commit its probe and
+    first migration between "no schema_migrations" and the table count, and the file
+    would look foreign (seen under load in test_concurrent_opens_migrate_exactly_once).
+    """
     try:
-        application_id = int(conn.execute("PRAGMA application_id").fetchone()[0])
-        if application_id not in (0, APPLICATION_ID):
-            raise StoreError(f"{path}: another application's SQLite database", code="database_foreign")
-        if not _has_table(conn, "schema_migrations"):
-            # ``store_probe`` is ours: a concurrent first open may have probed (which
-            # creates it) before migrating, so it does not make the file foreign.
-            user_tables = conn.execute(
-                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite%' "
-                "AND name <> 'store_probe'"
-            ).fetchone()[0]
-            if user_tables:
-                raise StoreError(
-                    f"{path}: a SQLite database without qinglong-edge migrations", code="database_foreign"
-                )
-            return
-        _verify_applied(_applied(conn), path)
+        with read_transaction(conn):
+            _check_identity_in(conn, path)
     except sqlite3.Error as exc:
         raise _open_failure(exc, path, "cannot read the schema") from None
+
+
+def _check_identity_in(conn: sqlite3.Connection, path: str) -> None:
+    application_id = int(conn.execute("PRAGMA application_id").fetchone()[0])
+    if application_id not in (0, APPLICATION_ID):
+        raise StoreError(f"{path}: another application's SQLite database", code="database_foreign")
+    if not _has_table(conn, "schema_migrations"):
+        # ``store_probe`` is ours: a concurrent first open may have probed (which
+        # creates it) before migrating, so it does not make the file foreign.
+        user_tables = conn.execute(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite%' "
+            "AND name <> 'store_probe'"
+        ).fetchone()[0]
+        if user_tables:
+            raise StoreError(
+                f"{path}: a SQLite database without qinglong-edge migrations", code="database_foreign"
+            )
+        return
+    _verify_applied(_applied(conn), path)
 
 
 def _probe(conn: sqlite3.Connection) -> None:
