@@ -49,6 +49,7 @@ PLAN: dict[str, tuple[list[str], list[str]]] = {
     "startup": (["--runs", "60", "--site"], ["--runs", "5"]),
     "envelope": (["--load-seconds", "15"], ["--load-seconds", "5"]),
     "availability": (["--seconds", "20"], ["--seconds", "3", "--requests", "10000", "--timing-rounds", "300"]),
+    "job_wrapper": (["--runs", "30", "--jobs", "4"], ["--runs", "5", "--jobs", "2"]),
     "transport": (["--requests", "60", "--repetitions", "5"], ["--requests", "10", "--repetitions", "1"]),
     "storage_caps": (["--runs", "20000"], ["--runs", "2000", "--baseline-runs", "300", "--disk-runs", "100"]),
 }

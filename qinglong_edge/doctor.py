@@ -303,6 +303,31 @@ def check_cgroups() -> Check:
     )
 
 
+def check_isolation(config: EdgeConfig) -> Check:
+    """Which isolation a remote job gets, by running one (spec README, "Isolation").
+
+    Not required: without it the device still works, and the detail says plainly what a
+    remote job can then read.
+    """
+    from qinglong_edge.process.isolation import probe_isolation
+    from qinglong_edge.worker.job_isolation import remote_hidden_paths
+
+    paths = ", ".join(remote_hidden_paths(config))
+    base = config.state_directory if _exists(config.state_directory) else None
+    probe = probe_isolation(base)
+    if probe.available:
+        return Check("isolation", True, False,
+                     f"remote jobs run in a private user+mount namespace ({probe.via}); hidden from them: {paths} "
+                     "(they still see other processes, may signal the agent's, and share the network)")
+    user = f"uid {os.geteuid()}"
+    return Check(
+        "isolation", False, False,
+        f"no isolation for remote jobs ({probe.reason}); a remote job runs as {user}, the agent's user, and can "
+        f"read everything it can: {paths}",
+        probe.remedy or "see the README, Security model",
+    )
+
+
 def check_clock() -> Check:
     year = time.gmtime().tm_year
     ok = year >= 2020
@@ -592,6 +617,8 @@ def run_checks(config: EdgeConfig) -> list[Check]:
         ))
     if config.execution is not None:
         checks.append(check_cgroups())
+    if worker is not None:
+        checks.append(check_isolation(config))
     checks.append(check_clock())
     checks.extend(check_local_store_caps(config))
     checks.extend(check_journal_caps(config))

@@ -122,3 +122,55 @@ def test_missing_directories_name_the_command_that_makes_them(tmp_path: pathlib.
         assert f"mkdir -p -m 0700 {tmp_path / 'state'}" in remedy
         assert "qinglong-edge admin init" in remedy
     assert not any("the command that creates it" in str(c["remedy"]) for c in checks.values())
+
+
+def _worker_config(tmp_path: pathlib.Path, state: pathlib.Path) -> pathlib.Path:
+    device = tmp_path / "device"
+    device.mkdir(mode=0o700)
+    for name in ("credential", "client.pem", "client.key", "ca.pem"):
+        (device / name).write_text("x")
+        (device / name).chmod(0o600)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({
+        "schema": "qinglong/edge-agent@v1",
+        "stateDirectory": str(state),
+        "worker": {"origin": "https://cluster.example:7443", "workerId": "edge-1",
+                   "credentialFile": str(device / "credential"), "certificateFile": str(device / "client.pem"),
+                   "privateKeyFile": str(device / "client.key"), "trustAnchorFiles": [str(device / "ca.pem")]},
+    }))
+    return path
+
+
+def test_isolation_names_what_remote_jobs_cannot_see(tmp_path: pathlib.Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    data = run_cli("--config", str(_worker_config(tmp_path, state)), "doctor", "--json").json()
+    check = _checks(data)["isolation"]
+    assert check["required"] is False
+    if not check["ok"]:
+        pytest.skip(f"no job isolation here: {check['detail']}")
+    assert "private user+mount namespace" in check["detail"]
+    # The agent's private credential directory (it holds the key) and the state directory.
+    assert f"{tmp_path / 'device'}, " in check["detail"] and str(state) in check["detail"]
+    assert not [p for p in state.iterdir() if p.name.startswith(".isolation-probe-")]  # the probe cleaned up
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="util-linux unshare is not installed")
+def test_without_isolation_doctor_says_plainly_what_a_remote_job_can_read(tmp_path: pathlib.Path) -> None:
+    """doctor inside a user namespace whose user.max_user_namespaces is 0: the kernel refuses
+    the job's namespace, and doctor warns (not a failure) with what a job can read."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    config = _worker_config(tmp_path, state)
+    import sys
+
+    script = f"echo 0 > /proc/sys/user/max_user_namespaces && exec {sys.executable} -m qinglong_edge --config {config} doctor --json"
+    proc = subprocess.run(["unshare", "-U", "-r", "sh", "-c", script], capture_output=True, text=True,
+                          timeout=120, check=False, cwd=str(pathlib.Path(__file__).resolve().parent.parent))
+    if "unshare failed" in proc.stderr:
+        pytest.skip(f"no user namespace for the test itself: {proc.stderr.strip()}")
+    check = _checks(json.loads(proc.stdout))["isolation"]
+    assert (check["ok"], check["required"]) == (False, False)
+    assert "no isolation for remote jobs" in check["detail"] and "can read everything it can" in check["detail"]
+    assert str(tmp_path / "device") in check["detail"] and str(state) in check["detail"]
+    assert "max_user_namespaces" in check["remedy"]

@@ -13,16 +13,17 @@ process authority. Public API (``serve`` builds one and calls these)::
 ``stop()`` waits :attr:`ExecutionController.stop_timeout_s` by default (both graces plus
 2 s: the drain stops every Run concurrently, so one grace period in all).
 
-The thread wakes on :meth:`notify` (a self-pipe), on any Run's output or exit (its log FIFO
-and pidfd are in the same ``selectors`` set), at the nearest deadline, and at least every
-``execution.controlIntervalMs``. Each pass:
+The thread wakes on :meth:`notify` (a self-pipe), on any Run's exit (its wrapper's pidfd
+is in the same ``selectors`` set), at the nearest deadline, and at least every
+``execution.controlIntervalMs``. Output needs no attention: each Run's job wrapper
+(:mod:`qinglong_edge.process.wrapper`) writes its capped log itself. Each pass:
 
 1. Candidates of local-api.md 7.1 (cancellation intents and due deadlines; see
    :func:`~qinglong_edge.execution.transitions.list_candidates`). Per candidate, 7.2: a
    deadline first writes its ``timeout`` intent; then **completion first** (our child
    already exited: the completion path records its exit code; with an intent the Run still
    reads ``cancelled``/``timed_out``, 7.2 step 1); then the stop
-   (:func:`~qinglong_edge.process.stop.stop`, output drained meanwhile); then
+   (:func:`~qinglong_edge.process.stop.stop`); then
    ``mark_terminal`` once the stop is conclusive. If the stop found the process already
    gone without signalling (``already_exited``) and it is our child, its natural exit wins
    and goes through the completion path. A ``claimed`` attempt (queued Run) needs no stop.
@@ -49,8 +50,8 @@ attempt ``starting`` without a handle never ran its job (start barrier) and beco
 ``lost`` (``RECOVERY_UNSTARTED_LAUNCH``) or ``cancelled``. A cgroup ``qinglong-edge/<id>``
 whose ``<id>`` is an attempt of *this* database that is no longer active (leftovers of a
 crash) is emptied and removed; cgroups named after anything else (another agent's
-database, an operator's) are never touched. FIFOs in the log directory of no active
-attempt are removed.
+database, an operator's) are never touched. A log FIFO left by an older version of the
+agent (which drained Run output itself) is removed.
 
 Shutdown (:meth:`stop`): decision for the drain that 7.2 mentions: the Runs this agent is
 running are stopped, not left behind. Each active Run gets a ``shutdown`` intent (an
@@ -94,11 +95,10 @@ from qinglong_edge.execution.transitions import (
     record_completion,
     request_control_cancellation,
 )
-from qinglong_edge.local.run_logs import run_log_paths
+from qinglong_edge.local.run_logs import LEGACY_LOG_NAME, parse_log_name
 from qinglong_edge.local.store import Store, now_ms
 from qinglong_edge.process.cgroups import CgroupManager, RunCgroup
 from qinglong_edge.process.identity import decode_handle, inspect
-from qinglong_edge.process.logs import LogSink
 from qinglong_edge.process.stop import StopResult, stop
 
 __all__ = ["ExecutionController"]
@@ -350,9 +350,9 @@ class ExecutionController:
         return timeout
 
     def _pump(self, seconds: float, *, until_woken: bool = False) -> None:
-        """Wait ``seconds``, draining Run output meanwhile; notifications and process exits
-        are remembered (``_woken``). With ``until_woken`` (the main loop) they end the wait
-        early; otherwise (the ``wait`` of a stop) the full time is waited.
+        """Wait ``seconds``; notifications and process exits are remembered (``_woken``).
+        With ``until_woken`` (the main loop) they end the wait early; otherwise (the
+        ``wait`` of a stop) the full time is waited.
         """
         deadline = time.monotonic() + seconds
         while True:
@@ -363,9 +363,6 @@ class ExecutionController:
                         while os.read(self._wake_r, 512):
                             pass
                     self._woken = True
-                elif isinstance(key.data, LogSink):
-                    if not key.data.drain():
-                        self._selector.unregister(key.fd)
                 else:  # a pidfd: that process exited
                     self._selector.unregister(key.fd)
                     self._woken = True
@@ -374,16 +371,13 @@ class ExecutionController:
 
     def _track(self, active: ActiveRun) -> None:
         self._active[active.attempt_id] = active
-        if active.log is not None and not active.log.closed:
-            self._selector.register(active.log.fd, selectors.EVENT_READ, active.log)
         if active.pidfd >= 0:
             self._selector.register(active.pidfd, selectors.EVENT_READ, active.attempt_id)
 
     def _forget(self, active: ActiveRun) -> None:
-        for fd in (active.pidfd, active.log.fd if active.log is not None else -1):
-            if fd >= 0:
-                with contextlib.suppress(KeyError, ValueError):
-                    self._selector.unregister(fd)
+        if active.pidfd >= 0:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(active.pidfd)
         self._active.pop(active.attempt_id, None)
         self._retry_at.pop(active.attempt_id, None)
 
@@ -514,14 +508,11 @@ class ExecutionController:
         self._finish(active, active.attempt_id)
 
     def _finish(self, active: ActiveRun | None, attempt_id: str) -> None:
-        """After the Run is terminal: last output, reap, close, remove FIFO and cgroup."""
+        """After the Run is terminal: reap, close, remove the cgroup."""
         if active is None:
             self._discard_orphan_cgroup(attempt_id)
             return
         self._forget(active)
-        if active.log is not None:
-            active.log.drain(budget=active.log.max_bytes + 65536)
-            active.log.remove_fifo()
         active.reap()
         active.close()
         if active.cgroup is not None and not active.cgroup.remove():
@@ -574,10 +565,9 @@ class ExecutionController:
         if status.status == "unknown":
             raise EdgeError(f"identity unavailable ({status.reason})", code="provider_unavailable")
         cgroup = self.cgroups.open(attempt.id)
-        log = self._reopen_log(snap.run.id, attempt.id, attempt.log_artifact_id)
         if status.status == "running":
             identity = decode_handle(handle).identity
-            adopted = ActiveRun(snap.run.id, attempt.id, handle, identity, None, cgroup, log, attempt.deadline_at_ms,
+            adopted = ActiveRun(snap.run.id, attempt.id, handle, identity, None, cgroup, attempt.deadline_at_ms,
                                 pidfd=open_pidfd(identity.pid))
             self._track(adopted)
             _log.info("run %s: adopted pid %d after restart", snap.run.id, identity.pid)
@@ -585,49 +575,26 @@ class ExecutionController:
         # Gone (or the pid belongs to someone else now): never signal it; empty our cgroup.
         self._stop(handle, cgroup)
         if reason is not None:
-            done = self.store.run(lambda c: mark_terminal(c, snap, reason=reason, now_ms=self.clock(),
-                                                          new_id=self.new_id))
+            self.store.run(lambda c: mark_terminal(c, snap, reason=reason, now_ms=self.clock(), new_id=self.new_id))
         else:
-            done = self.store.run(lambda c: mark_lost(c, snap, why="process_not_running", actor_id="local-startup",
-                                                      now_ms=self.clock(), new_id=self.new_id))
-        if done and log is not None:
-            log.drain()
-            log.close()
-            log.remove_fifo()
+            self.store.run(lambda c: mark_lost(c, snap, why="process_not_running", actor_id="local-startup",
+                                               now_ms=self.clock(), new_id=self.new_id))
         if cgroup is not None:
             cgroup.remove()
 
-    def _reopen_log(self, run_id: str, attempt_id: str, log_artifact_id: str | None) -> LogSink | None:
-        """The adopted attempt's log sink, by its FIFO: ``<runId>_<attemptId>.fifo``, or
-        ``<logArtifactId>.fifo`` for a Run launched before issue 16 renamed the logs."""
-        if log_artifact_id is None:
-            return None
-        directory = self.config.log_directory
-        pairs = []
-        with contextlib.suppress(EdgeError):
-            log_path, fifo = run_log_paths(directory, run_id, attempt_id)
-            pairs.append((fifo, log_path))
-        legacy = os.path.join(directory, log_artifact_id)
-        pairs.append((legacy + ".fifo", legacy + ".log"))
-        for fifo, log_path in pairs:
-            if os.path.exists(fifo):
-                try:
-                    return LogSink(fifo, log_path, self.config.max_log_bytes)
-                except EdgeError:
-                    return None
-        return None
-
     def _sweep_fifos(self) -> None:
-        keep = {a.log.fifo_path for a in self._active.values() if a.log is not None}
+        """Remove the log FIFOs an older agent made (it drained Run output through them;
+        the job wrapper needs none): only names this agent makes, never a foreign file."""
         try:
             names = os.listdir(self.config.log_directory)
         except OSError:
             return
         for name in names:
-            path = os.path.join(self.config.log_directory, name)
-            if name.endswith(".fifo") and path not in keep:
+            parsed = parse_log_name(name)
+            legacy = LEGACY_LOG_NAME.fullmatch(name)
+            if (parsed is not None and parsed[2] == "fifo") or (legacy is not None and legacy.group(2) == "fifo"):
                 with contextlib.suppress(OSError):
-                    os.unlink(path)
+                    os.unlink(os.path.join(self.config.log_directory, name))
 
     # -- shutdown drain -----------------------------------------------------------------
 

@@ -7,8 +7,9 @@ Three steps, each crash-safe:
    local-api.md 7.2, spec README); else Run ``queued -> dispatching`` (``run.dispatching``)
    and attempt ``claimed -> starting`` (``attempt.starting``) with ``deadline_at_ms`` =
    claim time + the task's ``timeoutMs`` and a ``log_artifact_id``.
-2. :func:`qinglong_edge.process.spawn.spawn`: the process starts in a new session, in
-   the Run's cgroup, held at the start barrier; its identity is captured.
+2. :func:`qinglong_edge.process.spawn.start_job`: the job wrapper starts in a new
+   session, enters the Run's cgroup and is held at the start barrier; its identity (the
+   Run's durable identity) is captured.
 3. :func:`record_running`: attempt ``starting -> running`` with ``executor_handle`` and
    ``pid`` (``attempt.running``), Run ``dispatching -> running`` (``run.running``); only
    then is the job released. If an intent arrived since step 1 the wrapper is discarded
@@ -37,9 +38,12 @@ The job's command comes from the Run's task revision (:mod:`qinglong_edge.local.
 ``argv`` (``file`` + ``args``) or ``shell`` (``<shell or /bin/sh> -c <command>``), the
 working directory (default: the controller's work directory, ``<stateDirectory>/work``;
 also ``HOME``), and the task's environment on top of the minimal base of
-:func:`~qinglong_edge.process.spawn.job_environment`. Output goes to the bounded log of
-:mod:`qinglong_edge.process.logs`, named after the Run and the attempt
-(``<logDirectory>/<runId>_<attemptId>.log``, :mod:`qinglong_edge.local.run_logs`).
+:func:`~qinglong_edge.process.spawn.job_environment`. The job wrapper writes the output
+into the capped log named after the Run and the attempt
+(``<logDirectory>/<runId>_<attemptId>.log``, :mod:`qinglong_edge.local.run_logs`;
+``execution.maxLogBytes``, the head kept, then
+:data:`~qinglong_edge.process.logs.TRUNCATION_NOTICE`); the exit status is the
+wrapper's, reaped by the controller (no receipt file for Local Runs).
 """
 
 from __future__ import annotations
@@ -74,8 +78,8 @@ from qinglong_edge.local.store import Store, write_transaction
 from qinglong_edge.local.tasks import resolve_revision_ref
 from qinglong_edge.process.cgroups import CgroupManager, RunCgroup
 from qinglong_edge.process.identity import ProcessIdentity
-from qinglong_edge.process.logs import LogSink, create_fifo
-from qinglong_edge.process.spawn import job_environment, spawn
+from qinglong_edge.process.logs import TRUNCATION_NOTICE
+from qinglong_edge.process.spawn import JobSpec, job_environment, resolve_executable, start_job
 
 __all__ = [
     "ActiveRun",
@@ -289,7 +293,6 @@ class ActiveRun:
     identity: ProcessIdentity
     process: subprocess.Popen[bytes] | None
     cgroup: RunCgroup | None
-    log: LogSink | None
     deadline_at_ms: int | None
     pidfd: int = -1
     exited_at_ms: int | None = None
@@ -326,8 +329,6 @@ class ActiveRun:
             with contextlib.suppress(OSError):
                 os.close(self.pidfd)
             self.pidfd = -1
-        if self.log is not None:
-            self.log.close()
 
 
 def open_pidfd(pid: int) -> int:
@@ -355,7 +356,7 @@ class Launcher:
     Args:
         store: the Local store.
         cgroups: where per-Run cgroups are created (may be unavailable).
-        log_directory: existing directory for ``<runId>_<attemptId>.log`` and ``.fifo``.
+        log_directory: existing directory for ``<runId>_<attemptId>.log``.
         max_log_bytes: cap of each log file.
         work_directory: default working directory and ``HOME`` of jobs.
         clock: wall clock in ms.
@@ -469,28 +470,19 @@ class Launcher:
             run_id=claim.run_id, attempt_id=claim.attempt_id, home=cwd,
         )
         cgroup: RunCgroup | None = None
-        sink: LogSink | None = None
         try:
-            log_path, fifo = run_log_paths(self.log_directory, claim.run_id, claim.attempt_id)
+            log_path = run_log_paths(self.log_directory, claim.run_id, claim.attempt_id)[0]
+            argv = command_argv(definition)
+            argv[0] = resolve_executable(argv[0], env, cwd)
             cgroup = self.cgroups.create(claim.attempt_id)
-            create_fifo(fifo)
-            sink = LogSink(fifo, log_path, self.max_log_bytes)
-            writer, keeper = sink.open_writer(), sink.open_keepalive_reader()
-            try:
-                spawned = spawn(command_argv(definition), cwd=cwd, env=env, stdout_fd=writer, keep_fds=[keeper],
-                                cgroup=cgroup)
-            finally:
-                os.close(writer)
-                os.close(keeper)
+            spawned = start_job(JobSpec(argv, env, cwd, log_path, self.max_log_bytes, log_notice=TRUNCATION_NOTICE,
+                                        label=claim.attempt_id), cgroup=cgroup)
         except ExecutionError as exc:
-            if sink is not None:
-                sink.close()
-                sink.remove_fifo()
             if cgroup is not None:
                 cgroup.remove()
             return self._fail(claim, _START_FAILURES.get(exc.code, "Local process failed to start"))
         active = ActiveRun(
-            claim.run_id, claim.attempt_id, spawned.handle, spawned.identity, spawned.process, cgroup, sink,
+            claim.run_id, claim.attempt_id, spawned.handle, spawned.identity, spawned.process, cgroup,
             claim.deadline_at_ms, pidfd=open_pidfd(spawned.pid),
         )
         try:
@@ -508,8 +500,6 @@ class Launcher:
         # Never release: the job has not run and never will.
         spawned.abort()
         active.close()
-        if sink is not None:
-            sink.remove_fifo()
         if cgroup is not None:
             cgroup.remove()
         if outcome == "cancel_requested":

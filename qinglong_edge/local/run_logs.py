@@ -3,7 +3,8 @@
 Issue 16 item 3. Layout, flat in ``execution.logDirectory`` (one file per attempt)::
 
     <logDirectory>/<runId>_<attemptId>.log    the attempt's output (0600, at most maxLogBytes)
-    <logDirectory>/<runId>_<attemptId>.fifo   its pipe while it runs (process/logs.py)
+    <logDirectory>/<runId>_<attemptId>.fifo   its pipe while it ran, before the job wrapper
+                                              wrote logs itself (left by an earlier release)
 
 Run and attempt ids follow the API id grammar ``[A-Za-z0-9][A-Za-z0-9._:-]{0,127}``
 (:data:`~qinglong_edge.contracts.ids.API_ID`; ours are UUIDv4): no ``/``, no ``_``,

@@ -1,158 +1,86 @@
-"""Bounded Run output: the job writes into a FIFO, the controller drains it into a file.
+"""Bounded job output and what the job wrapper publishes when a job ends.
 
-Choice (issue 9): a job that writes more than ``execution.maxLogBytes`` must not fill the
-flash. ``RLIMIT_FSIZE`` would cap *every* file the job writes (and kill it with SIGXFSZ),
-and a plain file cannot be capped at all, so stdout and stderr go to a pipe and the
-controller thread copies at most ``max_bytes`` of it into ``<logArtifactId>.log``; the
-rest is read and discarded (the job never blocks because its log is full) and one
-truncation notice closes the file.
+The job wrapper (:mod:`qinglong_edge.process.wrapper`) writes each job's output itself:
+stdout and stderr merged, raw, into the log file given in the job's
+:class:`~qinglong_edge.process.spawn.JobSpec`, head first up to ``log_cap`` bytes
+(existing bytes count), then ``log_notice`` once; the rest is read, counted and
+discarded, so a job never blocks on a full log and never fills the flash (issue 9:
+``RLIMIT_FSIZE`` would cap every file the job writes, and kill it with SIGXFSZ). The
+wrapper outlives the agent, so nothing is lost while no agent runs.
 
-The pipe is a named FIFO ``<logArtifactId>.fifo`` in the log directory, and the job also
-inherits one *read* end of it that it never uses. Both matter when the agent dies: the
-FIFO keeps a reader, so the job's writes block (back-pressure, 64 KiB of buffer) instead
-of killing it with SIGPIPE, and the restarted agent reopens the FIFO by name and carries
-on draining. Output written while no agent runs is kept up to the pipe buffer.
+At the end the wrapper publishes, if asked, the truncation fact and then the receipt
+(temp file, fsync, ``link``, fsync of the directory). This module reads them back for the
+caller, as raw bytes: their formats belong to the caller (the remote contracts parse
+them; ``contracts/``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
 
 from qinglong_edge.errors import ExecutionError
 
-__all__ = ["TRUNCATION_NOTICE", "LogSink", "create_fifo"]
+__all__ = ["MAX_PUBLICATION_BYTES", "TRUNCATION_NOTICE", "read_publication", "read_receipt", "read_truncation_fact"]
 
-#: Appended once when output is cut; it fits inside ``max_bytes``.
+#: What Local Runs append once when their output is cut (inside ``execution.maxLogBytes``).
 TRUNCATION_NOTICE = b"\n[qinglong-edge: output truncated]\n"
-#: Bytes read from the FIFO per drain call (bounds the time one Run can take).
-_CHUNK = 64 * 1024
+#: Receipts and truncation facts are 1..4096 bytes (remote-execution.md 4.2, 4.3).
+MAX_PUBLICATION_BYTES = 4096
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
-def create_fifo(path: str) -> None:
-    """Create the FIFO ``path`` (0600); an existing FIFO left by a crashed launch is reused.
+def read_publication(path: str, what: str = "publication") -> bytes | None:
+    """The bytes of a file the wrapper published, or ``None`` when there is none (yet).
+
+    Checks what the wrapper guarantees: a regular file (not a symlink, not a FIFO),
+    owned by us, mode without group/other bits, one link, 1..4096 bytes.
 
     Raises:
-        ExecutionError: ``log_unavailable`` when it cannot be created or a non-FIFO
-            file has that name.
+        ExecutionError: ``publication_invalid`` (any check failed; the message names
+            ``what`` and the path, never the content) or ``publication_unavailable``
+            (an I/O error other than ENOENT).
     """
     try:
-        os.mkfifo(path, 0o600)
-    except FileExistsError:
-        try:
-            st = os.lstat(path)
-        except OSError as exc:
-            raise ExecutionError(f"{path}: {exc.strerror}", code="log_unavailable") from None
-        if not stat.S_ISFIFO(st.st_mode):
-            raise ExecutionError(f"{path}: exists and is not a FIFO", code="log_unavailable") from None
+        fd = os.open(path, _READ_FLAGS)
+    except FileNotFoundError:
+        return None
     except OSError as exc:
-        raise ExecutionError(f"{path}: {exc.strerror}", code="log_unavailable") from None
+        code = "publication_invalid" if exc.errno in (errno.ELOOP, errno.ENXIO) else "publication_unavailable"
+        raise ExecutionError(f"{what} {path}: {exc.strerror}", code=code) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077 or st.st_nlink != 1:
+            raise ExecutionError(f"{what} {path}: not a private regular file", code="publication_invalid")
+        if not 1 <= st.st_size <= MAX_PUBLICATION_BYTES:
+            raise ExecutionError(f"{what} {path}: size {st.st_size} outside 1..{MAX_PUBLICATION_BYTES}",
+                                 code="publication_invalid")
+        data = os.read(fd, MAX_PUBLICATION_BYTES + 1)
+    except OSError as exc:
+        raise ExecutionError(f"{what} {path}: {exc.strerror}", code="publication_unavailable") from None
+    finally:
+        os.close(fd)
+    if not 1 <= len(data) <= MAX_PUBLICATION_BYTES:
+        raise ExecutionError(f"{what} {path}: size outside 1..{MAX_PUBLICATION_BYTES}", code="publication_invalid")
+    return data
 
 
-class LogSink:
-    """Drains one Run's FIFO into its capped log file.
+def read_receipt(path: str) -> bytes | None:
+    """The receipt the wrapper published (``prefix + ,"finishedAtMs":N,"exitCode":E}``),
+    raw, or ``None``: not yet, or never (the wrapper was killed: "No receipt").
 
-    Attributes:
-        fifo_path, log_path: the two files (both under ``execution.logDirectory``).
-        fd: the non-blocking read end the controller polls.
-        written: bytes in the log file, at most ``max_bytes``.
-        truncated: True once output was cut.
-        closed: True after end of file (no writer left) or :meth:`close`.
+    Raises:
+        ExecutionError: as :func:`read_publication`.
     """
+    return read_publication(path, "receipt")
 
-    def __init__(self, fifo_path: str, log_path: str, max_bytes: int) -> None:
-        if max_bytes < len(TRUNCATION_NOTICE) + 1:
-            raise ExecutionError("max_bytes is too small", code="invalid_input")
-        self.fifo_path = fifo_path
-        self.log_path = log_path
-        self.max_bytes = max_bytes
-        self.closed = False
-        try:
-            self.fd = os.open(fifo_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except OSError as exc:
-            raise ExecutionError(f"{fifo_path}: {exc.strerror}", code="log_unavailable") from None
-        try:
-            self._log = os.open(
-                log_path,
-                os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW,
-                0o600,
-            )
-            self.written = os.fstat(self._log).st_size
-        except OSError as exc:
-            os.close(self.fd)
-            raise ExecutionError(f"{log_path}: {exc.strerror}", code="log_unavailable") from None
-        self.truncated = self.written >= self.max_bytes
 
-    def open_writer(self) -> int:
-        """A blocking write end for the job's stdout/stderr (close it after spawning)."""
-        try:
-            return os.open(self.fifo_path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except OSError as exc:
-            raise ExecutionError(f"{self.fifo_path}: {exc.strerror}", code="log_unavailable") from None
+def read_truncation_fact(path: str) -> bytes | None:
+    """The truncation fact (``prefix + ,"quotaReached":B,"observedAtMs":N}`` by default),
+    raw, or ``None``.
 
-    def open_keepalive_reader(self) -> int:
-        """A read end handed to the job so that it never gets SIGPIPE (module docstring)."""
-        try:
-            return os.open(self.fifo_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except OSError as exc:
-            raise ExecutionError(f"{self.fifo_path}: {exc.strerror}", code="log_unavailable") from None
-
-    def _keep(self, data: bytes) -> None:
-        room = self.max_bytes - len(TRUNCATION_NOTICE) - self.written
-        if self.truncated:
-            return
-        if len(data) > room:
-            data = data[: max(room, 0)] + TRUNCATION_NOTICE
-            self.truncated = True
-        view = memoryview(data)
-        while view:
-            try:
-                n = os.write(self._log, view)
-            except OSError as exc:
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO):
-                    # A full disk must not stop the Run: keep draining, stop keeping.
-                    self.truncated = True
-                    return
-                raise ExecutionError(f"{self.log_path}: {exc.strerror}", code="log_unavailable") from None
-            self.written += n
-            view = view[n:]
-
-    def drain(self, budget: int = 4 * _CHUNK) -> bool:
-        """Read what is buffered (up to ``budget`` bytes) without blocking.
-
-        Returns:
-            False once every writer has closed (end of file); True otherwise.
-        """
-        if self.closed:
-            return False
-        taken = 0
-        while taken < budget:
-            try:
-                data = os.read(self.fd, _CHUNK)
-            except BlockingIOError:
-                return True
-            except OSError:
-                self.close()
-                return False
-            if not data:
-                self.close()
-                return False
-            taken += len(data)
-            self._keep(data)
-        return True
-
-    def close(self) -> None:
-        """Close both descriptors (idempotent); the files stay."""
-        if self.closed:
-            return
-        self.closed = True
-        for fd in (self.fd, self._log):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-    def remove_fifo(self) -> None:
-        """Unlink the FIFO once the Run is over (the log file stays)."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.fifo_path)
+    Raises:
+        ExecutionError: as :func:`read_publication`.
+    """
+    return read_publication(path, "truncation fact")

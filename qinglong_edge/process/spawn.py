@@ -1,33 +1,39 @@
-"""Start one Run's command as a real process and capture its identity (no database here).
+"""Start one job under the job wrapper, held at the start barrier (no database here).
 
-The process:
+Shared by Local Runs (:mod:`qinglong_edge.execution.launcher`) and remote runs (the
+runner in :mod:`qinglong_edge.worker`): the caller builds a :class:`JobSpec`, calls
+:func:`start_job`, records the durable identity of the returned :class:`HeldJob`
+(``handle``), then :meth:`HeldJob.release`\\ s it. The wrapper
+(:mod:`qinglong_edge.process.wrapper`, a small Python program of ours) is the job's
+session and process-group leader and stays the command's parent: it enters the job's
+cgroups first, holds the start barrier, forwards TERM/INT/HUP, writes the capped log
+and, at the end, the truncation fact and the durable receipt. Its identity is the
+job's identity (boot id, pid = process group = session, start time).
 
-* runs in a new session (``setsid``), so its process group id is its pid and the group
-  can be signalled as a whole (local-api.md 7.3);
-* starts as ``/bin/sh -c ENTER_SCRIPT qinglong-edge-enter N procs1..procsN argv...``,
-  a few lines of shell that (1) write their own pid into each ``cgroup.procs`` of the
-  Run's cgroups, so the job cannot fork before it is inside, then (2) wait for the line
-  ``go`` on the *gate* pipe (its stdin) and only then (3) ``exec`` the command with stdin
-  from ``/dev/null`` (same pid, same start time). ``preexec_fn`` is not used: it can
-  deadlock a process that has threads.
-  The gate is the start barrier: the launcher records the durable handle first and
-  :meth:`Spawned.release`\\ s the job after the commit. If the agent dies before that, the
-  gate's write end closes, ``read`` sees end of file and the wrapper exits 125: no job
-  code ever runs without a recorded owner. Any failure in (1) or (2) also exits 125;
-* gets stdin from ``/dev/null``, stdout and stderr on the Run's log FIFO
-  (:mod:`qinglong_edge.process.logs`), and no other descriptor of ours except the
-  FIFO's keep-alive read end;
-* gets a minimal environment (:func:`job_environment`): a fixed ``PATH``, ``HOME``,
-  ``LANG``, ``QINGLONG_RUN_ID``, ``QINGLONG_ATTEMPT_ID`` and the task's own variables.
-  Nothing of the agent's environment (credentials, pepper paths, ``QINGLONG_EDGE_*``)
-  is passed on;
-* has its executable resolved here, in the agent, against that ``PATH`` and the working
-  directory, so a missing command is a launch failure (``EXECUTOR_START_FAILED``)
-  rather than a Run whose wrapper fails to ``exec`` (127).
+Guarantees:
 
-Signal dispositions: handlers are reset by ``exec``; ``SIGPIPE``/``SIGXFSZ`` are
-restored by :mod:`subprocess`. The agent must not *ignore* SIGTERM/SIGINT/SIGHUP
-(ignored dispositions survive ``exec``); ``serve`` installs handlers instead.
+* **Start barrier.** The command runs only after :meth:`HeldJob.release`. If the agent
+  dies before (or :meth:`HeldJob.abort` is called), the wrapper reads end of file and
+  exits :data:`NOT_STARTED` (125) without running anything. :func:`start_job` returns
+  only once the wrapper answered ``ready`` (spec checked, cgroups entered, log and
+  publication directories open), so a log or cgroup problem is a launch failure, not a
+  job that fails later.
+* **Identity before release.** The identity is captured right after the fork, while the
+  wrapper is held; a failure to capture it kills and reaps the wrapper
+  (``identity_unavailable``).
+* **Secrets** (the job's environment) travel only through the control pipe: never in
+  the wrapper's argv (``/proc/<pid>/cmdline`` shows ``python3 -I -S /proc/self/fd/N
+  qinglong-edge-job LABEL``), its environment (empty) or a file. The spec buffer is
+  overwritten after the write; Python cannot zero the ``str`` values the caller passed.
+* **The command gets only fds 0, 1, 2** (``/dev/null``, the wrapper's output pipe twice),
+  default signal dispositions and an empty signal mask.
+* **Executable resolution** is the caller's: Local resolves ``argv[0]`` against the
+  job's ``PATH`` with :func:`resolve_executable` first (a missing command is a launch
+  failure); a remote ``file`` is absolute by contract. A command that still cannot be
+  executed ends with 126/127 and one line in its log, as a shell would.
+
+Signal dispositions: the agent must not *ignore* SIGTERM/SIGINT/SIGHUP (``serve`` and
+``pull`` install handlers); the wrapper resets every disposition in the child anyway.
 """
 
 from __future__ import annotations
@@ -35,103 +41,398 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import select
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 from qinglong_edge.contracts.ids import new_uuid4
 from qinglong_edge.errors import ExecutionError
 from qinglong_edge.process.cgroups import RunCgroup
 from qinglong_edge.process.identity import ProcessIdentity, capture, encode_handle
+from qinglong_edge.process.jobspec import (
+    CANNOT_EXECUTE,
+    DEFAULT_DRAIN_MS,
+    DEFAULT_FACT_KEYS,
+    FACT_KEYS,
+    MAGIC,
+    MAX_DRAIN_MS,
+    MAX_PREFIX_BYTES,
+    MAX_SPEC_BYTES,
+    NOT_FOUND,
+    NOT_STARTED,
+    READY,
+    RELEASE,
+    Isolation,
+    JobSpec,
+    Publication,
+    encode_spec,
+    wipe,
+)
 
 __all__ = [
     "BASE_PATH",
-    "ENTER_SCRIPT",
+    "CANNOT_EXECUTE",
+    "DEFAULT_DRAIN_MS",
+    "DEFAULT_FACT_KEYS",
+    "FACT_KEYS",
+    "MAGIC",
+    "MAX_DRAIN_MS",
+    "MAX_PREFIX_BYTES",
+    "MAX_SPEC_BYTES",
+    "NOT_FOUND",
     "NOT_STARTED",
-    "Spawned",
+    "READY",
+    "RELEASE",
+    "HeldJob",
+    "Isolation",
+    "JobSpec",
+    "Publication",
+    "encode_spec",
     "job_environment",
     "resolve_executable",
-    "spawn",
+    "start_job",
+    "wrapper_argv",
+    "wrapper_bytecode",
+    "wrapper_source",
 ]
 
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-SHELL = "/bin/sh"
 
-#: Runs as ``sh -c ENTER_SCRIPT qinglong-edge-enter N file1..fileN argv...`` with the gate
-#: pipe as stdin (dash and busybox only redirect descriptors 0-9, so the gate cannot be
-#: an arbitrary inherited descriptor); the job gets ``/dev/null`` as stdin.
-ENTER_SCRIPT = """n=$1; shift
-while [ "$n" -gt 0 ]; do
-  echo $$ > "$1" || exit 125
-  shift; n=$((n - 1))
-done
-IFS= read -r go || exit 125
-[ "$go" = go ] || exit 125
-exec "$@" </dev/null
-"""
-#: Exit status of the wrapper when the job was never started.
-NOT_STARTED = 125
+#: The wrapper's ``argv[1]`` (what ``ps`` shows after the interpreter and the fd path).
+WRAPPER_NAME = "qinglong-edge-job"
+#: How long :func:`start_job` waits for the wrapper's ``ready`` by default (s): Python's
+#: start-up on a slow router takes a good part of a second.
+READY_TIMEOUT_S = 30.0
+#: Wrapper error codes -> ExecutionError codes of a launch failure.
+_FAILURES = {
+    "cgroup_unavailable": "cgroup_unavailable",
+    "log_unavailable": "log_unavailable",
+    "publication_unavailable": "log_unavailable",
+    "already_published": "already_published",
+}
+#: Use a sealed memfd for the wrapper's program (else a pipe, with its source); tests
+#: switch it off.
+USE_MEMFD = True
+_source: bytes | None = None
+#: interpreter -> the wrapper compiled by it (``.pyc`` bytes), or b"" when that failed.
+_bytecode: dict[str, bytes] = {}
+#: Run once per interpreter by :func:`wrapper_bytecode`: source on stdin, ``.pyc`` out.
+_COMPILE = (
+    "import marshal, sys\n"
+    "source = sys.stdin.buffer.read()\n"
+    "code = compile(source, 'qinglong-edge-job', 'exec', dont_inherit=True, optimize=2)\n"
+    "magic = sys.modules['_frozen_importlib_external'].MAGIC_NUMBER\n"
+    "sys.stdout.buffer.write(magic + bytes(12) + marshal.dumps(code))\n"
+)
 
 
-@dataclass(slots=True)
-class Spawned:
-    """A started process we own, held at the start barrier until :meth:`release`.
+def wrapper_source() -> bytes:
+    """The wrapper program's source, read through our own loader (a file or the zipapp)."""
+    global _source
+    if _source is None:
+        path = os.path.join(os.path.dirname(__file__), "wrapper.py")
+        get_data = getattr(globals().get("__loader__"), "get_data", None)
+        try:
+            data = get_data(path) if get_data is not None else None
+            if not isinstance(data, bytes):
+                with open(path, "rb") as handle:
+                    data = handle.read()
+        except OSError as exc:
+            raise ExecutionError(f"the job wrapper's source is unreadable: {exc.strerror}",
+                                 code="spawn_failed") from None
+        _source = data
+    return _source
+
+
+def wrapper_bytecode(python: str) -> bytes:
+    """The wrapper compiled by ``python`` (a ``.pyc`` image: magic, 12 bytes, marshal),
+    made once per interpreter by a short-lived ``python -I -S -c`` and kept (about 54 KB).
+
+    Why: Python parsing the wrapper's 36 KB of source costs each wrapper some 2.4 MiB for
+    its whole life (measured: USS 5.2 vs 2.9 MiB); compiling in the agent would cost the
+    agent as much, once and for good. The helper costs one interpreter start, once.
+    Docstrings are stripped (``optimize=2``). Returns ``b""`` when it fails (the source
+    is used then).
+    """
+    cached = _bytecode.get(python)
+    if cached is not None:
+        return cached
+    try:
+        proc = subprocess.run([python, "-I", "-S", "-c", _COMPILE], input=wrapper_source(), capture_output=True,
+                              env={}, cwd="/", timeout=60, check=False)
+        data = proc.stdout if proc.returncode == 0 and len(proc.stdout) > 16 else b""
+    except (OSError, subprocess.SubprocessError):
+        data = b""
+    _bytecode[python] = data
+    return data
+
+
+def wrapper_argv(source_fd: int, label: str = "", python: str | None = None) -> list[str]:
+    """How the wrapper is started (what ``ps`` shows)."""
+    argv = [python or sys.executable, "-I", "-S", f"/proc/self/fd/{source_fd}", WRAPPER_NAME]
+    return [*argv, label] if label else argv
+
+
+def _above_stdio(fd: int) -> int:
+    """``fd`` itself, or a close-on-exec duplicate above 2 (then ``fd`` is closed).
+
+    An agent started with fd 0, 1 or 2 closed (a daemon, a test runner) gets those
+    numbers back from ``pipe``/``open``; the source descriptor must not collide with the
+    wrapper's stdio, which the child sets up with ``dup2`` before ``exec``.
+    """
+    if fd > 2:
+        return fd
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    os.close(fd)
+    return moved
+
+
+def _source_descriptor(python: str) -> tuple[int, int]:
+    """``(fd the wrapper reads its program from, pipe write end or -1)``.
+
+    A sealed memfd holds the compiled wrapper (Python runs a ``.pyc`` image from a
+    seekable file: it checks the magic number first); a pipe, where memfd is missing,
+    gets the source (a pipe cannot be sniffed for the magic).
+    """
+    if USE_MEMFD and hasattr(os, "memfd_create"):
+        source = wrapper_bytecode(python) or wrapper_source()
+        try:
+            fd = os.memfd_create("qinglong-edge-job", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            try:
+                view = memoryview(source)
+                while view:
+                    view = view[os.write(fd, view):]
+                seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+            except OSError:
+                os.close(fd)  # no memory for it, or no sealing: the pipe below will do
+            else:
+                return _above_stdio(fd), -1
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    return _above_stdio(read_end), write_end
+
+
+class HeldJob:
+    """A started job held at the start barrier until :meth:`release`.
 
     Attributes:
-        process: the :class:`subprocess.Popen` (never ``poll()``-ed: the controller
-            reaps the leader itself, only after the Run's stop or completion).
-        identity: boot id, pid, process group, start time.
-        handle: the durable ``ql3lp1.`` handle.
-        started_at_ms: wall clock when the process was started (ms since the epoch).
-        gate_fd: our end of the start barrier, -1 once released or aborted.
+        process: the wrapper's :class:`subprocess.Popen` (the caller reaps it, only
+            after the job's stop or completion: while unreaped, its pid and group
+            number stay pinned).
+        identity: the wrapper's boot id, pid, process group (= pid) and start time: the
+            job's identity.
+        handle: the durable ``ql3lp1.`` handle of ``identity``.
+        started_at_ms: wall clock just before the fork (ms since the epoch).
+        control_fd: our end of the start barrier, -1 once released or aborted.
+        cgroup: the job's cgroup (the wrapper is already inside).
     """
 
-    process: subprocess.Popen[bytes]
-    identity: ProcessIdentity
-    handle: str
-    started_at_ms: int
-    gate_fd: int
-    cgroup: RunCgroup | None = None
+    __slots__ = ("cgroup", "control_fd", "handle", "identity", "process", "started_at_ms")
+
+    def __init__(self, process: subprocess.Popen[bytes], identity: ProcessIdentity, handle: str,  # noqa: PLR0917
+                 started_at_ms: int, control_fd: int, cgroup: RunCgroup | None) -> None:
+        self.process = process
+        self.identity = identity
+        self.handle = handle
+        self.started_at_ms = started_at_ms
+        self.control_fd = control_fd
+        self.cgroup = cgroup
 
     @property
     def pid(self) -> int:
-        return self.identity.pid
+        return self.process.pid
 
     def release(self) -> None:
-        """Let the job run (after its handle is durable).
+        """Let the command run (after the handle is durable).
 
         Raises:
             ExecutionError: ``spawn_failed`` if the wrapper is already gone.
         """
-        fd, self.gate_fd = self.gate_fd, -1
+        fd, self.control_fd = self.control_fd, -1
+        if fd < 0:
+            raise ExecutionError("the job was already released or aborted", code="spawn_failed")
         try:
-            os.write(fd, b"go\n")
+            os.write(fd, RELEASE)
         except OSError:
             raise ExecutionError("the job exited before it was released", code="spawn_failed") from None
         finally:
             os.close(fd)
 
     def abort(self) -> int | None:
-        """Never start the job: close the gate, kill the wrapper (and its cgroup), reap it.
-
-        It is our unreaped child, so its pid and group number cannot have been recycled.
+        """Never start the command: close the barrier, kill the wrapper (and its cgroup),
+        reap it. It is our unreaped child, so its pid and group cannot have been recycled.
 
         Returns:
-            its exit status (see :meth:`subprocess.Popen.wait`), or ``None`` if it did not
+            its exit status (:meth:`subprocess.Popen.wait`), or ``None`` if it did not
             exit within 5 s.
         """
-        if self.gate_fd >= 0:
-            os.close(self.gate_fd)
-            self.gate_fd = -1
+        if self.control_fd >= 0:
+            os.close(self.control_fd)
+            self.control_fd = -1
         return _discard(self.process, self.cgroup)
+
+
+def _write_spec(fd: int, data: bytearray, deadline: float) -> None:
+    os.set_blocking(fd, False)
+    view = memoryview(data)
+    try:
+        while view:
+            try:
+                view = view[os.write(fd, view):]
+            except BlockingIOError:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ExecutionError("the job wrapper did not read its spec in time", code="spawn_failed") from None
+                select.select([], [fd], [], remaining)
+            except OSError:
+                raise ExecutionError("the job wrapper exited before reading its spec", code="spawn_failed") from None
+    finally:
+        view.release()
+        os.set_blocking(fd, True)
+
+
+def _read_answer(fd: int, deadline: float) -> bytes:
+    answer = b""
+    while not answer.endswith(b"\n") and len(answer) < 2048:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return b""
+        readable, _, _ = select.select([fd], [], [], remaining)
+        if not readable:
+            continue
+        chunk = os.read(fd, 2048)
+        if not chunk:
+            break
+        answer += chunk
+    return answer
+
+
+def start_job(
+    spec: JobSpec,
+    *,
+    cgroup: RunCgroup | None = None,
+    python: str | None = None,
+    ready_timeout_s: float = READY_TIMEOUT_S,
+) -> HeldJob:
+    """Start ``spec`` under the job wrapper, held at the start barrier.
+
+    Call :meth:`HeldJob.release` once ``handle`` is recorded, or :meth:`HeldJob.abort`.
+
+    Args:
+        spec: the job (:class:`JobSpec`).
+        cgroup: the job's cgroup, entered by the wrapper before anything else.
+        python: the interpreter (default ``sys.executable``).
+        ready_timeout_s: how long to wait for the wrapper's ``ready``.
+
+    Returns:
+        the :class:`HeldJob` with its captured identity.
+
+    Raises:
+        ExecutionError: ``invalid_input`` (the spec), ``spawn_failed`` (the wrapper could
+            not start, or the cwd is missing), ``cgroup_unavailable``, ``log_unavailable``
+            (log, fact or receipt directory), ``already_published`` (the receipt or fact
+            exists: this attempt already ran), ``identity_unavailable``. In every case
+            nothing ran and the wrapper is reaped.
+    """
+    data = encode_spec(spec, cgroup)
+    try:
+        return _start(spec, data, cgroup, python, ready_timeout_s)
+    finally:
+        wipe(data)
+
+
+def _start(spec: JobSpec, data: bytearray, cgroup: RunCgroup | None, python: str | None,
+           ready_timeout_s: float) -> HeldJob:
+    label = spec.label
+    interpreter = python or sys.executable
+    if not interpreter:
+        raise ExecutionError("no Python interpreter to run the job wrapper (sys.executable is empty)",
+                             code="spawn_failed")
+    source_fd, source_writer = _source_descriptor(interpreter)
+    control_r = control_w = status_r = status_w = devnull = -1
+    try:
+        control_r, control_w = os.pipe2(os.O_CLOEXEC)
+        status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        started_at_ms = time.time_ns() // 1_000_000
+        try:
+            process = subprocess.Popen(
+                wrapper_argv(source_fd, label, interpreter), stdin=control_r, stdout=status_w, stderr=devnull,
+                pass_fds=(source_fd,), cwd="/", env={}, close_fds=True, start_new_session=True,
+                restore_signals=True,
+            )
+        except OSError as exc:
+            raise ExecutionError(f"the job wrapper could not start: {exc.strerror}", code="spawn_failed") from None
+    except BaseException:
+        for fd in (control_r, control_w, status_r, status_w, devnull, source_fd, source_writer):
+            if fd >= 0:
+                os.close(fd)
+        raise
+    for fd in (control_r, status_w, devnull, source_fd):
+        os.close(fd)
+    held = HeldJob(process, _NO_IDENTITY, "", started_at_ms, control_w, cgroup)
+    try:
+        try:
+            identity = capture(process.pid)
+            if identity is None or identity.pgid != process.pid:
+                raise ExecutionError("process identity is unavailable", code="identity_unavailable")
+            held.identity = identity
+            held.handle = encode_handle(new_uuid4(), identity)
+        except ExecutionError:
+            raise ExecutionError("process identity is unavailable", code="identity_unavailable") from None
+        deadline = time.monotonic() + ready_timeout_s
+        if source_writer >= 0:
+            _write_spec(source_writer, bytearray(wrapper_source()), deadline)
+            os.close(source_writer)
+            source_writer = -1
+        _write_spec(control_w, data, deadline)
+        answer = _read_answer(status_r, deadline)
+        if answer != READY:
+            raise _refusal(answer)
+    except BaseException:
+        if source_writer >= 0:
+            os.close(source_writer)
+        held.abort()
+        raise
+    finally:
+        os.close(status_r)
+    return held
+
+
+def _refusal(answer: bytes) -> ExecutionError:
+    """The wrapper's ``error CODE TEXT`` (or silence) as a launch failure."""
+    text = answer.decode("utf-8", "replace").strip()
+    if not text.startswith("error "):
+        return ExecutionError("the job wrapper did not become ready", code="spawn_failed")
+    code, _, detail = text[len("error "):].partition(" ")
+    return ExecutionError(f"the job could not be prepared: {detail}"[:300], code=_FAILURES.get(code, "spawn_failed"))
+
+
+_NO_IDENTITY = ProcessIdentity("none", 1, 1, "1")
+
+
+def _discard(process: subprocess.Popen[bytes], cgroup: RunCgroup | None) -> int | None:
+    with contextlib.suppress(OSError):
+        os.killpg(process.pid, signal.SIGKILL)
+    if cgroup is not None:
+        with contextlib.suppress(ExecutionError):
+            cgroup.kill()
+    try:
+        return process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def job_environment(
     task_environment: Mapping[str, str], *, run_id: str, attempt_id: str, home: str
 ) -> dict[str, str]:
-    """The whole environment of a job: base variables, then the task's own (which win)."""
+    """The whole environment of a Local job: base variables, then the task's own (which win)."""
     env = {
         "PATH": BASE_PATH,
         "HOME": home,
@@ -159,109 +460,3 @@ def resolve_executable(name: str, env: Mapping[str, str], cwd: str) -> str:
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
     raise ExecutionError("the command is not an executable file", code="command_not_found")
-
-
-def spawn(
-    argv: Sequence[str],
-    *,
-    cwd: str,
-    env: Mapping[str, str],
-    stdout_fd: int,
-    keep_fds: Sequence[int] = (),
-    cgroup: RunCgroup | None = None,
-) -> Spawned:
-    """Start ``argv`` (``argv[0]`` resolved with :func:`resolve_executable`) held at the
-    start barrier; call :meth:`Spawned.release` once its handle is recorded.
-
-    Args:
-        argv: the command; for a shell command pass ``["/bin/sh", "-c", text]``.
-        cwd: an existing absolute directory.
-        env: the complete environment (see :func:`job_environment`).
-        stdout_fd: where stdout and stderr go (the log FIFO's write end); the caller
-            closes its copy afterwards.
-        keep_fds: descriptors the job inherits at the same numbers.
-        cgroup: the Run's cgroup, entered before the command runs.
-
-    Returns:
-        the :class:`Spawned` process with its captured identity.
-
-    Raises:
-        ExecutionError: ``command_not_found``, ``spawn_failed`` (fork/exec/cwd error), or
-            ``identity_unavailable`` (the identity could not be captured: the wrapper,
-            which never started the job, has been killed and reaped).
-    """
-    if not argv:
-        raise ExecutionError("empty command", code="invalid_input")
-    program = resolve_executable(argv[0], env, cwd)
-    files = cgroup.procs_files() if cgroup is not None else []
-    raw = os.pipe2(os.O_CLOEXEC)
-    gate_read, gate_write = _above_stdio(*raw)
-    for fd, original in zip((gate_read, gate_write), raw, strict=True):
-        if fd != original:
-            os.close(original)
-    inherited = _above_stdio(*keep_fds)
-    command = [SHELL, "-c", ENTER_SCRIPT, "qinglong-edge-enter", str(len(files)), *files, program, *argv[1:]]
-    started_at_ms = time.time_ns() // 1_000_000
-    try:
-        process = subprocess.Popen(
-            command,
-            stdin=gate_read,
-            stdout=stdout_fd,
-            stderr=stdout_fd,
-            cwd=cwd,
-            env=dict(env),
-            close_fds=True,
-            pass_fds=inherited,
-            start_new_session=True,
-            restore_signals=True,
-        )
-    except OSError as exc:
-        os.close(gate_write)
-        raise ExecutionError(f"the command could not start: {exc.strerror}", code="spawn_failed") from None
-    finally:
-        os.close(gate_read)
-        for fd, original in zip(inherited, keep_fds, strict=True):
-            if fd != original:
-                os.close(fd)
-    spawned = Spawned(process, _NO_IDENTITY, "", started_at_ms, gate_write, cgroup)
-    try:
-        identity = capture(process.pid)
-        if identity is None or identity.pgid != process.pid:
-            raise ExecutionError("process identity is unavailable", code="identity_unavailable")
-        spawned.identity = identity
-        spawned.handle = encode_handle(new_uuid4(), identity)
-    except ExecutionError:
-        spawned.abort()
-        raise ExecutionError("process identity is unavailable", code="identity_unavailable") from None
-    return spawned
-
-
-_NO_IDENTITY = ProcessIdentity("none", 1, 1, "1")
-
-
-def _above_stdio(*fds: int) -> tuple[int, ...]:
-    """The same descriptors, duplicated above 2 where needed.
-
-    An agent started with fd 0, 1 or 2 closed (a daemon, a test runner) gets those
-    numbers back from ``pipe``/``open``; a kept descriptor must not collide with the
-    job's stdio, which the child sets up with ``dup2`` before ``exec``.
-    """
-    moved = []
-    for fd in fds:
-        if fd > 2:
-            moved.append(fd)
-            continue
-        moved.append(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3))
-    return tuple(moved)
-
-
-def _discard(process: subprocess.Popen[bytes], cgroup: RunCgroup | None) -> int | None:
-    with contextlib.suppress(OSError):
-        os.killpg(process.pid, signal.SIGKILL)
-    if cgroup is not None:
-        with contextlib.suppress(ExecutionError):
-            cgroup.kill()
-    try:
-        return process.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        return None

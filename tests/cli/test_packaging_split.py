@@ -230,8 +230,31 @@ def test_depends_line_matches_the_package() -> None:
 
 # ---- every stdlib module the package names, under Depends ------------------------------
 
-def _stdlib_imports() -> dict[str, list[str]]:
-    """stdlib module -> files importing it, for every import in qinglong_edge (lazy ones too)."""
+#: Modules the package imports only where it survives their absence, with the proof.
+#: ``ctypes`` (OpenWrt: python3-ctypes, not in Depends): only the job wrapper's forked
+#: child imports it, to make an isolated job's namespace (mount(2) has no stdlib
+#: wrapper); without it that job is not started and probe_isolation/doctor say why
+#: (tests/process/test_isolation.py::test_the_probe_explains_a_missing_ctypes).
+OPTIONAL = {"ctypes": {"wrapper.py"}}
+
+
+def test_optional_imports_stay_where_their_absence_is_handled() -> None:
+    modules = _stdlib_imports(optional=True)
+    for name, files in OPTIONAL.items():
+        assert set(modules.get(name, [])) == files, (name, modules.get(name))
+    source = (pathlib.Path(REPO) / "qinglong_edge" / "process" / "wrapper.py").read_text(encoding="utf-8")
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef):
+            imports = [n for n in ast.walk(node) if isinstance(n, ast.Import)]
+            if any(alias.name == "ctypes" for n in imports for alias in n.names):
+                assert node.name in ("_isolate", "_libc_call"), node.name  # the isolated child only
+    tree = ast.parse(source)
+    assert not [n for n in tree.body if isinstance(n, ast.Import) and any(a.name == "ctypes" for a in n.names)]
+
+
+def _stdlib_imports(optional: bool = False) -> dict[str, list[str]]:
+    """stdlib module -> files importing it, for every import in qinglong_edge (lazy ones too;
+    the :data:`OPTIONAL` ones only with ``optional``)."""
     found: dict[str, list[str]] = {}
     for path in sorted((pathlib.Path(REPO) / "qinglong_edge").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -241,7 +264,8 @@ def _stdlib_imports() -> dict[str, list[str]]:
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [node.module]
             for name in names:
-                if name.split(".")[0] in sys.stdlib_module_names and name != "__future__":
+                stdlib = name.split(".")[0] in sys.stdlib_module_names and name != "__future__"
+                if stdlib and (optional or name not in OPTIONAL):
                     found.setdefault(name, []).append(path.name)
     return found
 

@@ -14,7 +14,7 @@ import pytest
 from qinglong_edge.process.cgroups import CgroupManager
 from qinglong_edge.process.identity import read_proc_stat
 from tests.support.execution_env import Env, wait_for
-from tests.support.jobs import alive, descendants_by_marker, kill_pids, read_text
+from tests.support.jobs import alive, command_of, descendants_by_marker, kill_pids, read_text
 
 
 def _pid(env: Env, attempt_id: str) -> int:
@@ -179,14 +179,17 @@ def test_command_name_with_parens_and_spaces(env: Env, tmp_path: object) -> None
     run_id, attempt_id = env.start("t-parens")
     with env.controller() as controller:
         controller.notify()
-        pid = _pid(env, attempt_id)
-        assert wait_for(lambda: "x) (y z" in read_text(f"/proc/{pid}/stat"))
-        stat = read_proc_stat(pid)
-        assert stat is not None and stat.comm == "x) (y z" and stat.pgrp == pid
+        pid = _pid(env, attempt_id)  # the job wrapper's: the Run's identity
+        assert read_text(f"/proc/{pid}/comm") == "qinglong-job\n"
+        command = command_of(pid)  # the wrapper's child runs the oddly named program
+        assert command is not None
+        assert wait_for(lambda: "x) (y z" in read_text(f"/proc/{command}/stat"))
+        stat = read_proc_stat(command)
+        assert stat is not None and stat.comm == "x) (y z" and stat.pgrp == pid and stat.ppid == pid
         env.cancel(run_id)
         controller.notify()
         assert env.wait_status(run_id, "cancelled") == "cancelled"
-        assert not alive(pid)
+        assert not alive(pid) and not alive(command)
 
 
 def test_deadline_times_the_run_out(env: Env) -> None:

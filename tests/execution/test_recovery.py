@@ -196,3 +196,18 @@ def test_cgroups_of_finished_attempts_are_swept_at_start_and_others_never(
         foreign.kill()
         reap(bystander.process)
         wait_for(foreign.remove)
+
+
+def test_fifos_of_earlier_releases_are_removed_and_foreign_ones_kept(env: Env) -> None:
+    """Earlier agents drained Run output through a FIFO; the job wrapper writes the log
+    itself, so a leftover FIFO of ours goes at start. Anything else stays."""
+    ours = [os.path.join(env.log_directory, f"{new_uuid4()}_{new_uuid4()}.fifo"),
+            os.path.join(env.log_directory, "local-" + "a" * 30 + ".fifo")]
+    foreign = os.path.join(env.log_directory, "my.fifo")
+    os.makedirs(env.log_directory, exist_ok=True)
+    for path in [*ours, foreign]:
+        os.mkfifo(path, 0o600)
+    with env.controller():
+        pass
+    assert not any(os.path.exists(p) for p in ours)
+    assert os.path.exists(foreign)

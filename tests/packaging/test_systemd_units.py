@@ -55,6 +55,14 @@ def test_serve_and_pull_commands() -> None:
     assert timer["Install"]["WantedBy"] == "timers.target"
 
 
+def test_only_the_unit_that_runs_remote_jobs_allows_their_namespaces() -> None:
+    """Remote jobs get a private user + mount namespace (spec README, "Isolation"): the pull
+    unit allows exactly those two types; serve (Local Runs: no isolation) allows none."""
+    pull = _unit("qinglong-edge-pull.service")["Service"]
+    assert sorted(pull["RestrictNamespaces"].split()) == ["mnt", "user"]
+    assert _unit("qinglong-edge.service")["Service"]["RestrictNamespaces"] == "yes"
+
+
 def test_serve_stop_leaves_the_runs_to_the_controller() -> None:
     """KillMode=mixed: SIGTERM reaches serve only, whose controller stops the Runs and records
     them cancelled (reason shutdown); control-group mode would SIGTERM them behind its back."""

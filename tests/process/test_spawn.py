@@ -1,24 +1,43 @@
-"""Starting a Run's process: start barrier, environment, executable resolution, identity."""
+"""Starting a job under the wrapper: start barrier, identity, environment, executable
+resolution, and every launch failure (nothing runs, the wrapper is reaped)."""
 
 from __future__ import annotations
 
 import os
+import pathlib
 import time
 
 import pytest
 
 from qinglong_edge.errors import ExecutionError
+from qinglong_edge.process.cgroups import RunCgroup
 from qinglong_edge.process.identity import inspect
-from qinglong_edge.process.spawn import NOT_STARTED, job_environment, resolve_executable, spawn
-from tests.support.jobs import alive, read_text, reap, start_job, wait_until
+from qinglong_edge.process.spawn import (
+    NOT_STARTED,
+    Isolation,
+    JobSpec,
+    Publication,
+    encode_spec,
+    job_environment,
+    resolve_executable,
+    start_job,
+)
+from tests.support.jobs import alive, command_of, read_text, reap, wait_until
+from tests.support.jobs import start_job as start_script
 
 
-def test_job_code_runs_only_after_release(tmp_path: object) -> None:
+def _spec(tmp: pathlib.Path, argv: list[str] | None = None, **kwargs: object) -> JobSpec:
+    return JobSpec(argv or ["/bin/true"], kwargs.pop("env", {}), str(kwargs.pop("cwd", tmp)),  # type: ignore[arg-type]
+                   str(kwargs.pop("log", tmp / "job.log")), kwargs.pop("cap", 4096), **kwargs)  # type: ignore[arg-type]
+
+
+def test_job_code_runs_only_after_release(tmp_path: pathlib.Path) -> None:
     marker = os.path.join(str(tmp_path), "ran")
-    job = start_job(f"echo yes > {marker}", str(tmp_path), release=False)
+    job = start_script(f"echo yes > {marker}", str(tmp_path), release=False)
     try:
         time.sleep(0.2)
         assert not os.path.exists(marker) and alive(job.pid)  # held at the barrier
+        assert command_of(job.pid, timeout=0.1) is None  # nothing forked yet
         assert inspect(job.handle).status == "running"  # the identity is the wrapper's, and stays
         job.release()
         assert job.process.wait(timeout=5) == 0
@@ -27,93 +46,180 @@ def test_job_code_runs_only_after_release(tmp_path: object) -> None:
         reap(job.process)
 
 
-def test_abort_never_starts_the_job(tmp_path: object) -> None:
+def test_abort_never_starts_the_job(tmp_path: pathlib.Path) -> None:
     marker = os.path.join(str(tmp_path), "ran")
-    job = start_job(f"echo yes > {marker}", str(tmp_path), release=False)
+    job = start_script(f"echo yes > {marker}", str(tmp_path), release=False)
     assert job.abort() is not None
     assert not os.path.exists(marker)
 
 
-def test_agent_death_before_release_means_the_job_never_runs(tmp_path: object) -> None:
-    """Closing our gate end without 'go' is what the kernel does when the agent dies."""
+def test_agent_death_before_release_means_the_job_never_runs(tmp_path: pathlib.Path) -> None:
+    """Closing our barrier end without 'go' is what the kernel does when the agent dies."""
     marker = os.path.join(str(tmp_path), "ran")
-    job = start_job(f"echo yes > {marker}", str(tmp_path), release=False)
-    os.close(job.gate_fd)
-    job.gate_fd = -1
+    job = start_script(f"echo yes > {marker}", str(tmp_path), release=False)
+    os.close(job.control_fd)
+    job.control_fd = -1
     assert job.process.wait(timeout=5) == NOT_STARTED
     assert not os.path.exists(marker)
 
 
-def test_identity_survives_exec(tmp_path: object) -> None:
-    job = start_job("exec sleep 1000", str(tmp_path))
+def test_identity_is_the_wrappers_and_stays_across_the_job(tmp_path: pathlib.Path) -> None:
+    job = start_script("exec sleep 1000", str(tmp_path))
     try:
-        assert wait_until(lambda: read_text(f"/proc/{job.pid}/comm").strip() == "sleep")
+        command = command_of(job.pid)
+        assert command is not None and wait_until(lambda: read_text(f"/proc/{command}/comm").strip() == "sleep")
         assert inspect(job.handle).status == "running"
-        assert job.identity.pgid == job.pid == os.getsid(job.pid)
+        assert job.identity.pgid == job.pid == os.getsid(job.pid) == os.getpgid(command)
     finally:
         reap(job.process)
 
 
-def test_environment_is_minimal_and_task_values_win(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wrapper_enters_the_cgroup_before_the_release(run_cgroup: RunCgroup, tmp_path: pathlib.Path) -> None:
+    job = start_script("sleep 1000", str(tmp_path), cgroup=run_cgroup, release=False)
+    try:
+        # start_job returned: the wrapper said ready, so it is already inside every hierarchy.
+        assert all(str(job.pid) in read_text(f).split() for f in run_cgroup.procs_files())
+        job.release()
+        command = command_of(job.pid)
+        assert command is not None and command in run_cgroup.members()
+    finally:
+        reap(job.process)
+
+
+def test_environment_is_minimal_and_task_values_win(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QINGLONG_EDGE_SECRET_FOR_TEST", "do-not-leak")
     env = job_environment({"FOO": "bar", "PATH": "/bin:/usr/bin"}, run_id="r1", attempt_id="a1", home=str(tmp_path))
-    out = os.path.join(str(tmp_path), "env")
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        job = spawn(["env"], cwd=str(tmp_path), env=env, stdout_fd=fd)
-    finally:
-        os.close(fd)
+    job = start_job(_spec(tmp_path, [resolve_executable("env", env, str(tmp_path))], env=env))
     job.release()
     assert job.process.wait(timeout=5) == 0
-    seen = dict(line.split("=", 1) for line in read_text(out).splitlines())
+    seen = dict(line.split("=", 1) for line in read_text(str(tmp_path / "job.log")).splitlines())
     assert seen == {"FOO": "bar", "PATH": "/bin:/usr/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8",
-                    "QINGLONG_RUN_ID": "r1", "QINGLONG_ATTEMPT_ID": "a1", "PWD": str(tmp_path)} or \
-        set(seen) - {"PWD", "SHLVL", "_"} == {"FOO", "PATH", "HOME", "LANG", "QINGLONG_RUN_ID", "QINGLONG_ATTEMPT_ID"}
-    assert "QINGLONG_EDGE_SECRET_FOR_TEST" not in seen
-
-
-def test_only_stdio_and_the_kept_fds_are_inherited(tmp_path: object) -> None:
-    out = os.path.join(str(tmp_path), "fds")
-    keep_r, keep_w = os.pipe()
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        env = job_environment({}, run_id="r", attempt_id="a", home=str(tmp_path))
-        job = spawn(["/bin/sh", "-c", "ls /proc/$$/fd"], cwd=str(tmp_path), env=env, stdout_fd=fd, keep_fds=[keep_r])
-    finally:
-        os.close(fd)
-        os.close(keep_w)
-    job.release()
-    assert job.process.wait(timeout=5) == 0
-    os.close(keep_r)
-    fds = sorted(int(x) for x in read_text(out).split())
-    assert fds[:3] == [0, 1, 2] and keep_r in fds and len(fds) <= 5  # + the fd ls itself opens
+                    "QINGLONG_RUN_ID": "r1", "QINGLONG_ATTEMPT_ID": "a1"}
 
 
 @pytest.mark.parametrize("name", ["no-such-program-xyz", "/nonexistent/bin/tool", "./missing"],
                          ids=["bare-name", "absolute", "relative"])
-def test_rejects_missing_executables(tmp_path: object, name: str) -> None:
+def test_rejects_missing_executables(tmp_path: pathlib.Path, name: str) -> None:
     with pytest.raises(ExecutionError) as info:
         resolve_executable(name, {"PATH": "/usr/bin:/bin"}, str(tmp_path))
     assert info.value.code == "command_not_found"
 
 
-def test_resolves_like_execvp(tmp_path: object) -> None:
+def test_resolves_like_execvp(tmp_path: pathlib.Path) -> None:
     assert resolve_executable("sh", {"PATH": "/nonexistent:/bin"}, str(tmp_path)) == "/bin/sh"
-    script = os.path.join(str(tmp_path), "run.sh")
-    with open(script, "w") as handle:
-        handle.write("#!/bin/sh\n")
-    os.chmod(script, 0o700)
-    assert resolve_executable("./run.sh", {}, str(tmp_path)) == script
+    script = tmp_path / "run.sh"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o700)
+    assert resolve_executable("./run.sh", {}, str(tmp_path)) == str(script)
 
 
-def test_rejects_a_missing_working_directory(tmp_path: object) -> None:
-    env = job_environment({}, run_id="r", attempt_id="a", home="/")
+def _refused(spec: JobSpec, code: str, **kwargs: object) -> None:
+    before = _children()
     with pytest.raises(ExecutionError) as info:
-        spawn(["/bin/true"], cwd=os.path.join(str(tmp_path), "gone"), env=env, stdout_fd=1)
-    assert info.value.code == "spawn_failed"
+        start_job(spec, **kwargs)  # type: ignore[arg-type]
+    assert info.value.code == code, info.value
+    assert _children() == before  # the wrapper was reaped: no zombie, nothing left
 
 
-def test_identity_capture_failure_discards_the_unstarted_process(tmp_path: object,
+def _children() -> set[int]:
+    me = os.getpid()
+    found = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat = read_text(f"/proc/{name}/stat")
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == me:
+                found.add(int(name))
+    return found
+
+
+def test_a_missing_working_directory_is_a_launch_failure(tmp_path: pathlib.Path) -> None:
+    _refused(_spec(tmp_path, cwd=tmp_path / "gone"), "spawn_failed")
+
+
+def test_a_symlinked_log_directory_is_refused(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "real").mkdir(mode=0o700)
+    (tmp_path / "logs").symlink_to(tmp_path / "real")
+    _refused(_spec(tmp_path, log=tmp_path / "logs" / "job.log"), "log_unavailable")
+    assert os.listdir(tmp_path / "real") == []
+
+
+def test_a_symlinked_log_file_is_refused(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "target").write_text("")
+    (tmp_path / "job.log").symlink_to(tmp_path / "target")
+    _refused(_spec(tmp_path), "log_unavailable")
+
+
+def test_a_fifo_planted_as_the_log_does_not_hang_the_launch(tmp_path: pathlib.Path) -> None:
+    os.mkfifo(tmp_path / "job.log", 0o600)
+    _refused(_spec(tmp_path), "log_unavailable")
+
+
+def test_a_group_writable_log_directory_is_refused(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs").chmod(0o770)
+    _refused(_spec(tmp_path, log=tmp_path / "logs" / "job.log"), "log_unavailable")
+
+
+def test_an_existing_receipt_means_the_attempt_already_ran(tmp_path: pathlib.Path) -> None:
+    """Never twice: a receipt (or truncation fact) already published refuses the launch."""
+    marker = tmp_path / "ran"
+    (tmp_path / "receipts").mkdir(mode=0o700)
+    (tmp_path / "receipts" / "r.json").write_text("{}")
+    spec = _spec(tmp_path, ["/bin/sh", "-c", f"touch {marker}"],
+                 receipt=Publication(str(tmp_path / "receipts" / "r.json"), b"{"), started_at_ms=1)
+    _refused(spec, "already_published")
+    assert not marker.exists()
+
+
+def test_an_unwritable_cgroup_is_refused(tmp_path: pathlib.Path) -> None:
+    fake = RunCgroup("x", {"v2": str(tmp_path / "no-such-cgroup")})
+    _refused(_spec(tmp_path), "cgroup_unavailable", cgroup=fake)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "what"),
+    [
+        ({"argv": ["relative/tool"]}, "argv[0]"),
+        ({"argv": ["/bin/echo", "a\0b"]}, "NUL"),
+        ({"env": {"A=B": "x"}}, "environment"),
+        ({"env": {"A": "x\0y"}}, "environment"),
+        ({"cwd": "relative"}, "cwd"),
+        ({"log": "/"}, "log_path"),
+        ({"cap": 0}, "log_cap"),
+        ({"cap": 4, "log_notice": b"12345"}, "log_cap"),
+        ({"drain_ms": -1}, "drain_ms"),
+        ({"receipt": Publication("/tmp/r.json", b"{")}, "started_at_ms"),
+        ({"receipt": Publication("/tmp/r.json", b""), "started_at_ms": 1}, "prefix"),
+        ({"truncation_fact": Publication("/tmp/f.json", b"{"), "fact_keys": ("bogus",)}, "fact_keys"),
+        ({"isolation": Isolation(hide=["/"])}, "hidden"),
+        ({"label": "has space"}, "label"),
+    ],
+    ids=["relative-argv0", "nul-arg", "env-name", "env-nul", "cwd", "log-root", "cap-zero", "notice-over-cap",
+         "drain", "receipt-no-start", "empty-prefix", "fact-keys", "hide-root", "label"],
+)
+def test_invalid_specs_are_refused_before_anything_starts(tmp_path: pathlib.Path, kwargs: dict[str, object],
+                                                          what: str) -> None:
+    spec = _spec(tmp_path, **kwargs)  # type: ignore[arg-type]
+    before = _children()
+    with pytest.raises(ExecutionError) as info:
+        start_job(spec)
+    assert info.value.code == "invalid_input" and what in str(info.value)
+    assert _children() == before
+
+
+def test_the_spec_repr_and_encoding_hide_nothing_they_should_not_show(tmp_path: pathlib.Path) -> None:
+    secret = "hunter2-9f8e"
+    spec = _spec(tmp_path, env={"TOKEN": secret}, receipt=Publication("/tmp/r.json", b'{"token":"tok-77"'),
+                 started_at_ms=1)
+    assert secret not in repr(spec) and "tok-77" not in repr(spec.receipt)
+    encoded = encode_spec(spec)
+    assert b"env 18\nTOKEN=" + secret.encode() + b"\n" in encoded  # it travels only here
+
+
+def test_identity_capture_failure_discards_the_unstarted_process(tmp_path: pathlib.Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A fake on purpose: /proc cannot be made to fail for one real pid. The process is real."""
     import qinglong_edge.process.spawn as spawn_module
@@ -125,12 +231,66 @@ def test_identity_capture_failure_discards_the_unstarted_process(tmp_path: objec
         raise ExecutionError("boom", code="provider_unavailable")
 
     monkeypatch.setattr(spawn_module, "capture", failing_capture)
-    marker = os.path.join(str(tmp_path), "ran")
-    env = job_environment({}, run_id="r", attempt_id="a", home=str(tmp_path))
+    marker = tmp_path / "ran"
     with pytest.raises(ExecutionError) as info:
-        spawn(["/bin/sh", "-c", f"echo yes > {marker}"], cwd=str(tmp_path), env=env, stdout_fd=1)
+        start_job(_spec(tmp_path, ["/bin/sh", "-c", f"echo yes > {marker}"]))
     assert info.value.code == "identity_unavailable"
     assert started and not alive(started[0])  # killed and reaped
     with pytest.raises(ChildProcessError):
         os.waitpid(started[0], os.WNOHANG)
-    assert not os.path.exists(marker)  # the job never ran
+    assert not marker.exists()  # the job never ran
+
+
+def test_protocol_constants_agree_with_the_wrapper_program() -> None:
+    """The agent does not import the wrapper (its parse would cost the agent ~2.4 MiB)."""
+    from qinglong_edge.process import spawn, wrapper
+
+    for name in ("MAGIC", "RELEASE", "READY", "NOT_STARTED", "CANNOT_EXECUTE", "NOT_FOUND", "MAX_SPEC_BYTES",
+                 "MAX_PREFIX_BYTES", "DEFAULT_DRAIN_MS", "MAX_DRAIN_MS", "FACT_KEYS", "DEFAULT_FACT_KEYS"):
+        assert getattr(spawn, name) == getattr(wrapper, name), name
+
+
+def test_the_wrapper_runs_compiled_from_a_memfd(tmp_path: pathlib.Path) -> None:
+    import importlib.util
+    import sys
+
+    import qinglong_edge.process.spawn as spawn_module
+
+    bytecode = spawn_module.wrapper_bytecode(sys.executable)
+    assert bytecode.startswith(importlib.util.MAGIC_NUMBER) and b"qinglong-edge-job" in bytecode
+    assert spawn_module.wrapper_bytecode(sys.executable) is bytecode  # made once per interpreter
+    job = start_job(_spec(tmp_path, ["/bin/echo", "compiled"]))
+    job.release()
+    assert job.process.wait(10) == 0 and read_text(str(tmp_path / "job.log")) == "compiled\n"
+
+
+def test_an_interpreter_that_cannot_compile_falls_back_to_the_source(tmp_path: pathlib.Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    import qinglong_edge.process.spawn as spawn_module
+
+    monkeypatch.setattr(spawn_module, "_bytecode", {sys.executable: b""})  # as after a failed compile helper
+    job = start_job(_spec(tmp_path, ["/bin/echo", "from source"]))
+    job.release()
+    assert job.process.wait(10) == 0 and read_text(str(tmp_path / "job.log")) == "from source\n"
+
+
+def test_missing_log_directories_are_created_0700_below_a_shared_one(tmp_path: pathlib.Path) -> None:
+    """The log's own directory must be private; its ancestors may be anyone's (/tmp)."""
+    import tempfile
+
+    shared = pathlib.Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        shared.chmod(0o1777)  # like /tmp
+        log = shared / "a" / "b" / "job.log"
+        job = start_job(_spec(tmp_path, ["/bin/echo", "ok"], log=log))
+        job.release()
+        assert job.process.wait(10) == 0 and log.read_text() == "ok\n"
+        for directory in (shared / "a", shared / "a" / "b"):
+            assert directory.stat().st_mode & 0o777 == 0o700
+        assert log.stat().st_mode & 0o777 == 0o600
+    finally:
+        import shutil
+
+        shutil.rmtree(shared)

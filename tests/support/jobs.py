@@ -9,20 +9,31 @@ from collections.abc import Callable
 
 from qinglong_edge.process.cgroups import RunCgroup
 from qinglong_edge.process.identity import read_proc_stat, scan_processes
-from qinglong_edge.process.spawn import Spawned, job_environment, spawn
+from qinglong_edge.process.spawn import HeldJob, JobSpec, job_environment
+from qinglong_edge.process.spawn import start_job as start_held_job
 
 
-def start_job(script: str, cwd: str, *, cgroup: RunCgroup | None = None, release: bool = True) -> Spawned:
-    """Start ``/bin/sh -c script`` exactly as the launcher does (new session, cgroup, gate)."""
+def start_job(script: str, cwd: str, *, cgroup: RunCgroup | None = None, release: bool = True,
+              log_path: str | None = None, drain_ms: int = 100) -> HeldJob:
+    """Start ``/bin/sh -c script`` exactly as the launcher does (job wrapper, new session,
+    cgroup, start barrier); output goes to ``log_path`` (default ``<cwd>/job-<pid>.log``)."""
     env = job_environment({}, run_id="run-test", attempt_id="attempt-test", home=cwd)
-    fd = os.open(os.devnull, os.O_WRONLY)
-    try:
-        job = spawn(["/bin/sh", "-c", script], cwd=cwd, env=env, stdout_fd=fd, cgroup=cgroup)
-    finally:
-        os.close(fd)
+    log = log_path or os.path.join(cwd, f"job-{os.urandom(6).hex()}.log")
+    job = start_held_job(JobSpec(["/bin/sh", "-c", script], env, cwd, log, 1 << 20, drain_ms=drain_ms), cgroup=cgroup)
     if release:
         job.release()
     return job
+
+
+def command_of(wrapper_pid: int, timeout: float = 5.0) -> int | None:
+    """The pid of the command a job wrapper started (its only child), once it exists."""
+    found: list[int] = []
+
+    def look() -> bool:
+        found[:] = [s.pid for s in scan_processes() if s.ppid == wrapper_pid]
+        return bool(found)
+
+    return found[0] if wait_until(look, timeout) else None
 
 
 def alive(pid: int) -> bool:
