@@ -274,7 +274,7 @@ def availability(j: dict[str, Any]) -> list[Section]:
     notes = [
         f"Edge profile, a real `serve` with the execution controller; each phase {j['seconds_per_phase']:g} s; the "
         f"operator sends one request every {j['operator_interval_ms']} ms on a fresh connection (connect included). "
-        "The attackers reconnect as soon as the server closes a connection (harsher than the issue's: "
+        "The attackers reconnect as soon as they see a connection closed ("
         f"slowloris {phases['slowloris']['attack'].get('connects', 0)} connects, idle "
         f"{phases['idle']['attack'].get('connects', 0)} connects in the phase).",
         f"Flood: {flood['requests']} requests in {flood['seconds']} s ({flood['requests_per_s']}/s), answered "
