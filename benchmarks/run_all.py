@@ -40,7 +40,7 @@ if REPO not in sys.path:
 
 from tables import ADAPTERS, Row, Section, generic  # noqa: E402  (benchmarks/tables.py)
 
-#: name -> (arguments, arguments with --quick). About 2 minutes on 2 cores in all.
+#: name -> (arguments, arguments with --quick). About 4 minutes on 2 cores in all.
 PLAN: dict[str, tuple[list[str], list[str]]] = {
     "journal": (["--offers", "20", "--repetitions", "7"], ["--offers", "5", "--repetitions", "2"]),
     "local_api": (["--repeat", "7"], ["--runs", "1000", "--cancels", "60", "--reads", "40", "--repeat", "1"]),
@@ -50,6 +50,7 @@ PLAN: dict[str, tuple[list[str], list[str]]] = {
     "envelope": (["--load-seconds", "15"], ["--load-seconds", "5"]),
     "fleet": (["--devices", "10000"], ["--devices", "2000", "--max-minutes", "40"]),
     "idle_writes": (["--cycles", "20"], ["--cycles", "5"]),
+    "availability": (["--seconds", "20"], ["--seconds", "3", "--requests", "10000", "--timing-rounds", "300"]),
     "job_wrapper": (["--runs", "30", "--jobs", "4"], ["--runs", "5", "--jobs", "2"]),
     "transport": (["--requests", "60", "--repetitions", "5"], ["--requests", "10", "--repetitions", "1"]),
     "storage_caps": (["--runs", "20000"], ["--runs", "2000", "--baseline-runs", "300", "--disk-runs", "100"]),

@@ -347,7 +347,8 @@ class StoreError(EdgeError):
     ``not_found``, ``conflict``, ``invalid_input``; the Local repositories add
     ``run_not_found``, ``task_not_found``, ``fence_rejected``, ``task_start_rejected``,
     ``authentication_unavailable``, ``pepper_unavailable``, ``unsafe_pepper``,
-    ``audit_unavailable`` (see :mod:`qinglong_edge.local`).
+    ``audit_unavailable``, ``database_missing``, ``database_replaced`` (see
+    :mod:`qinglong_edge.local`).
     """
 
     code = "storage_unavailable"
@@ -382,6 +383,8 @@ EXIT_STATUS_BY_CODE: dict[str, int] = {
     "conflict": EX_DATAERR,
     "pepper_unavailable": EX_CONFIG,
     "unsafe_pepper": EX_CANTCREAT,
+    "database_missing": EX_CANTCREAT,  # serve/admin refuse to create an empty database where one existed
+    "database_replaced": EX_IOERR,  # serve: the database was removed or replaced while serving (restart)
     "store_busy": EX_TEMPFAIL,
     "not_found": EX_DATAERR,
     "task_not_found": EX_DATAERR,  # an operator naming a task that does not exist, not an I/O error

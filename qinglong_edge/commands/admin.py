@@ -170,8 +170,11 @@ class _Context:
         self.store: Any = None
 
     def open(self) -> Any:
+        from qinglong_edge.local.guards import check_database_present
         from qinglong_edge.local.store import Store
 
+        # Like serve: never create an empty database where the keyring proves one existed.
+        check_database_present(self.local_api.database_file, self.local_api.pepper_keyring_directory)
         self.store = Store.open(
             self.local_api.database_file, profile=self.profile, busy_timeout_ms=self.local_api.busy_timeout_ms
         )

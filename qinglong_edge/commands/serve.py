@@ -1,18 +1,30 @@
 """``qinglong-edge serve``: the Local API (ADR-0372) in the foreground, for procd/systemd.
 
 Steps: load the configuration (its ``localApi`` section is required: exit 78 without
-it), check the pepper keyring directory, open the store (migrations run), bind the
-loopback listener (a port in use is exit 69), start the execution controller when the
-``execution`` section is present (see :func:`start_execution_controller`), serve. The
-main thread then keeps the storage caps (:class:`Maintenance`: a pruning pass one
-second after the start and every 10 s).
+it), check the pepper keyring (:func:`qinglong_edge.local.guards.check_keyring`: the
+directory and every key file; a wrong mode or owner is exit 73 ``unsafe_pepper``, one
+line naming the file, its mode and owner; a missing keyring is 78), refuse to create
+an empty database where the keyring proves one existed (exit 73 ``database_missing``),
+open the store (migrations run), bind the loopback listener (a port in use is exit
+69), start the execution controller when the ``execution`` section is present (see
+:func:`start_execution_controller`), serve. The main thread then keeps the storage
+caps (:class:`Maintenance`: a pruning pass one second after the start and every 10 s).
+
+While serving, about once a second: a change of the keyring's safety is logged once
+(requests fail closed meanwhile, 503 ``authentication_unavailable``); the database
+path naming another file, or none (removed or replaced), is logged once and ``serve``
+stops: the store is fenced first (nothing more is written), then the drain, and the
+exit status is 74 (``database_replaced``), which the systemd unit and procd restart
+on; the refusal summaries of requests without a valid credential are written when
+their interval ends (:meth:`qinglong_edge.local.api.LocalApi.flush_refusals`).
 
 SIGTERM or SIGINT starts the drain (local-api.md 2.1): the listener closes, new
 requests get 503 ``server_draining``, requests in flight finish within the profile's
 drain timeout (edge 5 s, standalone 10 s); meanwhile the controller stops running Runs
 (reason ``shutdown``). Then the store
 closes. Exit 0 after a clean drain, 75 when requests were still running at the
-timeout, 70 if the server's poll thread died.
+timeout, 70 if the server's poll thread died, 74 when the database was removed or
+replaced while serving. No exit path prints a traceback.
 
 Progress goes to stderr (``qinglong-edge: ...`` lines, never a token or a body); with
 ``--json`` one summary line is printed on stdout at exit.
@@ -29,7 +41,10 @@ from qinglong_edge.commands._output import print_json
 
 EX_OK = 0
 EX_SOFTWARE = 70
+EX_IOERR = 74  # the database was removed or replaced while serving: restart (not in RestartPreventExitStatus)
 EX_TEMPFAIL = 75
+#: serve's GIL switch interval (CPython's default is 5 ms), seconds.
+_SWITCH_INTERVAL_S = 0.001
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
@@ -156,7 +171,8 @@ def _run(args: argparse.Namespace) -> int:
     from qinglong_edge.config import load_config
     from qinglong_edge.errors import ConfigError, EdgeError
     from qinglong_edge.local.api import LocalApi
-    from qinglong_edge.local.pepper import check_keyring_directory
+    from qinglong_edge.local.budget import RequestBudget
+    from qinglong_edge.local.guards import DatabaseWatch, KeyringWatch, check_database_present, check_keyring
     from qinglong_edge.local.server import Server, ServerLimits
     from qinglong_edge.local.store import Store
 
@@ -166,27 +182,41 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError("the configuration has no localApi section", path="$.localApi")
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format="qinglong-edge: %(name)s: %(message)s")
-    check_keyring_directory(local.pepper_keyring_directory)
+    check_keyring(local.pepper_keyring_directory)
+    check_database_present(local.database_file, local.pepper_keyring_directory)
+    # The poll thread may be busy answering a flood (429) while a worker and the store
+    # thread serve the operator: each of their many GIL hand-offs (one per SQLite call)
+    # would wait up to the default 5 ms switch interval behind it.
+    sys.setswitchinterval(_SWITCH_INTERVAL_S)
     stop = threading.Event()
     previous = {
         signum: signal.signal(signum, lambda _signum, _frame: stop.set())
         for signum in (signal.SIGTERM, signal.SIGINT)
     }
     store = Store.open(local.database_file, profile=config.profile, busy_timeout_ms=local.busy_timeout_ms)
+    database = DatabaseWatch(store.path)
+    keyring = KeyringWatch(local.pepper_keyring_directory)
     stop_controller: Callable[[], bool] | None = None
     controller_stopped: list[bool] = []
     server: Server | None = None
     maintenance: Maintenance | None = None
     clean = False
+    lost: str | None = None
+    api: LocalApi | None = None
     try:
         relay = IntentRelay()
-        api = LocalApi(store, local.pepper_keyring_directory, on_intent=relay)
         limits = ServerLimits.for_profile(config.profile)
+        budget = RequestBudget.from_limits(limits)
+        # A request waits for each of its (at most two) store operations about one busy
+        # timeout: the operation's own lock waits are bounded by it (local/store.py).
+        api = LocalApi(store, local.pepper_keyring_directory, on_intent=relay,
+                       store_timeout_s=local.busy_timeout_ms / 1000 + 0.25, budget=budget)
         # Bind first: a second `serve` (the port is taken by the running service) must
         # fail here, before its controller's restart recovery adopts the live service's
         # processes and its exit path stops them as a "shutdown".
         try:
-            server = Server(api, host=local.listener.host, port=local.listener.port, limits=limits)
+            server = Server(api, host=local.listener.host, port=local.listener.port, limits=limits,
+                            classify=api.presents_credential, budget=budget)
         except OSError as exc:
             raise EdgeError(
                 f"cannot listen on {local.listener.host}:{local.listener.port} ({exc.strerror})",
@@ -200,6 +230,16 @@ def _run(args: argparse.Namespace) -> int:
             if not server.healthy:
                 _say("the server's poll thread stopped; exiting")
                 break
+            lost = database.check()
+            if lost is not None:
+                _say(f"database_replaced: the database {store.path} was {lost} while serving; nothing more is "
+                     f"written to it; exiting with status {EX_IOERR} so that the service restarts")
+                store.close()  # fence first: the drain must not write to a file that is not the database
+                break
+            problem = keyring.check()
+            if problem is not None:
+                _say(problem)
+            api.flush_refusals()
             maintenance.tick()
         healthy = server.healthy
         _say("draining")
@@ -223,13 +263,21 @@ def _run(args: argparse.Namespace) -> int:
             server.shutdown(timeout=0)
         if stop_controller is not None:
             controller_stopped.append(stop_controller())
+        if api is not None and lost is None:
+            api.flush_refusals(force=True)
         store.close()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    status = EX_OK if clean else (EX_TEMPFAIL if stop.is_set() else EX_SOFTWARE)
-    _say("stopped" if clean else "stopped before every request finished")
+    if lost is not None:
+        status = EX_IOERR
+    else:
+        status = EX_OK if clean else (EX_TEMPFAIL if stop.is_set() else EX_SOFTWARE)
+    _say("stopped" if clean and lost is None else "stopped before every request finished" if lost is None
+         else f"stopped (database {lost})")
     if args.json:
-        summary: dict[str, Any] = {"ok": clean, "drained": clean, "exitStatus": status}
+        summary: dict[str, Any] = {"ok": clean and lost is None, "drained": clean, "exitStatus": status}
+        if lost is not None:
+            summary["code"] = "database_replaced"
         if maintenance is not None:
             summary["pruned"] = maintenance.report.to_json()
         print_json(summary)

@@ -31,7 +31,10 @@ is in the same ``selectors`` set), at the nearest deadline, and at least every
 2. Completions of the other Runs: our children by ``waitid(WNOWAIT)`` (the leader stays an
    unreaped zombie, pinning its group number, until leftovers of its group and cgroup are
    stopped); adopted processes by identity (exit status unknown: ``lost``).
-3. Launches while fewer than ``execution.maxConcurrentRuns`` Runs are active.
+3. Launches whose handle storage failed to record are put back to ``queued`` (a new
+   attempt; :func:`~qinglong_edge.execution.transitions.requeue_launch`), as soon as
+   storage takes the write; then launches while fewer than ``execution.maxConcurrentRuns``
+   Runs are active (a requeued Run after its backoff).
 
 One controller per database: :meth:`ExecutionController.start` takes an exclusive ``flock``
 on ``<database>.controller.lock`` (``already_owned`` otherwise) and the thread releases it
@@ -72,7 +75,13 @@ from collections.abc import Callable
 from qinglong_edge.config import ExecutionConfig
 from qinglong_edge.contracts.ids import new_uuid4
 from qinglong_edge.errors import EdgeError, StoreError
-from qinglong_edge.execution.launcher import ActiveRun, Launcher, open_pidfd
+from qinglong_edge.execution.launcher import (
+    LAUNCH_BACKOFF_S,
+    MAX_LAUNCH_ATTEMPTS,
+    ActiveRun,
+    Launcher,
+    open_pidfd,
+)
 from qinglong_edge.execution.transitions import (
     MAX_PAGE,
     Candidate,
@@ -94,6 +103,17 @@ from qinglong_edge.process.stop import StopResult, stop
 
 __all__ = ["ExecutionController"]
 
+
+def _one_line(exc: BaseException) -> str:
+    """An unexpected exception in one log line (no traceback to a user): its type, the
+    first line of its message, and where it was raised."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = f" at {os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}" if tb is not None else ""
+    text = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return f"{type(exc).__name__}{where}" + (f": {text}" if text else "")
+
 _log = logging.getLogger("qinglong_edge.execution")
 #: Candidate pages read per pass (7.1 pages of 64; lifecycle ``maxDrainPages`` <= 16).
 _MAX_PAGES = 16
@@ -113,6 +133,9 @@ class ExecutionController:
             none (default: ``work`` beside the log directory, normally
             ``<stateDirectory>/work``, created 0700 at :meth:`start`).
         pids_max: per-Run ``pids.max`` where the v1 pids controller is used (None: no cap).
+        launch_attempts, launch_backoff_s: the bound and first backoff of launches that
+            storage failed to record (:mod:`qinglong_edge.execution.launcher`; tests
+            shorten them).
 
     Creating it opens a self-pipe and a selector, nothing else; :meth:`start` creates the
     directories and starts the thread.
@@ -129,6 +152,8 @@ class ExecutionController:
         work_directory: str | None = None,
         pids_max: int | None = None,
         new_id: Callable[[], str] = new_uuid4,
+        launch_attempts: int = MAX_LAUNCH_ATTEMPTS,
+        launch_backoff_s: float = LAUNCH_BACKOFF_S,
     ) -> None:
         self.store = store
         self.config = config
@@ -140,6 +165,8 @@ class ExecutionController:
         self.new_id = new_id
         self._cgroups = cgroups
         self._pids_max = pids_max
+        self._launch_attempts = launch_attempts
+        self._launch_backoff_s = launch_backoff_s
         self._active: dict[str, ActiveRun] = {}
         self._retry_at: dict[str, float] = {}
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -188,7 +215,7 @@ class ExecutionController:
         self._launcher = Launcher(
             self.store, cgroups=self.cgroups, log_directory=self.config.log_directory,
             max_log_bytes=self.config.max_log_bytes, work_directory=self.work_directory, clock=self.clock,
-            new_id=self.new_id,
+            new_id=self.new_id, launch_attempts=self._launch_attempts, launch_backoff_s=self._launch_backoff_s,
         )
         self._thread = threading.Thread(target=self._main, name="qinglong-edge-execution", daemon=True)
         self._thread.start()
@@ -277,8 +304,8 @@ class ExecutionController:
     def _main(self) -> None:
         try:
             self._recover()
-        except Exception:  # noqa: BLE001 - the loop must run even if recovery could not finish
-            _log.exception("restart recovery failed; the control loop retries it")
+        except Exception as exc:  # noqa: BLE001 - the loop must run even if recovery could not finish
+            _log.warning("restart recovery failed (%s); the control loop retries it", _one_line(exc))
         self._ready.set()
         while not self._stopping.is_set():
             self._pump(self._next_timeout(), until_woken=True)
@@ -289,13 +316,16 @@ class ExecutionController:
                 self._pass()
             except StoreError as exc:
                 _log.warning("execution control pass failed: %s", exc.code)
-            except Exception:  # noqa: BLE001 - this thread must never die; the next pass retries
-                _log.exception("execution control pass failed")
+            except Exception as exc:  # noqa: BLE001 - this thread must never die; the next pass retries
+                _log.error("execution control pass failed: %s", _one_line(exc))
             self.passes += 1
         try:
             self._drain()
-        except Exception:  # noqa: BLE001 - still close what we hold
-            _log.exception("shutdown drain failed")
+        except StoreError as exc:  # the store is closed or failing (database gone): nothing can be recorded
+            _log.warning("shutdown drain stopped (%s): the Runs still running are left to the next start, "
+                         "which adopts or reconciles them", exc.code)
+        except Exception as exc:  # noqa: BLE001 - still close what we hold
+            _log.error("shutdown drain failed: %s", _one_line(exc))
         finally:
             for active in list(self._active.values()):
                 active.close()
@@ -314,6 +344,9 @@ class ExecutionController:
         for active in self._active.values():
             if active.deadline_at_ms is not None:
                 timeout = min(timeout, max(0.0, (active.deadline_at_ms - now) / 1000))
+        launcher = self._launcher
+        if launcher is not None and launcher.not_before:  # a requeued Run's backoff ends
+            timeout = min(timeout, max(0.0, min(launcher.not_before.values()) - time.monotonic()))
         return timeout
 
     def _pump(self, seconds: float, *, until_woken: bool = False) -> None:
@@ -378,6 +411,8 @@ class ExecutionController:
         launcher = self._launcher
         if launcher is not None and launcher.unrecorded:
             launcher.retry_unrecorded()
+        if launcher is not None and launcher.deferred:
+            launcher.retry_deferred()
         while launcher is not None and len(self._active) < self.config.max_concurrent_runs:
             if self._stopping.is_set():
                 return

@@ -21,6 +21,19 @@ ran (the barrier); restart recovery marks it ``lost`` (``RECOVERY_UNSTARTED_LAUN
 ``cancelled`` if it has an intent. A failure to start or to own the process is
 ``EXECUTOR_START_FAILED`` (attempt and Run ``failed``).
 
+A **storage error at step 3** (the handle cannot be recorded: disk full, I/O error,
+database locked past the busy timeout) is transient, not the Run's fault (issue 17 item
+3): the job is discarded unreleased (it never ran) and the launch is *deferred*: the
+controller retries :func:`~qinglong_edge.execution.transitions.requeue_launch` each pass
+until storage takes it, which puts the Run back to ``queued`` with a new ``claimed``
+attempt (the failed one ``LAUNCH_STORAGE_UNAVAILABLE``). The Run is then launched again
+after a backoff (``launch_backoff_s`` doubled per attempt, at most 120 s; kept in memory:
+:meth:`Launcher.launch_next` skips it until then). After ``launch_attempts`` (default 8,
+about four minutes of backoff in all) the Run is ``failed`` with
+``LAUNCH_STORAGE_UNAVAILABLE``. A failed *claim* (step 1) changes nothing and is simply
+retried at the next pass. A restart before the requeue was written leaves the attempt to
+restart recovery (``lost``, as for a crash).
+
 The job's command comes from the Run's task revision (:mod:`qinglong_edge.local.tasks`):
 ``argv`` (``file`` + ``args``) or ``shell`` (``<shell or /bin/sh> -c <command>``), the
 working directory (default: the controller's work directory, ``<stateDirectory>/work``;
@@ -40,12 +53,14 @@ import logging
 import os
 import sqlite3
 import subprocess
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
 from qinglong_edge.contracts.digest import random_hex
 from qinglong_edge.contracts.ids import new_uuid4
+from qinglong_edge.contracts.strictjson import dumps
 from qinglong_edge.errors import EdgeError, ExecutionError, StoreError
 from qinglong_edge.execution.transitions import (
     EXECUTOR,
@@ -55,6 +70,7 @@ from qinglong_edge.execution.transitions import (
     load_in,
     load_snapshot,
     mark_terminal,
+    requeue_launch,
     terminate_in,
 )
 from qinglong_edge.local.run_logs import run_log_paths
@@ -77,6 +93,11 @@ __all__ = [
 ]
 
 _log = logging.getLogger("qinglong_edge.execution")
+
+#: Attempts a Run may use on storage failures at launch, and the first backoff (seconds).
+MAX_LAUNCH_ATTEMPTS = 8
+LAUNCH_BACKOFF_S = 2.0
+MAX_LAUNCH_BACKOFF_S = 120.0
 
 
 def new_log_artifact_id() -> str:
@@ -194,10 +215,12 @@ def claim_next(
     now_ms: int,
     log_artifact_id: str,
     new_id: Callable[[], str] = new_uuid4,
+    exclude: Collection[str] = (),
 ) -> Claim | None:
     """Claim the next queued attempt in ONE transaction that re-checks the cancel intent.
 
-    Order: Run ``priority`` descending, ``queued_at_ms``, attempt ``created_at_ms``, id.
+    Order: Run ``priority`` descending, ``queued_at_ms``, attempt ``created_at_ms``, id;
+    Runs in ``exclude`` (a launch backoff not yet over) are skipped.
     A Run with an intent becomes ``cancelled`` here (:func:`mark_terminal`'s events);
     otherwise the Run goes ``queued -> dispatching`` and the attempt ``claimed ->
     starting`` with ``deadline_at_ms = at + timeoutMs`` and ``log_artifact_id``.
@@ -209,8 +232,10 @@ def claim_next(
             WHERE r.execution_owner = 'runtime' AND r.status = 'queued'
               AND a.status = 'claimed' AND a.executor_type = 'local_process'
               AND NOT EXISTS (SELECT 1 FROM "RunAttempts" AS b WHERE b.run_id = r.id AND b.attempt > a.attempt)
+              AND r.id NOT IN (SELECT value FROM json_each(?))
             ORDER BY r.priority DESC, r.queued_at_ms, a.created_at_ms, a.id LIMIT 1
-            """
+            """,
+            (dumps(sorted(exclude)),),
         ).fetchone()
         if row is None:
             return None
@@ -316,7 +341,8 @@ def open_pidfd(pid: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class LaunchResult:
-    """``outcome``: ``running`` (``active`` set), ``cancelled``, ``failed`` or ``stale``."""
+    """``outcome``: ``running`` (``active`` set), ``cancelled``, ``failed``, ``deferred`` (a
+    storage error: the Run is put back to ``queued`` once storage works) or ``stale``."""
 
     outcome: str
     run_id: str
@@ -334,6 +360,9 @@ class Launcher:
         max_log_bytes: cap of each log file.
         work_directory: default working directory and ``HOME`` of jobs.
         clock: wall clock in ms.
+        launch_attempts: attempts a Run may use on storage failures (module docstring).
+        launch_backoff_s: backoff before the second attempt, doubled for each later one
+            (at most :data:`MAX_LAUNCH_BACKOFF_S`).
     """
 
     def __init__(
@@ -346,6 +375,8 @@ class Launcher:
         work_directory: str,
         clock: Callable[[], int],
         new_id: Callable[[], str] = new_uuid4,
+        launch_attempts: int = MAX_LAUNCH_ATTEMPTS,
+        launch_backoff_s: float = LAUNCH_BACKOFF_S,
     ) -> None:
         self.store = store
         self.cgroups = cgroups
@@ -356,6 +387,13 @@ class Launcher:
         self.new_id = new_id
         #: Launch failures not yet recorded (the store failed): (run id, attempt id, summary).
         self.unrecorded: set[tuple[str, str, str]] = set()
+        self.launch_attempts = max(1, launch_attempts)
+        self.launch_backoff_s = launch_backoff_s
+        #: Launches whose handle could not be recorded, not yet requeued: attempt id ->
+        #: (run id, the unrecorded handle).
+        self.deferred: dict[str, tuple[str, str]] = {}
+        #: Runs requeued after a storage failure: run id -> monotonic time of the next launch.
+        self.not_before: dict[str, float] = {}
 
     def retry_unrecorded(self) -> None:
         """Record launch failures that could not be written before (store back up)."""
@@ -367,15 +405,44 @@ class Launcher:
                 return
             self.unrecorded.discard((run_id, attempt_id, summary))
 
+    def retry_deferred(self) -> None:
+        """Requeue the launches whose handle could not be recorded (module docstring),
+        as far as storage takes it now; the rest stay deferred for the next pass."""
+        for attempt_id, (run_id, handle) in sorted(self.deferred.items()):
+            try:
+                outcome, number = self.store.run(lambda c, r=run_id, a=attempt_id, h=handle: (  # type: ignore[misc]
+                    requeue_launch(c, r, a, handle=h, now_ms=self.clock(), max_attempts=self.launch_attempts,
+                                   new_id=self.new_id),
+                    c.execute('SELECT attempt FROM "RunAttempts" WHERE id = ?', (a,)).fetchone(),
+                ))
+            except StoreError:
+                return
+            del self.deferred[attempt_id]
+            if outcome == "requeued":
+                attempt = int(number[0]) if number else 1
+                delay = min(MAX_LAUNCH_BACKOFF_S, self.launch_backoff_s * 2 ** (attempt - 1))
+                self.not_before[run_id] = time.monotonic() + delay
+                _log.warning("run %s: launched again as attempt %d in %.1f s", run_id, attempt + 1, delay)
+            elif outcome == "failed":
+                _log.warning("run %s: failed: storage failed at each of its %d launches (%s)", run_id,
+                             self.launch_attempts, "LAUNCH_STORAGE_UNAVAILABLE")
+            else:
+                _log.info("run %s: deferred launch not requeued (%s)", run_id, outcome)
+
     def launch_next(self) -> LaunchResult | None:
-        """Claim and start the next queued attempt; ``None`` when nothing is queued.
+        """Claim and start the next queued attempt; ``None`` when nothing is queued (or
+        only Runs whose launch backoff is not over).
 
         Raises:
             StoreError: the claim transaction failed (nothing changed).
         """
         now = self.clock()
+        moment = time.monotonic()
+        for run_id in [r for r, due in self.not_before.items() if due <= moment]:
+            del self.not_before[run_id]
+        waiting = frozenset(self.not_before)
         claim = self.store.run(lambda c: claim_next(c, now_ms=now, log_artifact_id=new_log_artifact_id(),
-                                                    new_id=self.new_id))
+                                                    new_id=self.new_id, exclude=waiting))
         if claim is None:
             return None
         if claim.outcome != "launch":
@@ -438,7 +505,11 @@ class Launcher:
         if outcome == "cancel_requested":
             return self._cancel_unstarted(claim)
         if outcome == "unrecorded":
-            return self._fail(claim, "Durable process ownership could not be recorded")
+            # A storage error, not the Run's fault: the job never ran (never released).
+            _log.warning("run %s: the launch could not be recorded (storage); its job never ran; it is "
+                         "launched again once storage works", claim.run_id)
+            self.deferred[claim.attempt_id] = (claim.run_id, spawned.handle)
+            return LaunchResult("deferred", claim.run_id, claim.attempt_id)
         return LaunchResult("stale", claim.run_id, claim.attempt_id)
 
     def _cancel_unstarted(self, claim: Claim) -> LaunchResult:

@@ -32,6 +32,12 @@ control intent     ``run.cancel_requested`` ``local-control:{attemptId}:{reason}
 mark terminal      ``attempt.<s>`` ``local-control:{attemptId}:{cs}:attempt`` reconciler / local-execution-control
                    ``{attempt_id, from_status, to_status, reason, version}``
                    ``run.<s>``     ``local-control:{attemptId}:{cs}:run``, ``{from_status, to_status, reason, version}``
+requeued launch    ``attempt.failed`` ``local-execution:attempt:{attemptId}:{cs}:failed``     executor / local_process
+                   ``{attempt_id, from_status, to_status, error_code, version}``, error ``LAUNCH_STORAGE_UNAVAILABLE``
+                   ``run.queued``     ``local-execution:run:{runId}:{v0}:requeued``         scheduler / local-execution
+                   ``{from_status, to_status, attempt, version}`` (``attempt``: the new attempt's number);
+                   on the last allowed attempt ``run.failed`` (``local-execution:run:{runId}:{v0}:failed``)
+                   instead, error ``LAUNCH_STORAGE_UNAVAILABLE``
 lost               ``attempt.lost`` ``local-recovery:attempt:{attemptId}:{cs}:{why}``
                    ``run.lost``     ``local-recovery:run:{runId}:{attemptId}:{v0}:{why}``
                    reconciler / local-startup (at start) or local-execution-control (later),
@@ -69,6 +75,7 @@ from qinglong_edge.local.store import read_transaction, write_transaction
 __all__ = [
     "ACTIVE_ATTEMPT",
     "EXECUTOR",
+    "LAUNCH_STORAGE_UNAVAILABLE",
     "Candidate",
     "Changes",
     "Snapshot",
@@ -82,6 +89,7 @@ __all__ = [
     "mark_terminal",
     "record_completion",
     "request_control_cancellation",
+    "requeue_launch",
     "terminal_for",
     "terminate_in",
 ]
@@ -506,3 +514,80 @@ def mark_lost(
         ch.commit_rows({"status": "lost", "error_code": code, "error_summary": summary},
                        {"status": "lost", "finished_at_ms": at, "error_code": code, "error_summary": summary})
         return True
+
+
+#: The error of an attempt whose launch could not be recorded (storage), and of a Run
+#: whose every allowed attempt failed that way.
+LAUNCH_STORAGE_UNAVAILABLE = "LAUNCH_STORAGE_UNAVAILABLE"
+
+
+def requeue_launch(
+    conn: sqlite3.Connection,
+    run_id: str,
+    attempt_id: str,
+    *,
+    handle: str | None,
+    now_ms: int,
+    max_attempts: int,
+    new_id: Callable[[], str] = new_uuid4,
+) -> str:
+    """A launch whose durable handle could not be recorded (a storage error) and whose job
+    was therefore never released (the start barrier): the Run goes back to ``queued``
+    with a new ``claimed`` attempt, so the launcher starts it again (issue 17 item 3).
+
+    The attempt becomes ``failed`` (``LAUNCH_STORAGE_UNAVAILABLE``, event
+    ``attempt.failed``), the Run ``queued`` (event ``run.queued`` with the new attempt's
+    number), and attempt ``n + 1`` is inserted ``claimed``. When ``n`` is already
+    ``max_attempts``, the Run becomes ``failed`` (``LAUNCH_STORAGE_UNAVAILABLE``) instead.
+    A Run that got a cancel intent meanwhile is ``cancelled`` (its job never ran).
+
+    Args:
+        handle: the handle the launcher failed to record (the write may have committed
+            after all, the answer being lost: that handle, or none, is accepted).
+        max_attempts: attempts a Run may use on storage failures (>= 1).
+
+    Returns:
+        ``requeued``, ``failed``, ``cancelled``, or ``stale`` (the rows moved on: nothing
+        written).
+    """
+    with write_transaction(conn):
+        snap = load_in(conn, run_id, attempt_id)
+        if (
+            snap is None
+            or not snap.controllable
+            or snap.run.status not in ("dispatching", "running")
+            or snap.attempt.status not in ("starting", "running")
+            or snap.attempt.executor_handle not in (None, handle)
+        ):
+            return "stale"
+        run, attempt = snap.run, snap.attempt
+        if run.cancel_requested_at_ms is not None:
+            terminate_in(conn, snap, run.cancel_reason or "user", now_ms=now_ms, exit_code=None, new_id=new_id)
+            return "cancelled"
+        at = at_or_after(now_ms, run, attempt)
+        ch = Changes(conn, snap, at, new_id)
+        code, cs, v0 = LAUNCH_STORAGE_UNAVAILABLE, attempt.callback_sequence, run.version
+        last = attempt.attempt >= max_attempts
+        summary = (f"Storage failed while each of {attempt.attempt} launches was recorded; the job never ran"
+                   if last else "Storage failed while the launch was recorded; the job never ran; launched again")
+        ch.event("attempt.failed", f"local-execution:attempt:{attempt.id}:{cs}:failed", ("executor", EXECUTOR),
+                 {"attempt_id": attempt.id, "from_status": attempt.status, "to_status": "failed",
+                  "error_code": code, "version": 0})
+        attempt_changes: dict[str, object] = {
+            "status": "failed", "finished_at_ms": at, "error_code": code, "error_summary": summary,
+        }
+        if last:
+            ch.event("run.failed", f"local-execution:run:{run.id}:{v0}:failed", ("executor", EXECUTOR),
+                     {"from_status": run.status, "to_status": "failed", "error_code": code, "version": 0})
+            ch.commit_rows({"status": "failed", "finished_at_ms": at, "error_code": code, "error_summary": summary},
+                           attempt_changes)
+            return "failed"
+        ch.event("run.queued", f"local-execution:run:{run.id}:{v0}:requeued", ("scheduler", "local-execution"),
+                 {"from_status": run.status, "to_status": "queued", "attempt": attempt.attempt + 1, "version": 0})
+        ch.commit_rows({"status": "queued", "started_at_ms": None}, attempt_changes)
+        conn.execute(
+            'INSERT INTO "RunAttempts" (id, run_id, attempt, status, executor_type, callback_sequence, created_at_ms)'
+            " VALUES (?, ?, ?, 'claimed', ?, 0, ?)",
+            (new_id(), run.id, attempt.attempt + 1, EXECUTOR, at),
+        )
+        return "requeued"

@@ -18,10 +18,21 @@ normative order of section 2.2 step 5:
 5. credential/pepper confirm (:func:`qinglong_edge.local.identity.confirm`): any
    change or failure -> 503 ``authentication_unavailable``, not audited.
 
+Requests without a valid credential (no principal at step 1) are charged to the
+:class:`~qinglong_edge.local.budget.RequestBudget` before their ``authentication_rejected``
+audit row: with no token left the answer is **429** ``rate_limited`` with
+``retry-after`` (:class:`RateLimited`), nothing is written, and the refusal is counted
+(reason ``credential_missing`` without a credential of the token grammar, else
+``authentication_rejected``) for the interval's summary row (spec README, "Decisions for
+storage on flash"; our deviation from the reference, which audits every one).
+
 Steps 1-5 run as **one** store operation (one hop through the bounded queue; the
 audit row still commits in its own transaction before the confirm); if the queue
-refuses that operation, authentication counts as unavailable and its audit row is
-attempted separately, as the reference's separate operations would.
+refuses that operation (``store_busy``), authentication counts as unavailable and its
+audit row is attempted separately, as the reference's separate operations would. The
+operation's lock waits add up to at most ``busyTimeoutMs`` (:mod:`qinglong_edge.local.store`):
+on a database another process holds locked, authentication fails after that wait, the
+audit write then fails at once, and the answer is 503 ``security_audit_unavailable``.
 
 The reference's "signal aborted -> 503 ``request_unavailable``" checks (steps 5.1,
 5.6, 5.8) are not reproduced: the server cannot see a client abort without reading
@@ -49,14 +60,15 @@ from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.ids import new_uuid4
 from qinglong_edge.errors import ApiError, StoreError
 from qinglong_edge.local.audit import AuditRecord, record_audit
+from qinglong_edge.local.budget import LOOPBACK_PEER, RequestBudget
 from qinglong_edge.local.exchange import Exchange
 from qinglong_edge.local.http11 import RequestHead
-from qinglong_edge.local.identity import Principal, Subject, authenticate, confirm
+from qinglong_edge.local.identity import Principal, Subject, authenticate, confirm, presents_credential
 from qinglong_edge.local.policy import Decision, PolicyFence, decide
 from qinglong_edge.local.routes import Route
 from qinglong_edge.local.store import Store
 
-__all__ = ["Admission", "Admitted", "read_json_body"]
+__all__ = ["Admission", "Admitted", "RateLimited", "read_json_body"]
 
 _CANONICAL_LENGTH: Final = re.compile(r"[1-9][0-9]*")
 
@@ -85,18 +97,28 @@ class Admitted:
         return self.decision.fence
 
 
+class RateLimited(ApiError):
+    """429 ``{"code":"rate_limited"}``: no token left for a request without a valid
+    credential. ``retry_after_s`` is the ``retry-after`` value (whole seconds, >= 1)."""
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(429, "rate_limited")
+        self.retry_after_s = retry_after_s
+
+
 @dataclass(frozen=True, slots=True)
 class _Stage:
     """Where the combined phase-1 store operation stopped.
 
     ``stop`` is ``""`` (admitted, or a decision to refuse), ``authentication_rejected``,
     ``authentication_unavailable``, ``authorization_unavailable``, ``audit`` (the audit
-    write failed) or ``confirm``.
+    write failed), ``confirm`` or ``rate_limited`` (``retry_after_s`` set).
     """
 
     stop: str
     principal: Principal | None = None
     decision: Decision | None = None
+    retry_after_s: int = 0
 
 
 #: HTTP answers of the stops (section 2.2).
@@ -117,6 +139,8 @@ class Admission:
         keyring_directory: the pepper keyring directory.
         clock: wall-clock epoch ms (the admission clock; tests pin it).
         store_timeout_s: how long a request waits for a store operation, in seconds.
+        budget: the budget of requests without a valid credential (``None``: every
+            one is audited, as the reference does).
     """
 
     def __init__(
@@ -126,25 +150,30 @@ class Admission:
         *,
         clock: Callable[[], int],
         store_timeout_s: float | None = 30.0,
+        budget: RequestBudget | None = None,
     ) -> None:
         self._store = store
         self._keyring = keyring_directory
         self._clock = clock
         self._timeout = store_timeout_s
+        self._budget = budget
 
-    def admit(self, route: Route, head: RequestHead, request_id: str) -> Admitted:
+    def admit(self, route: Route, head: RequestHead, request_id: str, peer: str = LOOPBACK_PEER) -> Admitted:
         """Authenticate, authorize, audit and confirm one request.
 
         Args:
             route: the resolved route (its operation id and project id are audited).
             head: the request head (its raw ``Authorization`` values are used).
             request_id: the ``local:<uuid>`` id, also audited.
+            peer: the client's budget key (:func:`qinglong_edge.local.budget.peer_key`).
 
         Raises:
+            RateLimited: 429, no budget left for a request without a valid credential.
             ApiError: 401, 403 or 503 with the exact body of section 2.2.
         """
         now = self._clock()
         authorization = head.values("authorization")
+        budget = self._budget
 
         def audit(
             conn: sqlite3.Connection,
@@ -179,6 +208,12 @@ class Admission:
                 ok = audit(conn, "authentication_unavailable", ("authentication_unavailable",), None, None)
                 return _Stage("authentication_unavailable" if ok else "audit")
             if principal is None:
+                if budget is not None:
+                    wait = budget.take(peer)
+                    if wait > 0:  # before any durable write: counted for the summary row
+                        presented = presents_credential(authorization)
+                        budget.refuse("authentication_rejected" if presented else "credential_missing")
+                        return _Stage("rate_limited", retry_after_s=RequestBudget.retry_after_s(wait))
                 ok = audit(conn, "authentication_rejected", ("authentication_rejected",), None, None)
                 return _Stage("authentication_rejected" if ok else "audit")
             try:
@@ -199,18 +234,26 @@ class Admission:
 
         try:
             stage = self._store.run(phase_one, timeout_s=self._timeout)
-        except StoreError:
-            # The queue refused or timed out the whole operation: authentication is
-            # unavailable, and its audit row is attempted on its own (usually failing
-            # the same way, which makes the answer security_audit_unavailable).
-            try:
-                written = self._store.run(
-                    lambda conn: audit(conn, "authentication_unavailable", ("authentication_unavailable",), None, None),
-                    timeout_s=self._timeout,
-                )
-            except StoreError:
-                written = False
+        except StoreError as exc:
+            # The queue refused the operation (store_busy: nothing ran, nothing waited):
+            # authentication is unavailable, and its audit row is attempted on its own,
+            # as the reference's separate operations would. After a timeout (the
+            # operation waited its time) or a closed store no second operation is
+            # tried: the audit row is not known to be written, so the answer is
+            # security_audit_unavailable, within one operation's wait.
+            written = False
+            if exc.code == "store_busy":
+                try:
+                    written = self._store.run(
+                        lambda conn: audit(conn, "authentication_unavailable", ("authentication_unavailable",),
+                                           None, None),
+                        timeout_s=self._timeout,
+                    )
+                except StoreError:
+                    written = False
             stage = _Stage("authentication_unavailable" if written else "audit")
+        if stage.stop == "rate_limited":
+            raise RateLimited(stage.retry_after_s)
         if stage.stop:
             status, code = _STOPS[stage.stop]
             raise ApiError(status, code)

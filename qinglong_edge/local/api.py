@@ -49,8 +49,12 @@ from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.ids import new_uuid4
 from qinglong_edge.errors import ApiError, StoreError
 from qinglong_edge.local import runs
-from qinglong_edge.local.admission import Admission, Admitted, read_json_body
+from qinglong_edge.local.admission import Admission, Admitted, RateLimited, read_json_body
+from qinglong_edge.local.audit import record_refusal_summaries
+from qinglong_edge.local.budget import RequestBudget
 from qinglong_edge.local.exchange import Exchange, Response
+from qinglong_edge.local.http11 import RequestHead
+from qinglong_edge.local.identity import presents_credential
 from qinglong_edge.local.policy import PolicyFence
 from qinglong_edge.local.routes import Route, resolve
 from qinglong_edge.local.store import Store, now_ms
@@ -94,7 +98,11 @@ class LocalApi:
         before_mutation: test hook called with the route after the body was validated
             and before the repository transaction (the fence race tests revoke a role
             here). ``None`` in production.
-        store_timeout_s: how long one request waits for one store operation.
+        store_timeout_s: how long one request waits for one store operation (queue
+            wait included), in seconds; ``serve`` passes ``busyTimeoutMs``.
+        budget: the budget of requests without a valid credential, shared with the
+            server (:mod:`qinglong_edge.local.budget`); ``None``: none (every such
+            request is audited, as the reference does).
     """
 
     def __init__(
@@ -106,11 +114,14 @@ class LocalApi:
         on_intent: IntentHook | None = None,
         before_mutation: Callable[[Route], None] | None = None,
         store_timeout_s: float | None = 30.0,
+        budget: RequestBudget | None = None,
     ) -> None:
         self._store = store
         self._clock = clock or now_ms
         self._timeout = store_timeout_s
-        self.admission = Admission(store, keyring_directory, clock=self._clock, store_timeout_s=store_timeout_s)
+        self.budget = budget
+        self.admission = Admission(store, keyring_directory, clock=self._clock, store_timeout_s=store_timeout_s,
+                                   budget=budget)
         self.on_intent = on_intent
         self.before_mutation = before_mutation
 
@@ -118,7 +129,7 @@ class LocalApi:
         head = exchange.head
         try:
             route = resolve(head.method, head.target)
-            admitted = self.admission.admit(route, head, exchange.request_id)
+            admitted = self.admission.admit(route, head, exchange.request_id, exchange.peer)
             if route.json_body:
                 document = read_json_body(exchange)
                 status, body = self._mutate(route, admitted, document)
@@ -126,9 +137,32 @@ class LocalApi:
                 if head.has_body:  # section 2.5: after the allowed audit, never parsed
                     raise ApiError(400, "invalid_request_body")
                 status, body = 200, self._read(route)
+        except RateLimited as exc:
+            return Response(429, exc.body, retry_after_s=exc.retry_after_s)
         except ApiError as exc:
             return Response(exc.http_status or 503, exc.body)
         return Response(status, body)
+
+    @staticmethod
+    def presents_credential(head: RequestHead) -> bool:
+        """The server's ``classify``: the head carries a credential of the token grammar."""
+        return presents_credential(head.values("authorization"))
+
+    def flush_refusals(self, *, force: bool = False) -> int:
+        """Write the summary rows of the refusal interval that ended (``force``: now,
+        at shutdown) in one store operation; returns the rows written (0: nothing due,
+        no budget, or the write failed: the counts are kept for the next try)."""
+        if self.budget is None:
+            return 0
+        summaries = self.budget.take_summaries(force=force)
+        if not summaries:
+            return 0
+        try:
+            return self._store.run(lambda c: record_refusal_summaries(c, summaries), timeout_s=self._timeout)
+        except StoreError as exc:
+            self.budget.restore(summaries)
+            _log.warning("refusal summary not written yet: %s", exc.code)
+            return 0
 
     # -- reads (section 9) --------------------------------------------------
 

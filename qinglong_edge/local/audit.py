@@ -11,6 +11,15 @@ store, SQLite failure), overriding the intended status.
 ``project_id`` has no foreign key (spec README): a request for an unknown project is
 audited with the requested id.
 
+Summary rows (:func:`record_refusal_summaries`; our deviation from the reference, spec
+README "Decisions for storage on flash"): requests without a valid credential refused
+with 429 ``rate_limited`` before any durable write are not audited one by one; each
+interval's count per reason becomes ONE row: outcome ``authentication_rejected``,
+operation ``request.refused``, reasons ``["rate_limited", <reason>]``, no project, no
+subject, no fence, ``occurred_at_ms`` the interval's end, and the two columns of
+migration 5: ``refused_count`` and ``refused_since_ms`` (the interval's start). Every
+other row has both NULL.
+
 Retention (issue 16, an on-disk deviation: the reference never deletes an audit row):
 :func:`prune_audit` deletes the oldest rows, in insertion order (``rowid``), beyond
 ``localApi.auditMaximumEntries`` or older than ``localApi.auditRetentionMs``, a bounded
@@ -23,11 +32,13 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from qinglong_edge.contracts.fields import MAX_INT32, MAX_SAFE_INTEGER, has_control
-from qinglong_edge.contracts.ids import UUID4
+from qinglong_edge.contracts.ids import UUID4, new_uuid4
 from qinglong_edge.errors import StoreError
+from qinglong_edge.local.budget import REFUSAL_REASONS, RefusalSummary
 from qinglong_edge.local.identity import SUBJECT_TYPES, Subject
 from qinglong_edge.local.policy import PolicyFence
 from qinglong_edge.local.store import write_transaction
@@ -35,12 +46,14 @@ from qinglong_edge.local.store import write_transaction
 __all__ = [
     "OUTCOMES",
     "PRE_AUTHENTICATION_OUTCOMES",
+    "REFUSAL_OPERATION_ID",
     "AuditRecord",
     "AuditUnavailable",
     "audit_usage",
     "normalize_audit_record",
     "prune_audit",
     "record_audit",
+    "record_refusal_summaries",
 ]
 
 OUTCOMES = (
@@ -209,6 +222,49 @@ def _same_event(stored: tuple[object, ...], wanted: tuple[object, ...]) -> bool:
     except ValueError:
         return False
     return stored[:8] == wanted[:8] and stored[9:] == wanted[9:] and reasons == json.loads(str(wanted[8]))
+
+
+#: The operation id of a summary row of refused requests.
+REFUSAL_OPERATION_ID = "request.refused"
+
+
+def record_refusal_summaries(
+    conn: sqlite3.Connection, summaries: Sequence[RefusalSummary], *, new_id: Callable[[], str] = new_uuid4
+) -> int:
+    """Write one summary row per :class:`~qinglong_edge.local.budget.RefusalSummary`, all
+    in ONE transaction (one commit, one fsync); returns the rows written.
+
+    Raises:
+        AuditUnavailable: an invalid summary (unknown reason, count < 1, interval
+            backwards) or a storage failure; nothing is written then.
+    """
+    rows = []
+    for summary in summaries:
+        if summary.reason not in REFUSAL_REASONS:
+            raise AuditUnavailable("refusal summary reason is invalid")
+        if not isinstance(summary.count, int) or not 1 <= summary.count <= MAX_SAFE_INTEGER:
+            raise AuditUnavailable("refusal summary count is invalid")
+        if not 0 <= summary.since_ms <= summary.until_ms <= MAX_SAFE_INTEGER:
+            raise AuditUnavailable("refusal summary interval is invalid")
+        rows.append((new_id(), f"local:{new_id()}", REFUSAL_OPERATION_ID, None, None, None, None,
+                     "authentication_rejected", _reasons_json(("rate_limited", summary.reason)), None, None,
+                     summary.until_ms, summary.count, summary.since_ms))
+    if not rows:
+        return 0
+    try:
+        with write_transaction(conn):
+            conn.executemany(
+                'INSERT INTO "QingLong3SecurityAuditEvents" (event_id, request_id, operation_id, project_id,'
+                " subject_type, subject_id, authentication_id, outcome, reasons_json, fence_project_version,"
+                " fence_binding_version, occurred_at_ms, refused_count, refused_since_ms)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+    except sqlite3.Error as exc:
+        raise AuditUnavailable(
+            f"audit summary write failed: {getattr(exc, 'sqlite_errorname', type(exc).__name__)}"
+        ) from None
+    return len(rows)
 
 
 # -- retention (issue 16) ------------------------------------------------------------------

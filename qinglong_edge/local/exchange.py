@@ -23,7 +23,26 @@ __all__ = ["Application", "BodyReadError", "Exchange", "Response", "ServerLimits
 class ServerLimits:
     """Transport limits. Times in seconds (monotonic), counts in connections/requests.
 
-    Use :meth:`for_profile` for the local-api.md 2.1 values.
+    Use :meth:`for_profile` for the local-api.md 2.1 values and our budget of requests
+    without a valid credential (spec README, "Decisions for storage on flash"):
+
+    ==============================  =====  ==========
+    field                           edge   standalone
+    ==============================  =====  ==========
+    ``max_in_flight``               4      32
+    ``max_connections``             8      64
+    ``unauthenticated_slots``       1      4
+    ``unauthenticated_burst``       10     60
+    ``unauthenticated_per_minute``  10     60
+    ``refusal_interval_s``          60     60
+    ==============================  =====  ==========
+
+    ``head_timeout_s``: a connection must deliver a complete request head within this
+    time of starting to wait for it (its accept, or the end of the previous response);
+    ``keep_alive_timeout_s``: an idle connection that sent no byte closes after it.
+    ``listen_backlog`` is large (the kernel caps it at ``net.core.somaxconn``) so that a
+    flood of connections waiting to be accepted (and evicted) never fills the accept
+    queue and makes the kernel drop an operator's SYN.
     """
 
     max_in_flight: int
@@ -35,15 +54,33 @@ class ServerLimits:
     write_timeout_s: float = 5.0
     max_requests_per_connection: int = 100
     linger_s: float = 2.0
-    listen_backlog: int = 128
+    listen_backlog: int = 4096
+    #: Request slots that requests without a credential may hold at once.
+    unauthenticated_slots: int = 1
+    #: Token bucket of requests without a valid credential: capacity and refill per minute.
+    unauthenticated_burst: int = 10
+    unauthenticated_per_minute: float = 10.0
+    #: One summary audit row per refusal reason per interval (seconds).
+    refusal_interval_s: float = 60.0
+    #: A kept connection answered 429 is not read again for this long (seconds).
+    refusal_pause_s: float = 1.0
+    #: Connections accepted per poll round (the rest wait for the next round).
+    accept_batch: int = 16
+    #: ``TCP_DEFER_ACCEPT`` on the listener, in seconds (``None``: ``ceil(head_timeout_s)``;
+    #: 0: off): a connection that sends nothing is not handed to ``accept()`` before it does
+    #: or this time passes (the kernel rounds it up to its SYN-ACK retransmit steps: 5 s is
+    #: about 7 s), so idle connections cost the server nothing and cannot evict anyone.
+    defer_accept_s: int | None = None
 
     @classmethod
     def for_profile(cls, profile: str) -> ServerLimits:
-        """``edge``: 4 in flight, 8 connections, 5 s drain; ``standalone``: 32, 64, 10 s."""
+        """``edge``: 4 in flight, 8 connections, 5 s drain; ``standalone``: 32, 64, 10 s
+        (table above)."""
         if profile == "edge":
             return cls(max_in_flight=4, max_connections=8, drain_timeout_s=5.0)
         if profile == "standalone":
-            return cls(max_in_flight=32, max_connections=64, drain_timeout_s=10.0)
+            return cls(max_in_flight=32, max_connections=64, drain_timeout_s=10.0, unauthenticated_slots=4,
+                       unauthenticated_burst=60, unauthenticated_per_minute=60.0)
         raise ValueError(f"unknown profile {profile!r}")
 
 
@@ -56,12 +93,14 @@ class Response:
         body: JSON object in wire order (ignored when ``bare``).
         close: close the connection after this response.
         bare: send a body-less ``Connection: close`` response (protocol-level, e.g. 408).
+        retry_after_s: a ``retry-after`` header in whole seconds (429 ``rate_limited``).
     """
 
     status: int
     body: Mapping[str, object] = field(default_factory=dict)
     close: bool = False
     bare: bool = False
+    retry_after_s: int | None = None
 
 
 class BodyReadError(Exception):
@@ -84,6 +123,7 @@ class Exchange:
         head: the parsed head.
         request_id: ``local:<uuidv4>``, also the ``x-request-id`` of the answer.
         body_consumed: True once the whole declared body has been read.
+        peer: the client's budget key (:func:`qinglong_edge.local.budget.peer_key`).
     """
 
     def __init__(
@@ -95,6 +135,7 @@ class Exchange:
         write_timeout_s: float,
         count_received: Callable[[int], None],
         draining: Callable[[], bool],
+        peer: str = "loopback",
     ) -> None:
         """Built by the server's worker for one request.
 
@@ -105,6 +146,7 @@ class Exchange:
             write_timeout_s: timeout for the ``100 Continue`` write, seconds.
             count_received: called with each body chunk's size (server statistics).
             draining: whether the server is draining.
+            peer: the client's budget key.
         """
         self._sock = sock
         self._deadline = request_deadline
@@ -112,6 +154,7 @@ class Exchange:
         self._count_received = count_received
         self._draining = draining
         self.head = head
+        self.peer = peer
         self.request_id = new_request_id()
         self.body_consumed = not head.has_body
         self._continue_sent = False

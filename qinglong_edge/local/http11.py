@@ -395,6 +395,7 @@ REASONS: Final[Mapping[int, str]] = {
     413: "Payload Too Large",
     414: "URI Too Long",
     417: "Expectation Failed",
+    429: "Too Many Requests",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
     503: "Service Unavailable",
@@ -434,6 +435,7 @@ def render_json_response(
     date: str | None = None,
     max_body_bytes: int = MAX_RESPONSE_BODY_BYTES,
     head_only: bool = False,
+    retry_after_s: int | None = None,
 ) -> tuple[int, bytes]:
     """Serialise a Local API JSON response, head and body.
 
@@ -455,6 +457,8 @@ def render_json_response(
             503 ``{"code":"response_unavailable"}``.
         head_only: the request was ``HEAD``: the headers (``content-length`` included)
             are sent without the body, as Node does (RFC 9110 9.3.2).
+        retry_after_s: adds ``retry-after: N`` (whole seconds, RFC 9110 10.2.3) after
+            ``content-length`` (429 ``rate_limited``).
 
     Returns:
         (status actually sent, the response bytes).
@@ -473,6 +477,8 @@ def render_json_response(
         b"x-request-id: " + request_id.encode("ascii") + b"\r\n",
         b"content-length: " + str(len(payload)).encode("ascii") + b"\r\n",
     ]
+    if retry_after_s is not None:
+        lines.append(b"retry-after: " + str(max(0, int(retry_after_s))).encode("ascii") + b"\r\n")
     if close:
         lines.append(b"connection: close\r\n")
     lines.append(b"Date: " + (date or http_date()).encode("ascii") + b"\r\n")

@@ -62,6 +62,7 @@ __all__ = [
     "get_subject",
     "issue_credential",
     "list_pepper_keys",
+    "presents_credential",
     "register_pepper_key",
     "retire_pepper_key",
     "revoke_credential",
@@ -471,6 +472,41 @@ def _split_authorization(values: list[str]) -> ApiToken | None:
     return ApiToken(match.group(2), match.group(3))
 
 
+def presents_credential(authorization_values: list[str]) -> bool:
+    """The request carries a credential: exactly one ``Authorization`` value of the
+    ``Bearer ql3c_<id>_<secret>`` grammar (section 3.1; no store, no pepper). What the
+    server and the budget of requests without a valid credential classify by
+    (:mod:`qinglong_edge.local.budget`); whether it authenticates is another matter."""
+    return _split_authorization(authorization_values) is not None
+
+
+#: Compared against when the credential id is unknown (never a real digest: no secret maps to it
+#: but the comparison costs the same).
+_DUMMY_DIGEST = "0" * 64
+#: The HMAC key of the dummy check when no usable active pepper key can be read.
+_DUMMY_PEPPER = bytes(32)
+
+
+def _dummy_check(key: PepperKeyRecord | None, token: ApiToken, now_ms: int, keyring_directory: str) -> None:
+    """An unknown credential id costs what a known id with a wrong secret costs (issue 17
+    item 6): a stand-in record bound to the active key (its catalog row was read in the
+    same transaction) goes through the very checks of a known one: the record's
+    normalization, the key file read and verified, the presented secret's HMAC, the
+    constant-time compare with a dummy digest. The outcome is always a 401: should the
+    keyring be unusable (the known path's 503 class), a real HMAC under a zero pepper is
+    computed instead, so the cost stays close."""
+    stand_in = (token.credential_id, 1, "active", "user", "unknown", _DUMMY_DIGEST, 0, 0, MAX_SAFE_INTEGER,
+                "active", key.pepper_key_id if key is not None else "unknown")
+    try:
+        _verify(stand_in, key, token, now_ms, keyring_directory)
+    except AuthenticationUnavailable:
+        try:
+            constant_time_equal(api_credential_digest(_DUMMY_PEPPER, token.credential_id, token.secret),
+                                _DUMMY_DIGEST)
+        except ContractError:
+            pass  # a non-canonical secret: a known id computes no HMAC either
+
+
 _RESOLVE = """
 SELECT c.credential_id, c.version, c.state, c.subject_type, c.subject_id, c.secret_digest,
        c.created_at_ms, c.not_before_at_ms, c.expires_at_ms, s.status, b.pepper_key_id
@@ -505,15 +541,28 @@ def _authenticate_token(
         with read_transaction(conn):
             row = conn.execute(_RESOLVE, (token.credential_id,)).fetchone()
             if row is None:
-                return None
-            (cred_id, version, state, subject_type, subject_id, stored_digest, created, not_before, expires,
-             subject_status, pepper_key_id) = row
-            if pepper_key_id is None:
-                raise AuthenticationUnavailable(f"credential {token.credential_id} has no pepper binding")
-            fence_key_id = _text(pepper_key_id, CREDENTIAL_ID, 64)
-            key = get_pepper_key(conn, fence_key_id)
+                # The same two reads as a known id: its key's catalog row (here the active key's).
+                dummy_key = active_pepper_key(conn)
+            else:
+                pepper_key_id = row[10]
+                if pepper_key_id is None:
+                    raise AuthenticationUnavailable(f"credential {token.credential_id} has no pepper binding")
+                key = get_pepper_key(conn, _text(pepper_key_id, CREDENTIAL_ID, 64))
     except sqlite3.Error:
         raise AuthenticationUnavailable("the credential store is unavailable") from None
+    if row is None:
+        _dummy_check(dummy_key, token, now_ms, keyring_directory)
+        return None
+    return _verify(row, key, token, now_ms, keyring_directory)
+
+
+def _verify(
+    row: tuple[object, ...], key: PepperKeyRecord | None, token: ApiToken, now_ms: int, keyring_directory: str
+) -> Principal | None:
+    """The checks of a resolved credential row (the order of the module docstring)."""
+    (cred_id, version, state, subject_type, subject_id, stored_digest, created, not_before, expires,
+     subject_status, pepper_key_id) = row
+    fence_key_id = _text(pepper_key_id, CREDENTIAL_ID, 64)
     # Normalize the stored record: anything malformed is the 503 class, never a 401.
     _text(cred_id, CREDENTIAL_ID, 64)
     version = _int(version, 1, MAX_INT32)

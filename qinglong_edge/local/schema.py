@@ -36,6 +36,11 @@ Decisions where we differ from the reference, and why:
   (:mod:`qinglong_edge.local.tasks`).
 * ``StepRuns``: the reference also installs reference triggers we could not read; the
   table and its CHECKs are here, the triggers are not.
+* ``QingLong3SecurityAuditEvents`` gains two nullable columns (migration 5):
+  ``refused_count`` and ``refused_since_ms``. NULL on every row of a request that reached
+  admission; set on a *summary* row: the requests without a valid credential refused
+  with 429 ``rate_limited`` over ``[refused_since_ms, occurred_at_ms]`` for one reason
+  (spec README, "Decisions for storage on flash"; :mod:`qinglong_edge.local.budget`).
 
 Adding a migration: append a :class:`Migration` with the next version to
 :data:`MIGRATIONS`; never edit a released one (the store keeps a SHA-256 of each
@@ -782,12 +787,30 @@ ON "QingLongEdgeTaskRevisions" (project_id, task_id, mutation_id)
 """,
 )
 
+# Summary rows of refused requests (issue 16 item 2): the count and the interval start.
+_M5_AUDIT_REFUSAL_SUMMARIES = (
+    """
+ALTER TABLE "QingLong3SecurityAuditEvents" ADD COLUMN refused_count INTEGER
+  CONSTRAINT ql3_local_audit_refused_count_check CHECK (
+    refused_count IS NULL OR refused_count BETWEEN 1 AND 9007199254740991
+  )
+""",
+    """
+ALTER TABLE "QingLong3SecurityAuditEvents" ADD COLUMN refused_since_ms INTEGER
+  CONSTRAINT ql3_local_audit_refused_since_check CHECK (
+    (refused_since_ms IS NULL) = (refused_count IS NULL)
+    AND (refused_since_ms IS NULL OR refused_since_ms BETWEEN 0 AND occurred_at_ms)
+  )
+""",
+)
+
 #: Every migration, in order. Append only.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "0001-projects-policy-audit", _M1_PROJECTS_POLICY_AUDIT),
     Migration(2, "0002-identity-credentials-pepper", _M2_IDENTITY_CREDENTIALS),
     Migration(3, "0003-run-core-step-runs", _M3_RUN_CORE),
     Migration(4, "0004-local-tasks", _M4_LOCAL_TASKS),
+    Migration(5, "0005-audit-refusal-summaries", _M5_AUDIT_REFUSAL_SUMMARIES),
 )
 
 #: The schema version this code writes and understands (the last migration's version).

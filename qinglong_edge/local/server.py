@@ -11,23 +11,44 @@ Threads (fixed, never one per connection)::
 Connection states::
 
     accept ──> IDLE ──first byte──> HEAD ──head complete──┬─> BUSY (worker) ──> IDLE (keep-alive)
-                 │                   │                     │        └──────────> closed / LINGER
-                 └─ idle 5 s ─> closed └─ head 5 s ─> 408   └─ draining / at capacity: 503 (poll thread)
+                 │                   │                     │        ├──────────> closed / LINGER
+                 └─ idle 5 s ─> closed └─ head deadline: 408 │        └─ 429 ───> PARKED ─1 s─> IDLE
+                                                           ├─ draining / at capacity: 503 (poll thread)
+                                                           └─ no credential, beyond its budget: 429 ─> PARKED
 
 Limits (local-api.md 2.1; :class:`ServerLimits`):
 
-* at most ``max_connections`` open connections (edge 8, standalone 64). At the cap
-  the listening socket is simply not polled, so further clients wait in the
-  kernel's listen backlog until a slot frees (a slow client is closed by its head
-  deadline). Node instead destroys sockets over ``maxConnections``; waiting is
-  kinder to a client and costs no thread.
+* a connection is handed to ``accept()`` only once it has sent a byte, or after about the
+  head timeout (``TCP_DEFER_ACCEPT`` on Linux; :attr:`ServerLimits.defer_accept_s`): a flood
+  of connections that send nothing stays in the kernel and never reaches this thread.
+* at most ``max_connections`` open connections (edge 8, standalone 64). IDLE and HEAD
+  connections (idle keep-alive, or a head still arriving) never block a new one: at the
+  cap, accepting a connection first closes the **oldest** IDLE/HEAD connection (the one
+  that has waited longest for its head), so a flood of idle or slowloris connections
+  cannot keep an operator in the listen backlog. Only when every connection is BUSY
+  (not possible with the profiles, ``max_in_flight < max_connections``) does the
+  listening socket stop being polled. A newly accepted connection is read at once: a
+  client that sent its request with the connect is dispatched before the next accept
+  can evict it. At most ``accept_batch`` connections are accepted per poll round, so
+  accepting never starves the connections already open.
 * at most ``max_in_flight`` requests in the application at once; a complete head
   that finds every worker busy gets 503 ``server_overloaded`` before routing.
-* deadlines: 5 s idle on a keep-alive or new connection; 5 s from the first byte
-  of a request to the end of its head (``headersTimeout``, so one byte a second
-  cannot hold a slot for ever: 408 and close) and to the end of its body
-  (``requestTimeout``); 5 s per response write; at most 100 requests per
-  connection.
+* requests **without a credential** (no single ``Authorization`` value of the ``ql3c``
+  token grammar, decided by the ``classify`` callable from the head alone) hold at most
+  ``unauthenticated_slots`` of those slots (edge 1), so requests with a credential
+  always find the others; and when the :class:`~qinglong_edge.local.budget.RequestBudget`
+  has no token left, or their share is taken, they are answered **429**
+  ``{"code":"rate_limited"}`` with ``retry-after`` from this thread, before routing and
+  without a worker, and counted (reason ``credential_missing``). A credential that
+  fails authentication is charged to the same budget by admission
+  (:mod:`qinglong_edge.local.admission`), before its audit row. A connection answered
+  429 is then *paused* (PARKED: not read for ``refusal_pause_s``, 1 s), so a client
+  sending as fast as it can costs this thread one request per second per connection.
+* deadlines: 5 s idle on a keep-alive or new connection before its first byte; a
+  complete head within 5 s of the start of the wait (the accept, or the end of the
+  previous response: ``head_timeout_s``), so dripping one byte a second cannot hold a
+  connection (408 and close); 5 s from the first byte to the end of the body
+  (``requestTimeout``); 5 s per response write; at most 100 requests per connection.
 * draining (:meth:`Server.shutdown`, SIGTERM in ``qinglong-edge serve``): the
   listener closes, idle connections close, a request that arrives is answered 503
   ``server_draining`` with ``connection: close``, requests in flight finish; after
@@ -49,14 +70,17 @@ import collections
 import contextlib
 import enum
 import logging
+import math
 import os
 import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Final
 
 from qinglong_edge.errors import HttpProtocolError
+from qinglong_edge.local.budget import RequestBudget, peer_key
 from qinglong_edge.local.exchange import Application, BodyReadError, Exchange, Response, ServerLimits
 from qinglong_edge.local.http11 import (
     MAX_HEAD_BYTES,
@@ -88,19 +112,46 @@ class _State(enum.Enum):
     HEAD = "head"
     BUSY = "busy"
     LINGER = "linger"
+    PARKED = "parked"
+
+
+#: States of a connection waiting for its next head (evictable at the connection cap).
+_WAITING: Final = frozenset({_State.IDLE, _State.HEAD, _State.PARKED})
 
 
 class _Conn:
-    __slots__ = ("deadline", "fd", "parser", "request_deadline", "served", "sock", "state")
+    """One client connection (changed only by the poll thread, or by the worker that
+    holds it while BUSY).
 
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
+    ``since``: when it started waiting for its next head (accept or end of the previous
+    response), the eviction order; ``deadline``: the current one (idle, or head);
+    ``head_deadline``: ``since`` + ``head_timeout_s``; ``anonymous``: the request it is
+    BUSY with holds one of the slots of requests without a credential.
+    """
+
+    __slots__ = ("anonymous", "deadline", "fd", "head_deadline", "parser", "peer", "request_deadline", "served",
+                 "since", "sock", "state")
+
+    def __init__(self, sock: socket.socket, now: float, limits: ServerLimits, peer: str) -> None:
         self.sock = sock
         self.fd = sock.fileno()
+        self.peer = peer
+        self.served = 0
+        self.anonymous = False
         self.state = _State.IDLE
         self.parser = HeadParser()
-        self.deadline = deadline
-        self.request_deadline = deadline
-        self.served = 0
+        self.since = now
+        self.deadline = now + limits.keep_alive_timeout_s
+        self.head_deadline = now + limits.head_timeout_s
+        self.request_deadline = self.deadline
+
+    def wait_again(self, now: float, limits: ServerLimits) -> None:
+        """Back to IDLE after a response: a new wait for a head starts."""
+        self.state = _State.IDLE
+        self.parser = HeadParser()
+        self.since = now
+        self.deadline = now + limits.keep_alive_timeout_s
+        self.head_deadline = now + limits.head_timeout_s
 
 
 class Server:
@@ -111,6 +162,12 @@ class Server:
         host, port: loopback address; port 0 picks a free port (tests).
         limits: transport limits, e.g. ``ServerLimits.for_profile("edge")``.
         listen_socket: an already bound and listening socket to use instead.
+        classify: ``classify(head)`` is True when the request presents a credential
+            (:func:`qinglong_edge.local.identity.presents_credential`); requests for
+            which it is False hold at most ``limits.unauthenticated_slots`` slots.
+            ``None``: every request is treated as presenting one (no share).
+        budget: the budget of requests without a valid credential, shared with
+            admission; the poll thread answers 429 from it and counts its refusals.
 
     Call :meth:`start`, then :meth:`shutdown` (also a context manager).
     """
@@ -123,9 +180,13 @@ class Server:
         port: int = 0,
         limits: ServerLimits | None = None,
         listen_socket: socket.socket | None = None,
+        classify: Callable[[RequestHead], bool] | None = None,
+        budget: RequestBudget | None = None,
     ) -> None:
         self.application = application
         self.limits = limits or ServerLimits.for_profile("edge")
+        self._classify = classify
+        self._budget = budget
         if listen_socket is None:
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
             listen_socket = socket.socket(family, socket.SOCK_STREAM)
@@ -136,6 +197,7 @@ class Server:
             except OSError:
                 listen_socket.close()
                 raise
+        _defer_accept(listen_socket, self.limits)
         listen_socket.setblocking(False)
         self._listener: socket.socket | None = listen_socket
         self.address: tuple[str, int] = listen_socket.getsockname()[:2]
@@ -155,7 +217,10 @@ class Server:
         # _busy: requests handed to a worker and not yet handed back (the drain waits
         # for it, so a response being written is never cut off).
         self._in_flight = 0
+        self._anonymous_in_flight = 0
         self._busy = 0
+        self._evicted = 0
+        self._rate_limited = 0
         self._listening = False
         self._draining = False
         self._stopping = False
@@ -180,6 +245,22 @@ class Server:
     def requests_completed(self) -> int:
         """Responses written, any status."""
         return self._requests
+
+    @property
+    def connection_count(self) -> int:
+        """Open client connections (any state but lingering)."""
+        with self._lock:
+            return len(self._conns)
+
+    @property
+    def evicted_connections(self) -> int:
+        """IDLE/HEAD connections closed to accept a newer one at the connection cap."""
+        return self._evicted
+
+    @property
+    def rate_limited(self) -> int:
+        """Requests this thread answered 429 ``rate_limited`` (admission's are not counted)."""
+        return self._rate_limited
 
     @property
     def healthy(self) -> bool:
@@ -306,32 +387,67 @@ class Server:
             raise
 
     def _next_timeout_ms(self) -> int:
-        deadlines = [c.deadline for c in self._conns.values() if c.state in (_State.IDLE, _State.HEAD)]
+        deadlines = [c.deadline for c in self._conns.values() if c.state in _WAITING]
         deadlines += [d for _, d in self._lingering.values()]
         if not deadlines:
             return 1000
         return max(0, min(1000, int((min(deadlines) - time.monotonic()) * 1000) + 1))
 
+    def _oldest_waiting(self) -> _Conn | None:
+        """The IDLE/HEAD connection that has waited longest for its head, if any."""
+        oldest: _Conn | None = None
+        for conn in self._conns.values():
+            if conn.state in _WAITING and (oldest is None or conn.since < oldest.since):
+                oldest = conn
+        return oldest
+
     def _accept(self) -> None:
         assert self._listener is not None
-        while len(self._conns) < self.limits.max_connections and not self._draining:
+        cap = self.limits.max_connections
+        for _ in range(self.limits.accept_batch):
+            if self._draining or (len(self._conns) >= cap and self._oldest_waiting() is None):
+                return
             try:
-                sock, _ = self._listener.accept()
+                sock, address = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # EMFILE and friends: try again on the next event
                 _log.warning("accept failed: %s", exc.strerror)
                 return
+            self._make_room(cap)
             sock.setblocking(False)
-            conn = _Conn(sock, time.monotonic() + self.limits.keep_alive_timeout_s)
+            conn = _Conn(sock, time.monotonic(), self.limits, peer_key(address))
             with self._lock:
                 self._conns[conn.fd] = conn
             self._poll.register(conn.fd, _POLL_IN)
+            # Most clients send the request with the connect: take it now, before a
+            # later accept of this round could evict the connection as "waiting".
+            self._on_readable(conn, 0)
+
+    def _make_room(self, cap: int) -> None:
+        """At the cap, close the oldest IDLE/HEAD connection, after reading what it has
+        sent since the last poll: a request that already arrived is taken (dispatched or
+        answered), not lost with the connection, and the next oldest is considered."""
+        for _ in range(len(self._conns) + 1):
+            if len(self._conns) < cap:
+                return
+            victim = self._oldest_waiting()
+            if victim is None:
+                return
+            since = victim.since
+            if victim.state is not _State.PARKED:  # a paused connection is not read early
+                self._on_readable(victim, 0)
+            if self._conns.get(victim.fd) is victim and victim.state in _WAITING and victim.since == since:
+                self._drop(victim)
+                self._evicted += 1
+                return
 
     def _update_listening(self) -> None:
         if self._listener is None:
             return
-        want = len(self._conns) < self.limits.max_connections and not self._draining
+        want = not self._draining and (
+            len(self._conns) < self.limits.max_connections or self._oldest_waiting() is not None
+        )
         if want and not self._listening:
             self._poll.register(self._listener.fileno(), _POLL_IN)
             self._listening = True
@@ -358,13 +474,18 @@ class Server:
             return
         if not parser.started:
             conn.state = _State.HEAD
-            conn.deadline = time.monotonic() + self.limits.head_timeout_s
+            conn.deadline = conn.head_deadline
             conn.request_deadline = time.monotonic() + self.limits.request_timeout_s
         try:
             head = parser.feed(peeked)
         except HttpProtocolError as exc:
             _log.debug("rejected request head: %s (%d)", exc.code, exc.http_status or 400)
             self._answer_bare_and_close(conn, exc.http_status or 400)
+            return
+        if head is not None and time.monotonic() >= conn.head_deadline:
+            # Complete, but later than head_timeout_s after the wait began (the poll
+            # round that would have expired it was busy): the deadline still holds.
+            self._answer_bare_and_close(conn, 408)
             return
         used = len(peeked) - (len(parser.trailing) if head is not None else 0)
         if not self._consume(conn, used):
@@ -392,29 +513,47 @@ class Server:
         if self._draining:
             self._answer_from_poll(conn, head, "server_draining", close=True)
             return
+        anonymous = self._classify is not None and not self._classify(head)
+        wait = 0.0
+        if anonymous and self._budget is not None:
+            wait = self._budget.wait_s(conn.peer)
         with self._lock:
+            if anonymous and self._anonymous_in_flight >= self.limits.unauthenticated_slots:
+                wait = max(wait, 1.0)  # their share is taken: the others are for credentials
             full = self._in_flight >= self.limits.max_in_flight
-            if not full:
+            if wait <= 0 and not full:
                 self._in_flight += 1
                 self._busy += 1
+                if anonymous:
+                    self._anonymous_in_flight += 1
+        if wait > 0:
+            self._rate_limited += 1
+            if self._budget is not None:
+                self._budget.refuse("credential_missing")
+            self._answer_from_poll(conn, head, "rate_limited", close=head.has_body or head.wants_close,
+                                   status=429, retry_after_s=RequestBudget.retry_after_s(wait))
+            return
         if full:
             self._answer_from_poll(conn, head, "server_overloaded", close=head.has_body or head.wants_close)
             return
         self._poll.unregister(conn.fd)
         conn.state = _State.BUSY
+        conn.anonymous = anonymous
         with self._lock:
             self._jobs.append((conn, head))
             self._jobs_ready.notify()
 
-    def _answer_from_poll(self, conn: _Conn, head: RequestHead, code: str, *, close: bool) -> None:
+    def _answer_from_poll(self, conn: _Conn, head: RequestHead, code: str, *, close: bool, status: int = 503,
+                          retry_after_s: int | None = None) -> None:
         close = close or conn.served + 1 >= self.limits.max_requests_per_connection
         _, data = render_json_response(
-            503,
+            status,
             {"code": code},
             request_id=new_request_id(),
             close=close,
             keep_alive_timeout_s=int(self.limits.keep_alive_timeout_s),
             head_only=head.method == "HEAD",
+            retry_after_s=retry_after_s,
         )
         with self._lock:
             self._requests += 1
@@ -424,8 +563,26 @@ class Server:
         conn.served += 1
         if close:
             self._finish_close(conn, body_unread=head.has_body)
+        elif status == 429:
+            self._park(conn)
         else:
             self._to_idle(conn)
+
+    def _park(self, conn: _Conn) -> None:
+        """After a 429 on a kept connection: not read again for ``refusal_pause_s`` (the
+        connection stays open, evictable; its next request waits in the kernel). A client
+        refused for lack of a credential then costs this thread one request per pause
+        per connection, however fast it sends."""
+        now = time.monotonic()
+        conn.wait_again(now, self.limits)
+        conn.state = _State.PARKED
+        conn.deadline = now + self.limits.refusal_pause_s
+        with contextlib.suppress(KeyError, OSError):
+            self._poll.unregister(conn.fd)
+
+    def _unpark(self, conn: _Conn, now: float) -> None:
+        conn.wait_again(now, self.limits)
+        self._poll.register(conn.fd, _POLL_IN)
 
     def _answer_bare_and_close(self, conn: _Conn, status: int) -> None:
         with self._lock:
@@ -434,9 +591,7 @@ class Server:
         self._finish_close(conn, body_unread=True)
 
     def _to_idle(self, conn: _Conn) -> None:
-        conn.state = _State.IDLE
-        conn.parser = HeadParser()
-        conn.deadline = time.monotonic() + self.limits.keep_alive_timeout_s
+        conn.wait_again(time.monotonic(), self.limits)
 
     def _take_returned(self) -> None:
         while True:
@@ -448,6 +603,9 @@ class Server:
                 conn.sock.setblocking(False)
                 self._to_idle(conn)
                 self._poll.register(conn.fd, _POLL_IN)
+            elif action == "park" and not self._draining:
+                conn.sock.setblocking(False)
+                self._park(conn)
             elif action == "linger":
                 self._finish_close(conn, body_unread=True)
             else:
@@ -463,7 +621,7 @@ class Server:
             _close(self._listener)
             self._listener = None
         for conn in list(self._conns.values()):
-            if conn.state is _State.IDLE:
+            if conn.state in (_State.IDLE, _State.PARKED):
                 self._drop(conn)
 
     def _expire(self) -> None:
@@ -471,6 +629,8 @@ class Server:
         for conn in list(self._conns.values()):
             if conn.state is _State.IDLE and now >= conn.deadline:
                 self._drop(conn)
+            elif conn.state is _State.PARKED and now >= conn.deadline:
+                self._unpark(conn, now)
             elif conn.state is _State.HEAD and now >= conn.deadline:
                 # headersTimeout: answer as Node does, then close.
                 self._answer_bare_and_close(conn, 408)
@@ -540,6 +700,7 @@ class Server:
             write_timeout_s=self.limits.write_timeout_s,
             count_received=self._count_received,
             draining=lambda: self._draining,
+            peer=conn.peer,
         )
         try:
             conn.sock.setblocking(True)
@@ -555,6 +716,9 @@ class Server:
             # a reconnect after connection: close) never finds it still counted.
             with self._lock:
                 self._in_flight -= 1
+                if conn.anonymous:
+                    self._anonymous_in_flight -= 1
+                    conn.anonymous = False
         if response.status == 0:  # disconnected: nobody to answer
             return "close"
         body_unread = not exchange.body_consumed
@@ -576,6 +740,7 @@ class Server:
                 close=close,
                 keep_alive_timeout_s=int(self.limits.keep_alive_timeout_s),
                 head_only=head.method == "HEAD",
+                retry_after_s=response.retry_after_s,
             )
         try:
             conn.sock.settimeout(self.limits.write_timeout_s)
@@ -587,17 +752,30 @@ class Server:
                 self._requests += 1
         conn.served += 1
         if not close:
-            return "keep"
+            return "park" if response.status == 429 else "keep"
         return "linger" if body_unread else "close"
 
     def _hand_back(self, conn: _Conn, action: str) -> None:
-        """Return the connection to the poll thread: ``keep`` (keep-alive), ``linger``
-        (half-close, unread body may follow) or ``close``."""
+        """Return the connection to the poll thread: ``keep`` (keep-alive), ``park``
+        (keep-alive after a 429: paused first), ``linger`` (half-close, unread body may
+        follow) or ``close``."""
         with self._lock:
             self._busy -= 1
             self._idle.notify_all()
             self._returned.append((conn, action))
         self._wake()
+
+
+def _defer_accept(listener: socket.socket, limits: ServerLimits) -> None:
+    """``TCP_DEFER_ACCEPT`` where the platform has it (Linux); best effort elsewhere."""
+    seconds = limits.defer_accept_s
+    if seconds is None:
+        seconds = math.ceil(limits.head_timeout_s)
+    option = getattr(socket, "TCP_DEFER_ACCEPT", None)
+    if option is None or seconds <= 0 or listener.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    with contextlib.suppress(OSError):
+        listener.setsockopt(socket.IPPROTO_TCP, option, int(seconds))
 
 
 def _body_error_response(code: str) -> Response:

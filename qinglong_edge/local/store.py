@@ -32,7 +32,15 @@ Rules for an operation ``fn(conn)``:
   ``tasks``, ``runs``) open their own transaction: call them one per operation (or
   one after another), never inside another :func:`write_transaction`.
 * Callers serving requests should pass ``timeout_s`` so a wedged database cannot hold a
-  request thread forever (the busy timeout already bounds each lock wait).
+  request thread forever (queue wait included).
+* **Time bound**: the lock waits of ONE operation add up to at most ``busy_timeout_ms``
+  (plus 10 ms of slack), however many statements it runs. SQLite's busy timeout applies
+  per lock attempt, so an operation of four statements could otherwise wait four times
+  as long on a database another process holds locked; the connection
+  (:class:`_BoundedConnection`) lowers ``PRAGMA busy_timeout`` to what is left of the
+  operation's budget before each statement, and to 0 once it is spent (a statement then
+  fails at once if, and only if, the database is still locked). Use ``conn.execute`` /
+  ``executemany`` / ``executescript`` or ``conn.cursor()``: all are bounded.
 * Any ``sqlite3.Error`` escaping ``fn`` becomes :class:`StoreError` code
   ``storage_unavailable`` (busy past the timeout, I/O error, read-only, disk full,
   constraint failure); a :class:`StoreError` raised by ``fn`` passes through unchanged,
@@ -98,7 +106,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from qinglong_edge.errors import StoreError
 from qinglong_edge.local.schema import (
@@ -141,6 +149,73 @@ _PROFILE_PRAGMAS: dict[str, tuple[tuple[str, int], ...]] = {
 # Primary result codes (sqlite3.h) that mean "the file is damaged or not a database".
 _SQLITE_CORRUPT = 11
 _SQLITE_NOTADB = 26
+
+
+#: Lock-wait slack of one operation before its busy timeout is lowered (ms).
+_BUSY_SLACK_MS = 10
+
+
+class _BoundedConnection(sqlite3.Connection):
+    """A connection whose lock waits within one store operation stay within one busy
+    timeout in total (module docstring, "Time bound"). Outside an operation (open,
+    migrations) each statement has the whole busy timeout, as SQLite has it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline: float | None = None
+        self._applied_ms = -1
+
+    def _set_busy(self, milliseconds: int) -> None:
+        super().execute(f"PRAGMA busy_timeout = {int(milliseconds)}")
+        self._applied_ms = milliseconds
+
+    def begin_operation(self, busy_timeout_ms: int) -> None:
+        """The operation's lock waits may add up to ``busy_timeout_ms`` from now."""
+        if self._applied_ms != busy_timeout_ms:
+            self._set_busy(busy_timeout_ms)
+        self._deadline = time.monotonic() + busy_timeout_ms / 1000
+
+    def end_operation(self) -> None:
+        self._deadline = None
+
+    def bound(self) -> None:
+        """Before a statement: lower the busy timeout to what is left of the budget."""
+        if self._deadline is None:
+            return
+        left = max(0, int((self._deadline - time.monotonic()) * 1000))
+        if left < self._applied_ms - _BUSY_SLACK_MS or (left == 0 and self._applied_ms != 0):
+            self._set_busy(left)
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        self.bound()
+        return super().execute(sql, parameters)
+
+    def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:
+        self.bound()
+        return super().executemany(sql, parameters)
+
+    def executescript(self, sql_script: str, /) -> sqlite3.Cursor:
+        self.bound()
+        return super().executescript(sql_script)
+
+    def cursor(self, factory: Any = None) -> Any:
+        return super().cursor(factory or _BoundedCursor)
+
+
+class _BoundedCursor(sqlite3.Cursor):
+    """A cursor of :class:`_BoundedConnection` (its statements are bounded too)."""
+
+    def execute(self, sql: str, parameters: Any = (), /) -> Self:
+        connection = self.connection
+        if isinstance(connection, _BoundedConnection):
+            connection.bound()
+        return super().execute(sql, parameters)
+
+    def executemany(self, sql: str, parameters: Any, /) -> Self:
+        connection = self.connection
+        if isinstance(connection, _BoundedConnection):
+            connection.bound()
+        return super().executemany(sql, parameters)
 
 
 def now_ms() -> int:
@@ -375,6 +450,7 @@ class Store:
                 timeout=busy_timeout_ms / 1000,
                 isolation_level=None,
                 check_same_thread=False,
+                factory=_BoundedConnection,
             )
         except sqlite3.Error as exc:
             raise _unavailable(f"{path}: cannot open the database", exc) from None
@@ -506,7 +582,10 @@ class Store:
 
     def _execute(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         conn = self._conn
+        bounded = conn if isinstance(conn, _BoundedConnection) else None
         try:
+            if bounded is not None:
+                bounded.begin_operation(self.busy_timeout_ms)
             result = fn(conn)
         except StoreError:
             _rollback_quietly(conn)
@@ -517,6 +596,9 @@ class Store:
         except BaseException:
             _rollback_quietly(conn)
             raise
+        finally:
+            if bounded is not None:
+                bounded.end_operation()
         if conn.in_transaction:
             _rollback_quietly(conn)
             raise StoreError("store operation left a transaction open", code="storage_unavailable")
@@ -630,26 +712,36 @@ def _verify_applied(applied: dict[int, str], path: str) -> None:
 
 
 def _check_identity(conn: sqlite3.Connection, path: str) -> None:
-    """Read-only: refuse a foreign, newer or mismatched database before writing."""
+    """Read-only: refuse a foreign, newer or mismatched database before writing.
+
+    One read transaction: without it, a concurrent first open could commit its probe and
+    first migration between "no schema_migrations" and the table count, and the file
+    would look foreign (seen under load in test_concurrent_opens_migrate_exactly_once).
+    """
     try:
-        application_id = int(conn.execute("PRAGMA application_id").fetchone()[0])
-        if application_id not in (0, APPLICATION_ID):
-            raise StoreError(f"{path}: another application's SQLite database", code="database_foreign")
-        if not _has_table(conn, "schema_migrations"):
-            # ``store_probe`` is ours: a concurrent first open may have probed (which
-            # creates it) before migrating, so it does not make the file foreign.
-            user_tables = conn.execute(
-                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite%' "
-                "AND name <> 'store_probe'"
-            ).fetchone()[0]
-            if user_tables:
-                raise StoreError(
-                    f"{path}: a SQLite database without qinglong-edge migrations", code="database_foreign"
-                )
-            return
-        _verify_applied(_applied(conn), path)
+        with read_transaction(conn):
+            _check_identity_in(conn, path)
     except sqlite3.Error as exc:
         raise _open_failure(exc, path, "cannot read the schema") from None
+
+
+def _check_identity_in(conn: sqlite3.Connection, path: str) -> None:
+    application_id = int(conn.execute("PRAGMA application_id").fetchone()[0])
+    if application_id not in (0, APPLICATION_ID):
+        raise StoreError(f"{path}: another application's SQLite database", code="database_foreign")
+    if not _has_table(conn, "schema_migrations"):
+        # ``store_probe`` is ours: a concurrent first open may have probed (which
+        # creates it) before migrating, so it does not make the file foreign.
+        user_tables = conn.execute(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite%' "
+            "AND name <> 'store_probe'"
+        ).fetchone()[0]
+        if user_tables:
+            raise StoreError(
+                f"{path}: a SQLite database without qinglong-edge migrations", code="database_foreign"
+            )
+        return
+    _verify_applied(_applied(conn), path)
 
 
 def _probe(conn: sqlite3.Connection) -> None:

@@ -45,6 +45,7 @@ def test_writes_one_row_with_every_field(store: Store) -> None:
     assert _rows(store) == [(
         ALLOWED.event_id, ALLOWED.request_id, "run.cancel", "default", "user", "local-api-user",
         "local_credential:local-api-owner:1", "allowed", '["role_grant"]', 1, 1, 1_800_000_000_000,
+        None, None,  # refused_count, refused_since_ms: only summary rows have them
     )]
 
 

@@ -345,3 +345,56 @@ def test_authentication_is_total_over_header_values(shared_env: Provisioned, val
     """Any header list is a principal (only the real token), None, or the 503 class: nothing else."""
     principal = _auth(shared_env, values)
     assert (principal is not None) == (values == [AUTHORIZATION])
+
+
+# -- an unknown credential id costs what a known one costs (issue 17 item 6) ----------
+
+
+def _spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[object, ...]]:
+    """Record the pepper reads and HMACs authenticate makes (the real functions run)."""
+    from qinglong_edge.local import identity
+
+    calls: list[tuple[object, ...]] = []
+    real_read, real_digest = identity.read_pepper, identity.api_credential_digest
+
+    def read(directory: str, key_id: str):  # type: ignore[no-untyped-def]
+        calls.append(("read_pepper", key_id))
+        return real_read(directory, key_id)
+
+    def digest(pepper: bytes, credential_id: str, secret: str) -> str:
+        value = real_digest(pepper, credential_id, secret)
+        calls.append(("hmac", pepper, credential_id, value))
+        return value
+
+    monkeypatch.setattr(identity, "read_pepper", read)
+    monkeypatch.setattr(identity, "api_credential_digest", digest)
+    return calls
+
+
+def test_an_unknown_credential_id_reads_the_pepper_and_computes_a_real_hmac(
+    env: Provisioned, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qinglong_edge.contracts.credentials import api_credential_digest
+
+    calls = _spy(monkeypatch)
+    assert _auth(env, [f"Bearer ql3c_unknown-id_{OTHER_SECRET}"]) is None
+    unknown = list(calls)
+    calls.clear()
+    assert _auth(env, [f"Bearer ql3c_{CREDENTIAL_ID}_{OTHER_SECRET}"]) is None
+    known = list(calls)
+    pepper = read_pepper(env.keyring, PEPPER_KEY_ID).pepper
+    # The same work in the same order: the active key's file, then an HMAC keyed by it.
+    assert unknown == [("read_pepper", PEPPER_KEY_ID),
+                       ("hmac", pepper, "unknown-id", api_credential_digest(pepper, "unknown-id", OTHER_SECRET))]
+    assert [call[0] for call in known] == [call[0] for call in unknown]
+    assert known[1][1] == pepper
+
+
+def test_an_unknown_id_is_401_with_a_dummy_hmac_when_the_keyring_is_broken(
+    env: Provisioned, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (pathlib.Path(env.keyring) / key_file_name(PEPPER_KEY_ID)).unlink()
+    calls = _spy(monkeypatch)
+    assert _auth(env, [f"Bearer ql3c_unknown-id_{OTHER_SECRET}"]) is None  # never the 503 class
+    assert [call[0] for call in calls] == ["read_pepper", "hmac"]
+    assert calls[1][1] == bytes(32)

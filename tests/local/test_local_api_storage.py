@@ -15,24 +15,16 @@ import os
 import pathlib
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from qinglong_edge.local.routes import Route
 from tests.support.local_api import LocalApiServer, local_api
+from tests.support.lock_holder import exclusive_lock
 
 ACCEPTED_STATUS = 202
 UNCHANGED = ("running", 1, 1, None, None)
-LOCKER = r"""
-import sqlite3, sys
-conn = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=10)
-conn.execute("BEGIN EXCLUSIVE")
-print("locked", flush=True)
-sys.stdin.readline()
-conn.execute("ROLLBACK")
-"""
 
 
 def assert_nothing_written(api: LocalApiServer) -> None:
@@ -52,17 +44,8 @@ def assert_recovers(api: LocalApiServer) -> None:
 @contextlib.contextmanager
 def locked(db_path: pathlib.Path) -> Iterator[None]:
     """Another process holds an EXCLUSIVE lock on the database until exit."""
-    proc = subprocess.Popen([sys.executable, "-c", LOCKER, str(db_path)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+    with exclusive_lock(db_path):
         yield
-    finally:
-        if proc.stdin is not None:
-            with contextlib.suppress(BrokenPipeError):
-                proc.stdin.write("\n")
-                proc.stdin.close()
-        proc.wait(10)
 
 
 # -- locked by another process past the busy timeout ---------------------------------

@@ -42,8 +42,11 @@ def test_every_operation_documents_admission_errors() -> None:
     for item in doc["paths"].values():  # type: ignore[attr-defined]
         for operation in item.values():
             responses = operation["responses"]
-            for status in ("400", "401", "403", "404", "503"):
+            for status in ("400", "401", "403", "404", "429", "503"):
                 assert status in responses, (operation["operationId"], status)
+            limited = responses["429"]["content"]["application/json; charset=utf-8"]["schema"]
+            assert limited["properties"]["code"]["enum"] == ["rate_limited"]
+            assert "retry-after" in responses["429"]["headers"]
             codes = responses["503"]["content"]["application/json; charset=utf-8"]["schema"]["properties"]["code"]["enum"]
             assert "security_audit_unavailable" in codes
             assert "server_overloaded" in codes
@@ -149,3 +152,18 @@ def test_live_responses_match_the_documented_schemas(tmp_path: pathlib.Path) -> 
             documented = paths[path][method]["responses"][str(response.status)]
             media = documented["content"]["application/json; charset=utf-8"]
             conforms(doc, media["schema"], response.json())
+
+
+def test_a_live_429_matches_the_documented_schema(tmp_path: pathlib.Path) -> None:
+    from qinglong_edge.local.budget import RequestBudget
+    from tests.support.local_api import local_api
+
+    doc = load()
+    budget = RequestBudget(burst=1, per_minute=1.0)
+    with local_api(tmp_path, budget=budget) as api:
+        assert api.get("/api/v3/projects/default/runs", authorization=None).status == 401
+        response = api.get("/api/v3/projects/default/runs", authorization=None)
+    assert response.status == 429
+    documented: Any = doc["paths"]["/api/v3/projects/{projectId}/runs"]["get"]["responses"]["429"]  # type: ignore[index]
+    conforms(doc, documented["content"]["application/json; charset=utf-8"]["schema"], response.json())
+    assert int(response.header("retry-after") or 0) >= 1

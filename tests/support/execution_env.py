@@ -111,9 +111,11 @@ class Env:
         return ExecutionConfig(**values)
 
     @contextmanager
-    def controller(self, cgroups: CgroupManager | None = None, **overrides: Any) -> Iterator[ExecutionController]:
+    def controller(self, cgroups: CgroupManager | None = None, *, launch: dict[str, Any] | None = None,
+                   **overrides: Any) -> Iterator[ExecutionController]:
+        """A started controller; ``launch``: its ``launch_attempts`` / ``launch_backoff_s``."""
         controller = ExecutionController(self.store, self.config(**overrides), cgroups=cgroups,
-                                         work_directory=self.root)
+                                         work_directory=self.root, **(launch or {}))
         controller.start()
         assert controller.wait_ready(10)
         try:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qinglong_edge.local.api import LocalApi
+from qinglong_edge.local.budget import RequestBudget
 from qinglong_edge.local.identity import Subject
 from qinglong_edge.local.routes import Route
 from qinglong_edge.local.server import Server, ServerLimits
@@ -114,8 +115,15 @@ def local_api(
     limits: ServerLimits | None = None,
     clock: Callable[[], int] | None = None,
     with_run: bool = True,
+    budget: RequestBudget | None = None,
+    store_timeout_s: float = 10.0,
 ) -> Iterator[LocalApiServer]:
-    """Provision the section 10 fixture, start a real server, yield, drain and close."""
+    """Provision the section 10 fixture, start a real server, yield, drain and close.
+
+    The server classifies requests as ``serve`` does (those without a credential hold
+    at most ``limits.unauthenticated_slots``); ``budget`` (default none) is shared by
+    the server and admission, as ``serve`` shares it.
+    """
     db_path = (db_dir or tmp_path) / "local.db"
     keyring = tmp_path / "pepper"
     provisioned = provision(db_path, keyring, subject=subject, role=role, profile=profile)
@@ -136,9 +144,11 @@ def local_api(
         clock=clock or (lambda: NOW),
         on_intent=lambda op, run: holder["server"].intents.append((op, run)),
         before_mutation=before_mutation,
-        store_timeout_s=10.0,
+        store_timeout_s=store_timeout_s,
+        budget=budget,
     )
-    server = Server(api, limits=limits or ServerLimits.for_profile(profile))
+    server = Server(api, limits=limits or ServerLimits.for_profile(profile), classify=api.presents_credential,
+                    budget=budget)
     fixture = LocalApiServer(server, api, store, provisioned, db_path)
     holder["server"] = fixture
     server.start()

@@ -122,7 +122,10 @@ class History:
         def more(c: sqlite3.Connection) -> None:
             with write_transaction(c):
                 c.executemany(
-                    'INSERT INTO "QingLong3SecurityAuditEvents" SELECT ?, ?, operation_id, project_id, subject_type,'
+                    'INSERT INTO "QingLong3SecurityAuditEvents" (event_id, request_id, operation_id, project_id,'
+                    " subject_type, subject_id, authentication_id, outcome, reasons_json, fence_project_version,"
+                    " fence_binding_version, occurred_at_ms)"
+                    " SELECT ?, ?, operation_id, project_id, subject_type,"
                     " subject_id, authentication_id, outcome, reasons_json, fence_project_version,"
                     ' fence_binding_version, occurred_at_ms FROM "QingLong3SecurityAuditEvents" WHERE event_id = ?',
                     [(new_uuid4(), f"local:{new_uuid4()}", record.event_id) for _ in range(count - 1)],

@@ -1,0 +1,31 @@
+"""benchmarks/bench_availability.py still runs end to end (tiny sizes; nothing is timed or
+compared with a target here: the figures are the benchmark's business)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.cli import REPO
+
+
+@pytest.mark.slow
+def test_benchmark_prints_one_json_object() -> None:
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/bench_availability.py", "--seconds", "1", "--requests", "300",
+         "--timing-rounds", "20"],
+        capture_output=True, text=True, cwd=REPO, timeout=180, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1
+    result = json.loads(lines[0])
+    for phase in ("baseline", "slowloris", "idle", "unauthenticated"):
+        assert result["phases"][phase]["requests"] > 0, phase
+    assert result["flood"]["requests"] == 300
+    assert set(result["flood"]["statuses"]) <= {"401", "429"}
+    assert result["serve_exit"] == 0 and result["flood"]["serve_exit"] == 0
+    assert set(result["met"]) >= {"slowloris_p99", "idle_errors", "flood_growth", "rss", "threads"}
