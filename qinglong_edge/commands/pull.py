@@ -66,6 +66,7 @@ attempt counted toward the budget of 16 (False: it never reached the cluster);
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from types import SimpleNamespace
@@ -83,6 +84,7 @@ _EXIT_BY_STATUS = {
     "replayed": 0,
     "idle": 0,
     "backoff": 0,
+    "no_slot": 0,
     "inbox_full": 75,
     "abandoned": 75,
     "unavailable": 75,
@@ -227,6 +229,8 @@ def _describe(report: object, device: dict[str, str | None]) -> str:
         if result.reason == "no_match" and device["supportTier"] not in (None, "tier1"):
             text += (f" (this device is {device['architecture']}, support tier {device['supportTier']}: only tasks "
                      f"whose placement lists {device['supportTier']} in supportTiers get offers)")
+    elif status == "no_slot":
+        text = "every slot is busy (worker.maxConcurrentRuns): no offer pulled"
     elif status == "backoff":
         text = f"backoff: claim {result.offer_id} is due at {_iso(result.next_attempt_at_ms)}"
     elif status == "inbox_full":
@@ -302,6 +306,39 @@ def _splay(worker: object, abort: object, no_splay: bool) -> None:
         time.sleep(delay / 1000)
 
 
+#: Record events a human line leaves out (``--json`` has them all): the routine renewals.
+_QUIET_EVENTS = frozenset({"renewed"})
+
+
+def _busy(args: argparse.Namespace) -> int:
+    if args.json:
+        print_json({"status": "busy", "code": "already_owned"})
+    else:
+        print("pull: another pull holds the journal; nothing to do", flush=True)
+    return 0
+
+
+def _resident_owner(worker: object) -> bool:
+    """Whether a live process owns the journal (a resident pull): then this cron run
+    exits at once, before its splay (spec README "One resident owner"). Read-only: the
+    owner record in the runtime directory (or the lock file) and /proc; a stale record
+    (its process gone) is no owner."""
+    from qinglong_edge.config import WorkerConfig
+    from qinglong_edge.errors import JournalError
+    from qinglong_edge.worker.ownerlock import read_owner_record
+    from qinglong_edge.worker.runtime import RuntimeDirectory
+
+    assert isinstance(worker, WorkerConfig)
+    if not os.path.isdir(worker.journal_directory):
+        return False
+    try:
+        with RuntimeDirectory.open(worker.runtime_directory, worker.journal_directory) as runtime:
+            owner = read_owner_record(worker.journal_directory, runtime)
+    except JournalError:
+        return False
+    return owner is not None and owner.pid != os.getpid() and owner.is_alive()
+
+
 def _run(args: argparse.Namespace) -> int:
     from qinglong_edge.config import load_config
     from qinglong_edge.errors import ConfigError, JournalError, UsageError
@@ -329,17 +366,31 @@ def _run(args: argparse.Namespace) -> int:
         print(f"pull: warning: {line}", file=sys.stderr, flush=True)
 
     previous = {sig: signal.signal(sig, _abort) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # SIGUSR1 only wakes a resident pull (a forced `inbox discard`); its default would kill.
+    previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda _signum, _frame: None)
     status = 0
     try:
+        if _resident_owner(worker):
+            return _busy(args)
         _splay(worker, abort, args.no_splay)
-        from qinglong_edge.worker.cycle import run_pull
+        from qinglong_edge.worker.cycle import CycleReport, run_pull
 
-        for report in run_pull(worker, duration_s=args.duration, abort=abort, notice=_notice):
-            status = _exit_status(report)
+        for item in run_pull(worker, duration_s=args.duration, abort=abort, notice=_notice, config=config):
+            if isinstance(item, CycleReport):
+                status = _exit_status(item)
+                if args.json:
+                    print_json({"device": device, **_with_remedy(item.to_json())})
+                else:
+                    print(_describe(item, device), flush=True)
+                continue
+            # A record event or the resident summary (worker/runner_state.py, worker/resident.py).
+            summary = getattr(item, "resident_ms", None) is not None
+            if summary and getattr(item, "aborted", None) is not None:
+                status = 0  # SIGTERM to a resident pull: persisted, jobs left running, exit 0
             if args.json:
-                print_json({"device": device, **_with_remedy(report.to_json())})
-            else:
-                print(_describe(report, device), flush=True)
+                print_json({**item.to_json(), "exitStatus": status} if summary else item.to_json())
+            elif summary or getattr(item, "event", "") not in _QUIET_EVENTS:
+                print(item.describe(), flush=True)
     except PullAborted as exc:
         name = str(exc.signal_name)
         if args.json:
@@ -351,11 +402,7 @@ def _run(args: argparse.Namespace) -> int:
     except JournalError as exc:
         if exc.code != "already_owned":
             raise
-        if args.json:
-            print_json({"status": "busy", "code": exc.code})
-        else:
-            print("pull: another pull holds the journal; nothing to do", flush=True)
-        return 0
+        return _busy(args)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
