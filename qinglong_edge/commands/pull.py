@@ -320,23 +320,16 @@ def _busy(args: argparse.Namespace) -> int:
 
 def _resident_owner(worker: object) -> bool:
     """Whether a live process owns the journal (a resident pull): then this cron run
-    exits at once, before its splay (spec README "One resident owner"). Read-only: the
-    owner record in the runtime directory (or the lock file) and /proc; a stale record
-    (its process gone) is no owner."""
+    exits at once, before its splay (spec README "One resident owner"). Read-only: a
+    non-blocking flock probe of the owner lock (dropped at once), nothing written."""
     from qinglong_edge.config import WorkerConfig
-    from qinglong_edge.errors import JournalError
-    from qinglong_edge.worker.ownerlock import read_owner_record
-    from qinglong_edge.worker.runtime import RuntimeDirectory
+    from qinglong_edge.worker.ownerlock import lock_holder
 
     assert isinstance(worker, WorkerConfig)
     if not os.path.isdir(worker.journal_directory):
         return False
-    try:
-        with RuntimeDirectory.open(worker.runtime_directory, worker.journal_directory) as runtime:
-            owner = read_owner_record(worker.journal_directory, runtime)
-    except JournalError:
-        return False
-    return owner is not None and owner.pid != os.getpid() and owner.is_alive()
+    held, _ = lock_holder(worker.journal_directory)
+    return held
 
 
 def _run(args: argparse.Namespace) -> int:

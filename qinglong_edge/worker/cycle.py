@@ -43,7 +43,13 @@ from qinglong_edge.worker.expiry import daily_expiry_warning
 from qinglong_edge.worker.ingress_http import DEFAULT_MAX_REQUEST_BYTES
 from qinglong_edge.worker.journal import Journal, JournalOptions
 from qinglong_edge.worker.pull import AbortSignal, PullCoordinator, PullResult, SessionAuthority
-from qinglong_edge.worker.remote_files import in_flight, process_gone, remove_job_files, worker_record_files
+from qinglong_edge.worker.remote_files import (
+    in_flight,
+    outcome_name,
+    process_gone,
+    remove_job_files,
+    worker_record_files,
+)
 from qinglong_edge.worker.runtime import RuntimeDirectory
 from qinglong_edge.worker.session import SessionKeeper, SessionOutcome, local_capabilities, migrate_legacy_record
 from qinglong_edge.worker.transport import IngressTransport, TransportResponse
@@ -126,13 +132,14 @@ class CycleReport(Frozen):
 
 
 def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator, worker: WorkerConfig,
-           clock_ms: Callable[[], int]) -> tuple[CycleReport, int]:
+           clock_ms: Callable[[], int], runtime: RuntimeDirectory) -> tuple[CycleReport, int]:
     """One cycle; returns its report and the number of records in flight afterwards."""
     now = clock_ms()
     if now < CLOCK_FLOOR_MS:
         return CycleReport(None, None, "clock_not_set", "the wall clock is before 2020: waiting for NTP"), 0
-    kept: list[dict[str, object]] = []
-    journal.prune_inbox(now, process_gone=process_gone, remove_files=lambda r: _remove_files(worker, r), kept=kept)
+    kept: list[dict[str, Any]] = []
+    journal.prune_inbox(now, process_gone=process_gone, remove_files=lambda r: _remove_files(worker, runtime, r),
+                        kept=kept)
     journal.prune_abandoned()
     busy = sum(1 for record in kept if in_flight(record, now))
     # Spec README "Slots": records in flight hold slots; never more than free inbox entries.
@@ -144,6 +151,7 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
         return CycleReport(None, None, exc.code, exc.message, reason=exc.reason, remedy=exc.remedy), busy
     record = session.session
     if busy and not slots:
+        coordinator.settle_claim()
         return CycleReport(session, PullResult("no_slot", reason="slots_in_use")), busy
     result = coordinator.pull(SessionAuthority(record.worker_id, record.session_id, record.generation))
     if result.status in ("accepted", "replayed"):
@@ -151,10 +159,15 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
     return CycleReport(session, result), busy
 
 
-def _remove_files(worker: WorkerConfig, record: dict[str, object]) -> None:
+def _remove_files(worker: WorkerConfig, runtime: RuntimeDirectory, record: dict[str, Any]) -> None:
+    """A pruned record's log, receipt, truncation fact, scratch directory and outcome note."""
     files = worker_record_files(worker, record)
     if files is not None:
         remove_job_files(files)
+    try:
+        runtime.remove(outcome_name(record["offer"]["offerId"]))
+    except JournalError:
+        pass
 
 
 def _discards_pending(runtime: RuntimeDirectory) -> bool:
@@ -292,7 +305,7 @@ def _run_journal(
             started = time.monotonic()
             while True:
                 abort.check()
-                report, busy = _cycle(journal, keeper, coordinator, worker, clock_ms)
+                report, busy = _cycle(journal, keeper, coordinator, worker, clock_ms, runtime)
                 yield report
                 abort.check()
                 if busy or _discards_pending(runtime):

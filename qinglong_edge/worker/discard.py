@@ -27,7 +27,7 @@ from qinglong_edge.contracts.digest import sha256_hex
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.strictjson import dumps_bytes, loads
 from qinglong_edge.errors import JournalError
-from qinglong_edge.worker.ownerlock import OwnerRecord, process_start_ticks
+from qinglong_edge.worker.ownerlock import OwnerRecord, parse_owner_record, process_start_ticks
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
@@ -35,12 +35,37 @@ if TYPE_CHECKING:
 
     from qinglong_edge.worker.runtime import RuntimeDirectory
 
-__all__ = ["DISCARD_SIGNAL", "pending_requests", "read_result", "remove_request", "signal_owner", "write_request",
+__all__ = ["DISCARD_SIGNAL", "RESIDENT_NAME", "advertise", "pending_requests", "resident_owner", "retract", "read_result", "remove_request", "signal_owner", "write_request",
            "write_result"]
 
 #: What the command sends the owner after writing its request.
 DISCARD_SIGNAL = signal.SIGUSR1
+#: Written by a resident pull while it serves requests (its owner record), removed at exit.
+RESIDENT_NAME = "resident.json"
 _PREFIX = "discard."
+
+
+def advertise(runtime: RuntimeDirectory, record: OwnerRecord) -> None:
+    """A resident pull says it serves discard requests (only such an owner is signalled)."""
+    with contextlib.suppress(JournalError):
+        runtime.write(RESIDENT_NAME, record.to_bytes())
+
+
+def retract(runtime: RuntimeDirectory) -> None:
+    with contextlib.suppress(JournalError):
+        runtime.remove(RESIDENT_NAME)
+
+
+def resident_owner(runtime: RuntimeDirectory, holder: OwnerRecord | None) -> OwnerRecord | None:
+    """The resident pull serving requests, when it is the live holder of the lock."""
+    try:
+        data = runtime.read(RESIDENT_NAME)
+        resident = None if data is None else parse_owner_record(data)
+    except (JournalError, ValueError, UnicodeDecodeError):
+        return None
+    if resident is None or holder is None or resident.pid != holder.pid or not resident.is_alive():
+        return None
+    return resident
 
 
 def _key(offer_id: str) -> str:

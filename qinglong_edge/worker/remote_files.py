@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = ["EDGE_LIMITS", "RECEIPTS_DIR", "JobFiles", "RemoteLimits", "in_flight", "job_files", "process_gone",
-           "record_files", "remote_limits", "remove_job_files", "worker_record_files"]
+           "outcome_name", "record_files", "remote_limits", "remove_job_files", "worker_record_files"]
 
 #: The receipts' directory under the journal root.
 RECEIPTS_DIR = "receipts"
@@ -187,6 +187,14 @@ def worker_record_files(worker: WorkerConfig, record: dict[str, Any]) -> JobFile
         return job_files(worker.log_directory, os.path.join(worker.journal_directory, RECEIPTS_DIR), record)
     except (ContractError, KeyError, TypeError):
         return None
+
+
+def outcome_name(offer_id: str) -> str:
+    """The runtime-directory file that remembers how a record's job ended (``inbox``
+    shows it after the receipt is deleted; lost at a reboot)."""
+    from qinglong_edge.contracts.digest import sha256_hex
+
+    return "outcome." + sha256_hex(offer_id.encode("utf-8"))[:16]
 
 
 def process_gone(record: dict[str, Any]) -> bool:

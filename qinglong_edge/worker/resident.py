@@ -38,13 +38,14 @@ from collections.abc import Callable, Iterator
 
 from qinglong_edge.config import EdgeConfig, WorkerConfig
 from qinglong_edge.contracts._shape import Frozen
-from qinglong_edge.errors import SessionError
+from qinglong_edge.contracts.strictjson import dumps_bytes
+from qinglong_edge.errors import JournalError, SessionError
 from qinglong_edge.worker.abort import AbortSignal, PullAborted
 from qinglong_edge.worker.calls import ExecutionCalls
 from qinglong_edge.worker.cycle import CycleReport
-from qinglong_edge.worker.discard import pending_requests, write_result
+from qinglong_edge.worker.discard import advertise, pending_requests, retract, write_result
 from qinglong_edge.worker.pull import PullCoordinator, SessionAuthority
-from qinglong_edge.worker.remote_files import in_flight, record_files, remote_limits, remove_job_files
+from qinglong_edge.worker.remote_files import in_flight, outcome_name, record_files, remote_limits, remove_job_files
 from qinglong_edge.worker.remote_job import isolation_available, prime_wrapper
 from qinglong_edge.worker.runner import Runner
 from qinglong_edge.worker.runner_state import RecordEvent, Track
@@ -149,7 +150,7 @@ class Resident:
         self._events: list[RecordEvent] = []
         self._isolated: bool | None = None
         self.runner = Runner(journal, ExecutionCalls(wire), self.limits, clock_ms=clock_ms, session=self._session,
-                             emit=self._events.append, isolate=self._isolate, prepare=self._prepare, random=random)
+                             emit=self._emit, isolate=self._isolate, prepare=self._prepare, random=random)
         self.tracks: dict[str, Track] = {}
 
     # -- callbacks of the runner -----------------------------------------------------------------
@@ -157,6 +158,14 @@ class Resident:
     def _session(self) -> tuple[str, str, int] | None:
         record = self.keeper.current()
         return None if record is None else (record.worker_id, record.session_id, record.generation)
+
+    def _emit(self, event: RecordEvent) -> None:
+        self._events.append(event)
+        if event.event == "exited":  # for `inbox list/show` once the receipt is gone (RAM: lost at a reboot)
+            with contextlib.suppress(JournalError):
+                self.runtime.write(outcome_name(event.offer_id), dumps_bytes(
+                    {"offerId": event.offer_id, **{k: event.details.get(k) for k in
+                                                   ("exitCode", "finishedAtMs", "source")}}) + b"\n")
 
     def _prepare(self) -> None:
         prime_wrapper(self.runtime)
@@ -211,6 +220,8 @@ class Resident:
         if files is not None:
             remove_job_files(files)
         self.journal.discard_offer(offer_id)
+        with contextlib.suppress(JournalError):
+            self.runtime.remove(outcome_name(offer_id))
         self._events.append(RecordEvent("discarded", record))
         track = self.tracks.pop(offer_id, None)
         outcome = track.outcome if track is not None else None
@@ -236,6 +247,7 @@ class Resident:
         if not self._live() and not pending_requests(self.runtime):
             wakeup.close()
             return  # e.g. a replay of a record that is already done: nothing resident
+        advertise(self.runtime, self.journal.lock.record)
         try:
             while True:
                 self.abort.check()
@@ -265,6 +277,7 @@ class Resident:
         except PullAborted as exc:
             aborted = exc.signal_name
         finally:
+            retract(self.runtime)
             wakeup.close()
             for track in self.tracks.values():
                 if track.job is not None:

@@ -52,15 +52,18 @@ def test_list_shows_id_state_run_and_acceptance(config: pathlib.Path, journal_ro
     _accept(journal_root, "offer-b", "offer-a")
     result = run_cli("--config", str(config), "inbox", "list", "--json")
     assert result.status == 0, result.stderr
+    none = {"exitCode": None, "logPath": None, "logBytes": None}  # not run yet: no exit code, no log
     assert result.json()["offers"] == [
-        {"offerId": "offer-a", "state": "accepted", "runId": "run-1", "acceptedAtMs": 1001},
-        {"offerId": "offer-b", "state": "accepted", "runId": "run-1", "acceptedAtMs": 1001},
+        {"offerId": "offer-a", "state": "accepted", "runId": "run-1", "attemptId": "attempt-1", "acceptedAtMs": 1001,
+         **none},
+        {"offerId": "offer-b", "state": "accepted", "runId": "run-1", "attemptId": "attempt-1", "acceptedAtMs": 1001,
+         **none},
     ]
     human = run_cli("--config", str(config), "inbox", "list")
     assert human.status == 0
     lines = human.stdout.splitlines()
-    assert lines[0].split() == ["OFFER_ID", "STATE", "RUN_ID", "ACCEPTED_AT_MS"]
-    assert lines[1].split() == ["offer-a", "accepted", "run-1", "1001"]
+    assert lines[0].split() == ["OFFER_ID", "STATE", "RUN_ID", "ATTEMPT_ID", "EXIT", "LOG_BYTES", "LOG"]
+    assert lines[1].split() == ["offer-a", "accepted", "run-1", "attempt-1", "-", "-", "-"]
 
 
 def test_list_works_while_a_pull_owns_the_journal(config: pathlib.Path, journal_root: pathlib.Path) -> None:
