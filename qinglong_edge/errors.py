@@ -443,6 +443,7 @@ EXIT_STATUS_BY_CODE: dict[str, int] = {
     "database_missing": EX_CANTCREAT,  # serve/admin refuse to create an empty database where one existed
     "database_replaced": EX_IOERR,  # serve: the database was removed or replaced while serving (restart)
     "store_busy": EX_TEMPFAIL,
+    "in_flight": EX_TEMPFAIL,  # inbox discard of a record a pull is (or would be) running
     "not_found": EX_DATAERR,
     "task_not_found": EX_DATAERR,  # an operator naming a task that does not exist, not an I/O error
     "run_not_found": EX_DATAERR,

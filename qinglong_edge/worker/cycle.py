@@ -132,7 +132,7 @@ class CycleReport(Frozen):
 
 
 def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator, worker: WorkerConfig,
-           clock_ms: Callable[[], int], runtime: RuntimeDirectory) -> tuple[CycleReport, int]:
+           clock_ms: Callable[[], int], *, runtime: RuntimeDirectory) -> tuple[CycleReport, int]:
     """One cycle; returns its report and the number of records in flight afterwards."""
     now = clock_ms()
     if now < CLOCK_FLOOR_MS:
@@ -141,7 +141,12 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
     journal.prune_inbox(now, process_gone=process_gone, remove_files=lambda r: _remove_files(worker, runtime, r),
                         kept=kept)
     journal.prune_abandoned()
-    busy = sum(1 for record in kept if in_flight(record, now))
+    busy = 0
+    for stored in kept:
+        if in_flight(stored, now):
+            busy += 1
+        elif stored["state"] == "completion_acknowledged":
+            _leftovers(worker, stored)  # a crash between T10 and the files' removal
     # Spec README "Slots": records in flight hold slots; never more than free inbox entries.
     free = journal.options.maximum_entries - len(kept)
     slots = max(0, min(worker.max_concurrent_runs - busy, free))
@@ -157,6 +162,14 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
     if result.status in ("accepted", "replayed"):
         busy += 1  # executed by the resident loop at once (a replay of a finished one leaves it)
     return CycleReport(session, result), busy
+
+
+def _leftovers(worker: WorkerConfig, record: dict[str, Any]) -> None:
+    """The files of an acknowledged completion are removed right after it; a crash in
+    between leaves them, found here (two ``lstat`` per such record, no write otherwise)."""
+    files = worker_record_files(worker, record)
+    if files is not None and (os.path.lexists(files.receipt_path) or os.path.lexists(files.log_path)):
+        remove_job_files(files)
 
 
 def _remove_files(worker: WorkerConfig, runtime: RuntimeDirectory, record: dict[str, Any]) -> None:
@@ -305,7 +318,7 @@ def _run_journal(
             started = time.monotonic()
             while True:
                 abort.check()
-                report, busy = _cycle(journal, keeper, coordinator, worker, clock_ms, runtime)
+                report, busy = _cycle(journal, keeper, coordinator, worker, clock_ms, runtime=runtime)
                 yield report
                 abort.check()
                 if busy or _discards_pending(runtime):

@@ -35,8 +35,19 @@ if TYPE_CHECKING:
 
     from qinglong_edge.worker.runtime import RuntimeDirectory
 
-__all__ = ["DISCARD_SIGNAL", "RESIDENT_NAME", "advertise", "pending_requests", "resident_owner", "retract", "read_result", "remove_request", "signal_owner", "write_request",
-           "write_result"]
+__all__ = [
+    "DISCARD_SIGNAL",
+    "RESIDENT_NAME",
+    "advertise",
+    "pending_requests",
+    "read_result",
+    "remove_request",
+    "resident_owner",
+    "retract",
+    "signal_owner",
+    "write_request",
+    "write_result",
+]
 
 #: What the command sends the owner after writing its request.
 DISCARD_SIGNAL = signal.SIGUSR1

@@ -38,8 +38,20 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see cont
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["EDGE_LIMITS", "RECEIPTS_DIR", "JobFiles", "RemoteLimits", "in_flight", "job_files", "process_gone",
-           "outcome_name", "record_files", "remote_limits", "remove_job_files", "worker_record_files"]
+__all__ = [
+    "EDGE_LIMITS",
+    "RECEIPTS_DIR",
+    "JobFiles",
+    "RemoteLimits",
+    "in_flight",
+    "job_files",
+    "outcome_name",
+    "process_gone",
+    "record_files",
+    "remote_limits",
+    "remove_job_files",
+    "worker_record_files",
+]
 
 #: The receipts' directory under the journal root.
 RECEIPTS_DIR = "receipts"

@@ -95,6 +95,20 @@ if TYPE_CHECKING:
 
 __all__ = ["RETRY_BASE_MS", "Runner"]
 
+
+def _file_sha256(fd: int, size: int) -> str:
+    """SHA-256 (hex) of the first ``size`` bytes of ``fd``, 64 KiB at a time."""
+    from qinglong_edge.contracts.digest import sha256
+
+    hasher, offset = sha256(), 0
+    while offset < size:
+        chunk = os.pread(fd, min(65536, size - offset), offset)
+        if not chunk:
+            break
+        hasher.update(chunk)
+        offset += len(chunk)
+    return hasher.hexdigest()
+
 #: Base of the retry backoff of a failed call (doubles per failure, full jitter, <= 60 s).
 RETRY_BASE_MS = 1000
 #: How soon a stop that was not conclusive, or a storage failure, is tried again (ms).
@@ -389,7 +403,9 @@ class Runner:
             try:
                 secrets = self.calls.secrets(t.record["offer"])
             except RemoteCallError as exc:
-                self._start_failed(t, "secrets_failed", **exc.to_json())
+                details = exc.to_json()
+                details["callCode"] = details.pop("code")
+                self._start_failed(t, "secrets_failed", **details)
                 return
             crashpoint("runner.secrets_received")
             try:
@@ -538,7 +554,7 @@ class Runner:
                 job.finish()
             self._recover(t, "lease_lost_local_execution_stopped")
             return
-        if t.cluster_terminal:
+        if t.cluster_terminal and (t.outcome is None or t.terminal_checked):
             if job is not None:
                 job.finish()
             self._recover(t, "control_plane_terminal")
@@ -566,35 +582,67 @@ class Runner:
         self._complete(t, files)
 
     def _complete(self, t: Track, files: JobFiles) -> None:
-        """T10: upload the log (once per process), then completion."""
+        """T10: upload the log (once per process), then completion.
+
+        A fenced upload asks lease-control first: a lease one renewal behind (G2) is
+        resynced and the upload sent again; a lease already over with a terminal run may
+        be ours -- a completion whose answer was lost -- so the completion is sent once
+        with our own digest of the log (the cluster answers ``already_completed`` when it
+        holds exactly this outcome) before the record is closed as ``control_plane_terminal``.
+        """
         offer = t.record["offer"]
         if t.artifact is None:
             fd = open_log(files)
             try:
                 size = os.fstat(fd).st_size
                 truncated = read_truncated(files, t.record, self.limits.max_log_bytes)
-                stored = self._fenced_call(t, "artifacts", lambda: self.calls.upload(
-                    offer, log_artifact_id=files.log_id, source=fd, byte_length=size, truncated=truncated))
+                try:
+                    stored = self.calls.upload(offer, log_artifact_id=files.log_id, source=fd, byte_length=size,
+                                               truncated=truncated)
+                except RemoteCallError as exc:
+                    if exc.code != "call_fenced":
+                        raise
+                    answer = self._renew(t)
+                    if answer in ("ok", "stop"):
+                        t.due_ms = self.clock_ms()  # resynced: upload again at once
+                        return
+                    if answer == "lost":
+                        self._recover(t, "lease_lost_local_execution_stopped")
+                        return
+                    t.terminal_checked = True
+                    t.artifact = (size, _file_sha256(fd, size), truncated)
+                else:
+                    t.artifact = (size, stored.sha256, truncated)
+                    crashpoint("runner.uploaded")
+                    self._event(t, "uploaded", byteLength=size, sha256=stored.sha256, truncated=truncated,
+                                status=stored.status)
             finally:
                 os.close(fd)
-            if stored is None:
-                return
-            t.artifact = (size, stored.sha256, truncated)
-            crashpoint("runner.uploaded")
-            self._event(t, "uploaded", byteLength=size, sha256=stored.sha256, truncated=truncated,
-                        status=stored.status)
         size, digest, truncated = t.artifact
         outcome = t.outcome
         assert outcome is not None
         record = t.record
         started = record["executorStartedAtMs"]
-        result = self._fenced_call(t, "completion", lambda: self.calls.completion(
-            offer, callback_sequence=record["completionReceiptCallbackSequence"],
-            callback_token_digest=record["completionReceiptTokenDigest"], started_at_ms=started,
-            finished_at_ms=max(started, outcome.finished_at_ms), exit_code=outcome.exit_code,
-            log_artifact_id=files.log_id, byte_length=size, sha256=digest, truncated=truncated))
-        if result is None:
-            return
+
+        def send() -> Any:
+            return self.calls.completion(
+                offer, callback_sequence=record["completionReceiptCallbackSequence"],
+                callback_token_digest=record["completionReceiptTokenDigest"], started_at_ms=started,
+                finished_at_ms=max(started, outcome.finished_at_ms), exit_code=outcome.exit_code,
+                log_artifact_id=files.log_id, byte_length=size, sha256=digest, truncated=truncated)
+
+        if t.terminal_checked:
+            try:
+                result = send()
+            except RemoteCallError as exc:
+                if exc.code != "call_fenced":
+                    raise
+                self._recover(t, "control_plane_terminal")
+                return
+        else:
+            result = self._fenced_call(t, "completion", send)
+            if result is None:
+                return
         crashpoint("runner.completion_answered")
         if result.status == "already_terminal":
             self._recover(t, "control_plane_terminal")

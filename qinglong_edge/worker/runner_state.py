@@ -82,7 +82,8 @@ class Track:
         stop_reason: why the job is to be stopped (a cluster stop reason, ``timeout``
             for the local deadline, ``terminal``, ``lease_lost``, ``discard``) or None.
         ask_after_timeout: a lease-control is still owed after a local timeout kill.
-        lease_lost / cluster_terminal: what a call established.
+        lease_lost / cluster_terminal: what a call established; terminal_checked: the
+            completion was tried once after lease-control said the run is terminal.
         fenced: the calls answered 409 since their last success (G15);
         renew_now: renew at the next step (a re-adopted job: no send time is known);
         renewing: False once a call was fenced after a good lease-control: the lease
@@ -97,7 +98,7 @@ class Track:
 
     __slots__ = ("artifact", "ask_after_timeout", "cluster_terminal", "discard", "done", "due_ms", "failures",
                  "fenced", "job", "lease_lost", "outcome", "record", "renew_now", "renewing", "sent_at_ms",
-                 "skip_running", "starting_at_ms", "stop_reason")
+                 "skip_running", "starting_at_ms", "stop_reason", "terminal_checked")
 
     def __init__(self, record: dict[str, Any], now_ms: int) -> None:
         self.record = record
@@ -112,6 +113,7 @@ class Track:
         self.renewing = True
         self.renew_now = False
         self.skip_running = False
+        self.terminal_checked = False
         self.outcome: Outcome | None = None
         self.artifact: tuple[int, str, bool | None] | None = None
         self.due_ms = now_ms
