@@ -84,7 +84,7 @@ from qinglong_edge.contracts.session import (
 from qinglong_edge.contracts.strictjson import dumps_bytes, loads
 from qinglong_edge.errors import SessionError, TransportError
 from qinglong_edge.worker.crashpoints import crashpoint
-from qinglong_edge.worker.pacing import LEASE_MARGIN_MS, retry_after_window, session_step, waiting
+from qinglong_edge.worker.pacing import LEASE_MARGIN_MS, heartbeat_due_ms, retry_after_window, session_step, waiting
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
@@ -437,7 +437,8 @@ class SessionKeeper:
         Retry-After window. For a resident ``pull``, which keeps no other timer."""
         state = self._load()
         record = self._usable(state.record)
-        due = now_ms if record is None else record.heartbeat_at_ms + self._heartbeat_ms
+        due = now_ms if record is None else heartbeat_due_ms(record.lease_expires_at_ms, record.heartbeat_at_ms,
+                                                              self._heartbeat_ms)
         if record is not None and record.lease_expires_at_ms - LEASE_MARGIN_MS <= now_ms:
             due = now_ms
         window = state.retry_after

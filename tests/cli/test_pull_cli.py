@@ -455,6 +455,7 @@ def test_claim_of_an_expired_session_is_abandoned_as_stale(env: PullEnv) -> None
                                                                            "stale_session")
     assert line["offerId"] == kept.last()["offerId"]
     env.cluster.state.session_lease_cap_ms = None
+    time.sleep(0.2)  # the short session (2.1 s, less the 2 s margin) is over: the next cycle re-registers
     assert env.pull("--json").last()["status"] == "accepted"
 
 
