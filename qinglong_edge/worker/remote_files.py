@@ -177,12 +177,38 @@ def remove_job_files(files: JobFiles) -> list[str]:
             continue
         removed.append(path)
     if os.path.isdir(files.work_path) and not os.path.islink(files.work_path):
-        import shutil  # only when a scratch directory exists
-
         with contextlib.suppress(OSError):
-            shutil.rmtree(files.work_path)
+            _remove_tree(files.work_path)
             removed.append(files.work_path)
     return removed
+
+
+def _remove_tree(path: str) -> None:
+    """Remove a directory tree the job left, never following a symlink (each level is
+    opened ``O_NOFOLLOW`` and emptied through its descriptor). Not :func:`shutil.rmtree`:
+    importing :mod:`shutil` pulls the compression modules into a resident ``pull``."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+    def empty(fd: int) -> None:
+        with os.scandir(fd) as entries:
+            names = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
+        for name, is_dir in names:
+            if is_dir:
+                child = os.open(name, flags, dir_fd=fd)
+                try:
+                    empty(child)
+                finally:
+                    os.close(child)
+                os.rmdir(name, dir_fd=fd)
+            else:
+                os.unlink(name, dir_fd=fd)
+
+    top = os.open(path, flags)
+    try:
+        empty(top)
+    finally:
+        os.close(top)
+    os.rmdir(path)
 
 
 def record_files(limits: RemoteLimits, record: dict[str, Any]) -> JobFiles | None:

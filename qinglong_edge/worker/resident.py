@@ -262,6 +262,9 @@ class Resident:
                 count += len(self._events)
                 yield from self._drain()
                 if not self._live() and not pending_requests(self.runtime):
+                    report = self._session_step(self.clock_ms(), final=True)  # the freed slots, announced
+                    if report is not None:
+                        yield report
                     break
                 now = self.clock_ms()
                 report = self._session_step(now)
@@ -291,11 +294,18 @@ class Resident:
         events, self._events[:] = list(self._events), []
         yield from events
 
-    def _session_step(self, now: int) -> CycleReport | None:
-        if self.keeper.next_call_ms(now) > now:
+    def _session_step(self, now: int, *, final: bool = False) -> CycleReport | None:
+        """A heartbeat when due, or when a slot came free since the last one announced
+        (a job ended: the cluster must know before this or the next pull asks for work)."""
+        slots = self.slots()
+        announced = self.keeper.announced_slots
+        freed = announced is not None and slots > announced
+        if self.keeper.next_call_ms(now) > now and not freed:
+            return None
+        if final and not freed:
             return None
         try:
-            outcome = self.keeper.ensure(self.slots())
+            outcome = self.keeper.ensure(slots, announce=True)
         except SessionError as exc:
             return CycleReport(None, None, exc.code, exc.message, reason=exc.reason, remedy=exc.remedy)
         return CycleReport(outcome, None) if outcome.action == "registered" else None

@@ -397,6 +397,8 @@ class SessionKeeper:
         self._random_bytes = random_bytes
         caps = local_capabilities() if capabilities is None else capabilities
         self._capabilities_json, self._capabilities_hash = capabilities_snapshot(caps)
+        #: ``availableSlots`` of this process's last successful register or heartbeat.
+        self.announced_slots: int | None = None
         # (set at, not before) in wall ms from a 429/503 Retry-After of a session call;
         # kept in the state file, never trusted across a clock step back (pacing.waiting).
         self._retry_after: tuple[int, int] | None = None
@@ -450,11 +452,15 @@ class SessionKeeper:
         """The stored session record, or None (absent, unreadable or another worker's)."""
         return self._usable(self._load().record)
 
-    def ensure(self, available_slots: int) -> SessionOutcome:
+    def ensure(self, available_slots: int, *, announce: bool = False) -> SessionOutcome:
         """Make sure an online session with a running lease exists (see module docstring).
 
         Args:
             available_slots: 0..max_concurrent_runs; what the cluster may place here.
+            announce: heartbeat now (unless Retry-After forbids it) when ``available_slots``
+                is more than this process last announced: a resident ``pull`` whose job
+                ended frees its slot at the cluster before it pulls (the cluster answers
+                ``idle worker_unavailable`` to a session that announced none free).
 
         Raises:
             SessionError: ``credential_rejected``, ``credentials_unavailable``,
@@ -471,6 +477,9 @@ class SessionKeeper:
         step = session_step(None if record is None else record.lease_expires_at_ms,
                             None if record is None else record.heartbeat_at_ms,
                             now, self._heartbeat_ms, self._retry_after)
+        if (record is not None and step == "current" and announce and self.announced_slots is not None
+                and slots > self.announced_slots):
+            step = "heartbeat"
         if record is not None and step == "current":
             return SessionOutcome(record, "current")
         if record is not None and step == "wait_stale":  # README: never sooner than Retry-After
@@ -554,6 +563,7 @@ class SessionKeeper:
         record = self._record(projection, registered_at_ms=now, heartbeat_at_ms=now)
         self._retry_after = None
         self._save(record)
+        self.announced_slots = slots
         return record
 
     def _heartbeat(self, record: SessionRecord, slots: int, expected_version: int | None = None) -> SessionRecord:
@@ -581,6 +591,7 @@ class SessionKeeper:
         updated = self._record(projection, registered_at_ms=record.registered_at_ms, heartbeat_at_ms=now)
         self._retry_after = None
         self._save(updated)
+        self.announced_slots = slots
         return updated
 
     def _record(self, projection: SessionProjection, *, registered_at_ms: int, heartbeat_at_ms: int) -> SessionRecord:
