@@ -320,8 +320,13 @@ class Runner:
         return "ok"
 
     def _settled_before_launch(self, t: Track, outcome: str) -> bool:
-        """A lost lease or a terminal run before anything ran: recorded at once (T12)."""
+        """A lost lease or a terminal run before anything ran: recorded at once (T12).
+        A ``start_failed`` record's terminal run may be its own start failure (the answer
+        was lost): start-failure is sent once more first (``already_terminal`` then)."""
         if outcome not in ("lost", "terminal") or t.state not in ("accepted", "starting_acknowledged", "start_failed"):
+            return False
+        if outcome == "terminal" and t.state == "start_failed" and not t.terminal_checked:
+            t.terminal_checked = True
             return False
         self._recover(t, "lease_lost_local_execution_stopped" if outcome == "lost" else "control_plane_terminal")
         return True
@@ -346,8 +351,9 @@ class Runner:
                 raise
             t.fenced.add(operation)
             outcome = self._renew(t)
-            if not self._settled_before_launch(t, outcome) and outcome in ("lost", "terminal") and (
-                    t.job is None or not t.job.running()):
+            if t.state in ("accepted", "starting_acknowledged", "start_failed"):
+                self._settled_before_launch(t, outcome)
+            elif outcome in ("lost", "terminal") and (t.job is None or not t.job.running()):
                 self._gone(t, t.job)
             t.due_ms = self.clock_ms()
             return None
