@@ -9,9 +9,9 @@ take the owner lock (records change only by atomic link/rename), so they work wh
   directory once the receipt is deleted; none before the job ended or after a reboot),
   the log path and its size (none once deleted).
 * ``show OFFER_ID``: the record with the lease token replaced by ``"[redacted]"`` (the
-  record holds no secret otherwise: the callback token is only its digest), and with
-  ``--json`` a ``local`` object: ``exitCode``, ``outcomeSource``, ``logPath``,
-  ``logBytes``, ``inFlight``.
+  record holds no secret otherwise: the callback token is only its digest), then one
+  ``# exit code: ..; log: ..; in flight: ..`` line (with ``--json`` a ``local`` object:
+  ``exitCode``, ``outcomeSource``, ``logPath``, ``logBytes``, ``inFlight``).
 * ``discard OFFER_ID --yes [--force]``: removes the record (and its log, receipt and
   truncation fact). A record in flight (a job may run, or its lease is live: the
   resident pull would still run it) is refused (``in_flight``, exit 75) unless
@@ -212,15 +212,19 @@ def _show(args: argparse.Namespace) -> int:
     if record is None:
         raise _not_found(offer_id)
     document = _record_document(record)
+    runtime = _runtime(worker)
+    try:
+        local = _local(worker, record, runtime)
+    finally:
+        if runtime is not None:
+            runtime.close()
     if args.json:
-        runtime = _runtime(worker)
-        try:
-            print_json({"ok": True, "record": document, "local": _local(worker, record, runtime)})
-        finally:
-            if runtime is not None:
-                runtime.close()
+        print_json({"ok": True, "record": document, "local": local})
     else:
         print(json.dumps(document, indent=2, ensure_ascii=False))
+        exit_code = "none yet" if local["exitCode"] is None else f"{local['exitCode']} ({local['outcomeSource']})"
+        log = "none" if local["logBytes"] is None else f"{local['logPath']} ({local['logBytes']} bytes)"
+        print(f"# exit code: {exit_code}; log: {log}; in flight: {'yes' if local['inFlight'] else 'no'}")
     return 0
 
 

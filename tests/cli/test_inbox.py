@@ -80,7 +80,16 @@ def test_show_redacts_the_lease_token(config: pathlib.Path, journal_root: pathli
     result = run_cli("--config", str(config), "inbox", "show", "offer-1", *(["--json"] if json_mode else []))
     assert result.status == 0, result.stderr
     assert vectors.LEASE_TOKEN not in result.stdout + result.stderr
-    record = result.json()["record"] if json_mode else json.loads(result.stdout)
+    if json_mode:
+        record = result.json()["record"]
+        local = result.json()["local"]
+        assert local["logPath"].endswith("/68/wlog-68cd94391d043410683fabcde45b2a.log")  # where it goes (4.3)
+        assert {k: v for k, v in local.items() if k != "logPath"} == {
+            "exitCode": None, "outcomeSource": None, "logBytes": None, "inFlight": True}
+    else:
+        document, _, local = result.stdout.rpartition("\n# ")
+        record = json.loads(document)
+        assert local.startswith("exit code: none yet; log: none; in flight: yes")
     assert record["offer"]["leaseToken"] == "[redacted]"
     expected = json.loads(vectors.OFFER_RECORD_T1001)
     expected["offer"]["leaseToken"] = "[redacted]"
