@@ -39,6 +39,7 @@ Signal dispositions: the agent must not *ignore* SIGTERM/SIGINT/SIGHUP (``serve`
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import select
@@ -336,7 +337,9 @@ def start_job(
     Raises:
         ExecutionError: ``invalid_input`` (the spec), ``spawn_failed`` (the wrapper could
             not start, or the cwd is missing), ``cgroup_unavailable``, ``log_unavailable``
-            (log, fact or receipt directory), ``already_published`` (the receipt or fact
+            (log, fact or receipt directory; ``log_storage_unavailable`` when it could
+            not be created because its file system is full: ENOSPC, EDQUOT, EIO),
+            ``already_published`` (the receipt or fact
             exists: this attempt already ran), ``identity_unavailable``. In every case
             nothing ran and the wrapper is reaped.
     """
@@ -405,13 +408,33 @@ def _start(spec: JobSpec, data: bytearray, cgroup: RunCgroup | None, python: str
     return held
 
 
+#: Errors of the log's (or a publication's) file system that go away by themselves
+#: (space freed, a transient I/O error): a launch failing on them is storage failing, not
+#: the Run's fault (issue 17 item 3).
+_STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO)
+
+
+def _storage_failure(detail: str) -> bool:
+    """The wrapper's detail (``PATH: strerror``, the same C library's text) names one of
+    :data:`_STORAGE_ERRNOS`."""
+    return any(detail.endswith(": " + os.strerror(number)) for number in _STORAGE_ERRNOS)
+
+
 def _refusal(answer: bytes) -> ExecutionError:
-    """The wrapper's ``error CODE TEXT`` (or silence) as a launch failure."""
+    """The wrapper's ``error CODE TEXT`` (or silence) as a launch failure.
+
+    A log or publication that could not be created because its file system is full
+    (or failing: :data:`_STORAGE_ERRNOS`) is ``log_storage_unavailable``, so the caller
+    can retry the launch later instead of failing it.
+    """
     text = answer.decode("utf-8", "replace").strip()
     if not text.startswith("error "):
         return ExecutionError("the job wrapper did not become ready", code="spawn_failed")
     code, _, detail = text[len("error "):].partition(" ")
-    return ExecutionError(f"the job could not be prepared: {detail}"[:300], code=_FAILURES.get(code, "spawn_failed"))
+    mapped = _FAILURES.get(code, "spawn_failed")
+    if mapped == "log_unavailable" and _storage_failure(detail):
+        mapped = "log_storage_unavailable"
+    return ExecutionError(f"the job could not be prepared: {detail}"[:300], code=mapped)
 
 
 _NO_IDENTITY = ProcessIdentity("none", 1, 1, "1")
