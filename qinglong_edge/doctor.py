@@ -396,7 +396,11 @@ def check_architecture(worker: WorkerConfig | None, machine: str | None = None) 
         return Check("architecture", False, True, unsupported_architecture_message(machine),
                      "use this device for the Local run API only (remove the worker section), or a device "
                      "with a supported architecture for the Remote Worker")
-    detail = f"{machine}: {architecture}, support tier {tier}"
+    from qinglong_edge.contracts.session import architecture_for_machine
+
+    # uname names the kernel; a 32-bit OS on a 64-bit kernel runs 32-bit programs.
+    user_space = " (32-bit user space)" if architecture != architecture_for_machine(machine, 64) else ""
+    detail = f"{machine}{user_space}: {architecture}, support tier {tier}"
     if worker is None or tier == "tier1":
         return Check("architecture", True, False, detail)
     return Check("architecture", False, False,
