@@ -185,6 +185,29 @@ def _directory_check(directory: str, name: str, required: bool, *, creator: str 
     return Check(name, False, required, detail, problem.remedy), problem
 
 
+def check_pepper_keyring(directory: str) -> Check:
+    """The pepper keyring as ``serve`` checks it before it serves
+    (:func:`qinglong_edge.local.guards.check_keyring`): the directory (0700, ours) and
+    every key file (a regular file, 0600, ours). One source of truth (issue 18 item 5):
+    what makes serve exit 73 ``unsafe_pepper`` fails this check with the same words."""
+    check = check_directory(
+        directory, "pepper_dir", True,
+        creator=f"run '{_ADMIN_INIT}' as the agent's user (it creates the keyring 0700 and its first key)",
+    )
+    if not check.ok:
+        return check
+    from qinglong_edge.local.guards import check_keyring
+    from qinglong_edge.local.pepper import PepperError
+
+    try:
+        check_keyring(directory)
+    except PepperError as exc:
+        return Check("pepper_dir", False, True, f"{exc.code}: {exc.message}",
+                     f"chmod 0600 the key files and 0700 {shlex.quote(directory)}, owned by uid {os.geteuid()} "
+                     "(the agent's user); serve refuses to start until then")
+    return check
+
+
 def _inside(path: str, roots: list[str]) -> bool:
     path = os.path.normpath(path)
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
@@ -566,12 +589,23 @@ def check_local_store_caps(config: EdgeConfig) -> list[Check]:
 
     Read-only: the database is opened ``mode=ro`` (never created, migrated or probed;
     in WAL mode SQLite may create the ``-wal``/``-shm`` files any reader needs), the log
-    directory only listed. Never required: over a cap is a warning (``serve``
-    prunes to it).
+    directory only listed. Over a cap is a warning (``serve`` prunes to it). Required
+    only where ``serve`` and ``admin`` refuse the database
+    (:func:`qinglong_edge.local.guards.check_database_present`: missing or emptied
+    while the keyring holds keys, ``database_missing``).
     """
     local = config.local_api
     if local is None:
         return []
+    from qinglong_edge.errors import StoreError
+    from qinglong_edge.local.guards import check_database_present
+
+    try:  # the rule serve and admin apply before they open the store
+        check_database_present(local.database_file, local.pepper_keyring_directory)
+    except StoreError as exc:
+        return [Check("store_database", False, True, f"{exc.code}: {exc.message}",
+                      "restore the database file from a backup; to start afresh instead, move the pepper keyring "
+                      f"aside and run '{_ADMIN_INIT}'")]
     if not os.path.exists(local.database_file):
         return [Check("store_database", True, False, f"{local.database_file}: no database yet")]
     try:
@@ -724,10 +758,7 @@ def run_checks(config: EdgeConfig) -> list[Check]:
                 f"mkdir -p -m 0700 {shlex.quote(db_dir)} (or run '{_ADMIN_INIT}', which creates it)",
             ))
         if not _inside(local.pepper_keyring_directory, broken):
-            checks.append(check_directory(
-                local.pepper_keyring_directory, "pepper_dir", True,
-                creator=f"run '{_ADMIN_INIT}' as the agent's user (it creates the keyring 0700 and its first key)",
-            ))
+            checks.append(check_pepper_keyring(local.pepper_keyring_directory))
     if config.execution is not None:
         checks.append(check_cgroups())
     if worker is not None:

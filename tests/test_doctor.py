@@ -255,3 +255,48 @@ def test_without_isolation_doctor_says_plainly_what_a_remote_job_can_read(tmp_pa
     assert "no isolation for remote jobs" in check["detail"] and "can read everything it can" in check["detail"]
     assert str(tmp_path / "device") in check["detail"] and str(state) in check["detail"]
     assert "max_user_namespaces" in check["remedy"]
+
+
+def _provisioned(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    """A state directory after a real ``admin init`` (database, keyring, one key)."""
+    state = tmp_path / "state"
+    config = _config(tmp_path, state)
+    assert run_cli("--config", str(config), "admin", "init").status == 0
+    return state, config
+
+
+def test_a_pepper_key_file_serve_refuses_fails_doctor_too(tmp_path: pathlib.Path) -> None:
+    """Review (issue 18 item 5, issue 17 item 2): a key file at 0644 makes serve refuse to
+    start (73 unsafe_pepper); doctor checked only the keyring directory and said all
+    required checks passed. The same rule must fail the same check."""
+    state, config = _provisioned(tmp_path)
+    key = next((state / "pepper").iterdir())
+    key.chmod(0o644)
+    serve = run_cli("--config", str(config), "serve", timeout=30)
+    assert serve.status == 73 and "unsafe_pepper" in serve.stderr
+    result = run_cli("--config", str(config), "--json", "doctor")
+    assert result.status == 69, result.stdout
+    check = _checks(result.json())["pepper_dir"]
+    assert (check["ok"], check["required"]) == (False, True)
+    assert str(key) in str(check["detail"]) and "mode 0644" in str(check["detail"])
+    assert "chmod 0600" in str(check["remedy"])
+
+
+@pytest.mark.parametrize("how", ["removed", "emptied"])
+def test_a_database_serve_refuses_to_recreate_fails_doctor_too(tmp_path: pathlib.Path, how: str) -> None:
+    """Review (issue 18 item 5, issue 17 item 5): with keys in the keyring and the database
+    gone (or emptied), serve and admin refuse (73 database_missing); doctor said
+    ``ok store_database ...: no database yet`` and all required checks passed."""
+    state, config = _provisioned(tmp_path)
+    database = state / "local.db"
+    if how == "removed":
+        database.unlink()
+    else:
+        database.write_bytes(b"")
+    result = run_cli("--config", str(config), "--json", "doctor")
+    assert result.status == 69, result.stdout
+    check = _checks(result.json())["store_database"]
+    assert (check["ok"], check["required"]) == (False, True)
+    assert "database_missing" in str(check["detail"]) and str(database) in str(check["detail"])
+    assert "restore" in str(check["remedy"])
+    assert database.exists() == (how == "emptied") and (how == "removed" or database.stat().st_size == 0)
