@@ -23,10 +23,10 @@ ran (the barrier); restart recovery marks it ``lost`` (``RECOVERY_UNSTARTED_LAUN
 
 A **storage error at step 3** (the handle cannot be recorded: disk full, I/O error,
 database locked past the busy timeout), or at step 2 when the job wrapper cannot create
-the Run's log because its file system is full (``log_storage_unavailable``), is
-transient, not the Run's fault (issue 17 item 3): the job is discarded unreleased (it
-never ran) and the launch is *deferred*: the
-controller retries :func:`~qinglong_edge.execution.transitions.requeue_launch` each pass
+the Run's log because its file system is full
+(:class:`~qinglong_edge.errors.LogStorageUnavailable`), is transient, not the Run's fault
+(issue 17 item 3): the job is discarded unreleased (it never ran) and the launch is
+*deferred*: the controller retries :func:`~qinglong_edge.execution.transitions.requeue_launch` each pass
 until storage takes it, which puts the Run back to ``queued`` with a new ``claimed``
 attempt (the failed one ``LAUNCH_STORAGE_UNAVAILABLE``). The Run is then launched again
 after a backoff (``launch_backoff_s`` doubled per attempt, at most 120 s; kept in memory:
@@ -63,7 +63,7 @@ from typing import Any
 from qinglong_edge.contracts.digest import random_hex
 from qinglong_edge.contracts.ids import new_uuid4
 from qinglong_edge.contracts.strictjson import dumps
-from qinglong_edge.errors import EdgeError, ExecutionError, StoreError
+from qinglong_edge.errors import EdgeError, ExecutionError, LogStorageUnavailable, StoreError
 from qinglong_edge.execution.transitions import (
     EXECUTOR,
     Changes,
@@ -482,7 +482,7 @@ class Launcher:
         except ExecutionError as exc:
             if cgroup is not None:
                 cgroup.remove()
-            if exc.code == "log_storage_unavailable":
+            if isinstance(exc, LogStorageUnavailable):
                 # The log's file system is full: storage, not the Run's fault; nothing
                 # was started (the wrapper refused before its barrier). Requeued as below.
                 _log.warning("run %s: the launch could not be prepared (%s); its job never ran; it is launched "

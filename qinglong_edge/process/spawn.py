@@ -50,7 +50,7 @@ import time
 from collections.abc import Mapping
 
 from qinglong_edge.contracts.ids import new_uuid4
-from qinglong_edge.errors import ExecutionError
+from qinglong_edge.errors import ExecutionError, LogStorageUnavailable
 from qinglong_edge.process.cgroups import RunCgroup
 from qinglong_edge.process.identity import ProcessIdentity, capture, encode_handle
 from qinglong_edge.process.jobspec import (
@@ -337,8 +337,8 @@ def start_job(
     Raises:
         ExecutionError: ``invalid_input`` (the spec), ``spawn_failed`` (the wrapper could
             not start, or the cwd is missing), ``cgroup_unavailable``, ``log_unavailable``
-            (log, fact or receipt directory; ``log_storage_unavailable`` when it could
-            not be created because its file system is full: ENOSPC, EDQUOT, EIO),
+            (log, fact or receipt directory; as :class:`LogStorageUnavailable` when it
+            could not be created because its file system is full: ENOSPC, EDQUOT, EIO),
             ``already_published`` (the receipt or fact
             exists: this attempt already ran), ``identity_unavailable``. In every case
             nothing ran and the wrapper is reaped.
@@ -424,17 +424,18 @@ def _refusal(answer: bytes) -> ExecutionError:
     """The wrapper's ``error CODE TEXT`` (or silence) as a launch failure.
 
     A log or publication that could not be created because its file system is full
-    (or failing: :data:`_STORAGE_ERRNOS`) is ``log_storage_unavailable``, so the caller
-    can retry the launch later instead of failing it.
+    (or failing: :data:`_STORAGE_ERRNOS`) is :class:`LogStorageUnavailable` (still code
+    ``log_unavailable``), so the caller can retry the launch later instead of failing it.
     """
     text = answer.decode("utf-8", "replace").strip()
     if not text.startswith("error "):
         return ExecutionError("the job wrapper did not become ready", code="spawn_failed")
     code, _, detail = text[len("error "):].partition(" ")
     mapped = _FAILURES.get(code, "spawn_failed")
+    message = f"the job could not be prepared: {detail}"[:300]
     if mapped == "log_unavailable" and _storage_failure(detail):
-        mapped = "log_storage_unavailable"
-    return ExecutionError(f"the job could not be prepared: {detail}"[:300], code=mapped)
+        return LogStorageUnavailable(message)
+    return ExecutionError(message, code=mapped)
 
 
 _NO_IDENTITY = ProcessIdentity("none", 1, 1, "1")
