@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from qinglong_edge.config import EdgeConfig, WorkerConfig
 from qinglong_edge.filecheck import Problem, directory_problem
 
-__all__ = ["Check", "check_certificate_validity", "check_worker_tls", "run_checks"]
+__all__ = ["Check", "check_certificate_validity", "check_pepper_keyring", "check_worker_tls", "run_checks"]
 
 MIN_FREE_BYTES = 8 * 1024 * 1024
 MIN_SQLITE = (3, 35, 0)
@@ -185,29 +185,6 @@ def _directory_check(directory: str, name: str, required: bool, *, creator: str 
     return Check(name, False, required, detail, problem.remedy), problem
 
 
-def check_pepper_keyring(directory: str) -> Check:
-    """The pepper keyring as ``serve`` checks it before it serves
-    (:func:`qinglong_edge.local.guards.check_keyring`): the directory (0700, ours) and
-    every key file (a regular file, 0600, ours). One source of truth (issue 18 item 5):
-    what makes serve exit 73 ``unsafe_pepper`` fails this check with the same words."""
-    check = check_directory(
-        directory, "pepper_dir", True,
-        creator=f"run '{_ADMIN_INIT}' as the agent's user (it creates the keyring 0700 and its first key)",
-    )
-    if not check.ok:
-        return check
-    from qinglong_edge.local.guards import check_keyring
-    from qinglong_edge.local.pepper import PepperError
-
-    try:
-        check_keyring(directory)
-    except PepperError as exc:
-        return Check("pepper_dir", False, True, f"{exc.code}: {exc.message}",
-                     f"chmod 0600 the key files and 0700 {shlex.quote(directory)}, owned by uid {os.geteuid()} "
-                     "(the agent's user); serve refuses to start until then")
-    return check
-
-
 def _inside(path: str, roots: list[str]) -> bool:
     path = os.path.normpath(path)
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
@@ -355,6 +332,43 @@ def check_isolation(config: EdgeConfig) -> Check:
         f"read everything it can: {paths}",
         probe.remedy or "see the README, Security model",
     )
+
+
+def check_pepper_keyring(directory: str, *, creator: str) -> Check:
+    """The pepper keyring exactly as ``serve`` checks it before it serves
+    (:func:`qinglong_edge.local.guards.check_keyring`: one source of truth, issue 17 item 2):
+    a real directory, mode 0700, ours; every key file (``*.pepper``) a regular file, mode
+    0600, ours. A keyring ``serve`` would refuse to start with (exit 73 ``unsafe_pepper``)
+    fails here, required, with ``serve``'s own line; the first problem is the one reported,
+    the directory before its files (one root cause, once).
+
+    ``creator``: the remedy when the directory is missing.
+    """
+    from qinglong_edge.filecheck import ownership_remedy
+    from qinglong_edge.local.guards import check_keyring
+    from qinglong_edge.local.pepper import PEPPER_SUFFIX, PepperError
+
+    name = "pepper_dir"
+    if not os.path.lexists(directory):
+        return Check(name, False, True, f"{directory}: missing", creator)
+    try:
+        check_keyring(directory)
+        keys = sum(1 for entry in os.listdir(directory) if entry.endswith(PEPPER_SUFFIX))
+    except PepperError as exc:
+        culprit = exc.message.split(": ", 1)[0] if exc.message.startswith("/") else ""
+        if exc.code != "unsafe_pepper" or not culprit:
+            remedy = "run doctor as the user serve runs as (the keyring must be that user's own)"
+        elif "not a regular file" in exc.message or "not a real directory" in exc.message:
+            what = "directory" if culprit == directory else "file"
+            remedy = (f"replace {shlex.quote(culprit)} with a real {what} of uid {os.geteuid()}, mode "
+                      f"{'0700' if what == 'directory' else '0600'} (serve refuses to start until then)")
+        else:
+            remedy = ownership_remedy(culprit, directory=culprit == directory) + " (serve refuses to start until then)"
+        return Check(name, False, True, f"{exc.code}: {exc.message}", remedy)
+    except OSError as exc:
+        return Check(name, False, True, f"{directory}: {exc.strerror}", "check the keyring directory's permissions")
+    return Check(name, True, True, f"{directory}: mode 0700, owner ok; {keys} key file{'s' if keys != 1 else ''}, "
+                                   "each a regular file, mode 0600, owner ok (as serve checks them)")
 
 
 def check_clock() -> Check:
@@ -758,7 +772,10 @@ def run_checks(config: EdgeConfig) -> list[Check]:
                 f"mkdir -p -m 0700 {shlex.quote(db_dir)} (or run '{_ADMIN_INIT}', which creates it)",
             ))
         if not _inside(local.pepper_keyring_directory, broken):
-            checks.append(check_pepper_keyring(local.pepper_keyring_directory))
+            checks.append(check_pepper_keyring(
+                local.pepper_keyring_directory,
+                creator=f"run '{_ADMIN_INIT}' as the agent's user (it creates the keyring 0700 and its first key)",
+            ))
     if config.execution is not None:
         checks.append(check_cgroups())
     if worker is not None:

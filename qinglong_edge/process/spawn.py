@@ -6,9 +6,10 @@ runner in :mod:`qinglong_edge.worker`): the caller builds a :class:`JobSpec`, ca
 (``handle``), then :meth:`HeldJob.release`\\ s it. The wrapper
 (:mod:`qinglong_edge.process.wrapper`, a small Python program of ours) is the job's
 session and process-group leader and stays the command's parent: it enters the job's
-cgroups first, holds the start barrier, forwards TERM/INT/HUP, writes the capped log
-and, at the end, the truncation fact and the durable receipt. Its identity is the
-job's identity (boot id, pid = process group = session, start time).
+cgroups first, holds the start barrier, passes TERM/INT/HUP on to the job's process
+group once, writes the capped log and, at the end, the truncation fact and the durable
+receipt. Its identity is the job's identity (boot id, pid = process group = session,
+start time).
 
 Guarantees:
 
