@@ -45,7 +45,9 @@ from dataclasses import dataclass
 
 __all__ = ["EXPECTED_DEPENDS", "Member", "Problem", "check_ipk", "main", "read_tar"]
 
-EXPECTED_DEPENDS = "python3-light (>= 3.11), python3-openssl, python3-sqlite3, python3-urllib, python3-logging"
+EXPECTED_DEPENDS = (
+    "python3-light (>= 3.11), python3-openssl, python3-sqlite3, python3-urllib, python3-logging, python3-ctypes"
+)
 SCRIPTS = ("preinst", "postinst", "prerm", "postrm", "postinst-pkg", "prerm-pkg")
 # include/package-pack.mk (OpenWrt SDK), verbatim.
 SDK_POSTINST = (

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from qinglong_edge.config import EdgeConfig, WorkerConfig
 from qinglong_edge.filecheck import Problem, directory_problem
 
-__all__ = ["Check", "check_certificate_validity", "check_worker_tls", "run_checks"]
+__all__ = ["Check", "check_certificate_validity", "check_pepper_keyring", "check_worker_tls", "run_checks"]
 
 MIN_FREE_BYTES = 8 * 1024 * 1024
 MIN_SQLITE = (3, 35, 0)
@@ -334,6 +334,43 @@ def check_isolation(config: EdgeConfig) -> Check:
     )
 
 
+def check_pepper_keyring(directory: str, *, creator: str) -> Check:
+    """The pepper keyring exactly as ``serve`` checks it before it serves
+    (:func:`qinglong_edge.local.guards.check_keyring`: one source of truth, issue 17 item 2):
+    a real directory, mode 0700, ours; every key file (``*.pepper``) a regular file, mode
+    0600, ours. A keyring ``serve`` would refuse to start with (exit 73 ``unsafe_pepper``)
+    fails here, required, with ``serve``'s own line; the first problem is the one reported,
+    the directory before its files (one root cause, once).
+
+    ``creator``: the remedy when the directory is missing.
+    """
+    from qinglong_edge.filecheck import ownership_remedy
+    from qinglong_edge.local.guards import check_keyring
+    from qinglong_edge.local.pepper import PEPPER_SUFFIX, PepperError
+
+    name = "pepper_dir"
+    if not os.path.lexists(directory):
+        return Check(name, False, True, f"{directory}: missing", creator)
+    try:
+        check_keyring(directory)
+        keys = sum(1 for entry in os.listdir(directory) if entry.endswith(PEPPER_SUFFIX))
+    except PepperError as exc:
+        culprit = exc.message.split(": ", 1)[0] if exc.message.startswith("/") else ""
+        if exc.code != "unsafe_pepper" or not culprit:
+            remedy = "run doctor as the user serve runs as (the keyring must be that user's own)"
+        elif "not a regular file" in exc.message or "not a real directory" in exc.message:
+            what = "directory" if culprit == directory else "file"
+            remedy = (f"replace {shlex.quote(culprit)} with a real {what} of uid {os.geteuid()}, mode "
+                      f"{'0700' if what == 'directory' else '0600'} (serve refuses to start until then)")
+        else:
+            remedy = ownership_remedy(culprit, directory=culprit == directory) + " (serve refuses to start until then)"
+        return Check(name, False, True, f"{exc.code}: {exc.message}", remedy)
+    except OSError as exc:
+        return Check(name, False, True, f"{directory}: {exc.strerror}", "check the keyring directory's permissions")
+    return Check(name, True, True, f"{directory}: mode 0700, owner ok; {keys} key file{'s' if keys != 1 else ''}, "
+                                   "each a regular file, mode 0600, owner ok (as serve checks them)")
+
+
 def check_clock() -> Check:
     year = time.gmtime().tm_year
     ok = year >= 2020
@@ -396,7 +433,11 @@ def check_architecture(worker: WorkerConfig | None, machine: str | None = None) 
         return Check("architecture", False, True, unsupported_architecture_message(machine),
                      "use this device for the Local run API only (remove the worker section), or a device "
                      "with a supported architecture for the Remote Worker")
-    detail = f"{machine}: {architecture}, support tier {tier}"
+    from qinglong_edge.contracts.session import architecture_for_machine
+
+    # uname names the kernel; a 32-bit OS on a 64-bit kernel runs 32-bit programs.
+    user_space = " (32-bit user space)" if architecture != architecture_for_machine(machine, 64) else ""
+    detail = f"{machine}{user_space}: {architecture}, support tier {tier}"
     if worker is None or tier == "tier1":
         return Check("architecture", True, False, detail)
     return Check("architecture", False, False,
@@ -562,12 +603,23 @@ def check_local_store_caps(config: EdgeConfig) -> list[Check]:
 
     Read-only: the database is opened ``mode=ro`` (never created, migrated or probed;
     in WAL mode SQLite may create the ``-wal``/``-shm`` files any reader needs), the log
-    directory only listed. Never required: over a cap is a warning (``serve``
-    prunes to it).
+    directory only listed. Over a cap is a warning (``serve`` prunes to it). Required
+    only where ``serve`` and ``admin`` refuse the database
+    (:func:`qinglong_edge.local.guards.check_database_present`: missing or emptied
+    while the keyring holds keys, ``database_missing``).
     """
     local = config.local_api
     if local is None:
         return []
+    from qinglong_edge.errors import StoreError
+    from qinglong_edge.local.guards import check_database_present
+
+    try:  # the rule serve and admin apply before they open the store
+        check_database_present(local.database_file, local.pepper_keyring_directory)
+    except StoreError as exc:
+        return [Check("store_database", False, True, f"{exc.code}: {exc.message}",
+                      "restore the database file from a backup; to start afresh instead, move the pepper keyring "
+                      f"aside and run '{_ADMIN_INIT}'")]
     if not os.path.exists(local.database_file):
         return [Check("store_database", True, False, f"{local.database_file}: no database yet")]
     try:
@@ -720,8 +772,8 @@ def run_checks(config: EdgeConfig) -> list[Check]:
                 f"mkdir -p -m 0700 {shlex.quote(db_dir)} (or run '{_ADMIN_INIT}', which creates it)",
             ))
         if not _inside(local.pepper_keyring_directory, broken):
-            checks.append(check_directory(
-                local.pepper_keyring_directory, "pepper_dir", True,
+            checks.append(check_pepper_keyring(
+                local.pepper_keyring_directory,
                 creator=f"run '{_ADMIN_INIT}' as the agent's user (it creates the keyring 0700 and its first key)",
             ))
     if config.execution is not None:

@@ -40,6 +40,7 @@ __all__ = [
     "ExecutionError",
     "HttpProtocolError",
     "JournalError",
+    "LogStorageUnavailable",
     "RemoteCallError",
     "SessionError",
     "StorageError",
@@ -418,6 +419,14 @@ class ExecutionError(EdgeError):
 
     code = "execution_failed"
     exit_status = EX_SOFTWARE
+
+
+class LogStorageUnavailable(ExecutionError):
+    """A job's log (or a publication) could not be created because its file system is
+    full or failing (ENOSPC, EDQUOT, EIO): code ``log_unavailable`` like any log failure,
+    but transient, so a launch may be retried once there is room (issue 17 item 3)."""
+
+    code = "log_unavailable"
 
 
 #: Per-code refinements of the class default exit status (spec README, "Exit statuses").

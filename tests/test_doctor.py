@@ -9,7 +9,7 @@ import pathlib
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -255,3 +255,95 @@ def test_without_isolation_doctor_says_plainly_what_a_remote_job_can_read(tmp_pa
     assert "no isolation for remote jobs" in check["detail"] and "can read everything it can" in check["detail"]
     assert str(tmp_path / "device") in check["detail"] and str(state) in check["detail"]
     assert "max_user_namespaces" in check["remedy"]
+
+
+def _provisioned(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    """A state directory after a real ``admin init`` (database, keyring, one key)."""
+    state = tmp_path / "state"
+    config = _config(tmp_path, state)
+    assert run_cli("--config", str(config), "admin", "init").status == 0
+    return state, config
+
+
+@pytest.mark.parametrize("how", ["removed", "emptied"])
+def test_a_database_serve_refuses_to_recreate_fails_doctor_too(tmp_path: pathlib.Path, how: str) -> None:
+    """Review (issue 18 item 5, issue 17 item 5): with keys in the keyring and the database
+    gone (or emptied), serve and admin refuse (73 database_missing); doctor said
+    ``ok store_database ...: no database yet`` and all required checks passed."""
+    state, config = _provisioned(tmp_path)
+    database = state / "local.db"
+    if how == "removed":
+        database.unlink()
+    else:
+        database.write_bytes(b"")
+    result = run_cli("--config", str(config), "--json", "doctor")
+    assert result.status == 69, result.stdout
+    check = _checks(result.json())["store_database"]
+    assert (check["ok"], check["required"]) == (False, True)
+    assert "database_missing" in str(check["detail"]) and str(database) in str(check["detail"])
+    assert "restore" in str(check["remedy"])
+    assert database.exists() == (how == "emptied") and (how == "removed" or database.stat().st_size == 0)
+
+
+# -- the pepper keyring as serve checks it (one source of truth) -------------------------------
+
+def _unsafe_key_mode(keyring: pathlib.Path, key: pathlib.Path) -> None:
+    key.chmod(0o644)
+
+
+def _open_keyring(keyring: pathlib.Path, key: pathlib.Path) -> None:
+    keyring.chmod(0o755)
+
+
+def _symlinked_key(keyring: pathlib.Path, key: pathlib.Path) -> None:
+    real = keyring.parent / "elsewhere.pepper"
+    shutil.move(str(key), real)
+    key.symlink_to(real)
+
+
+def _foreign_key(keyring: pathlib.Path, key: pathlib.Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    os.chown(key, 65534, 65534)
+
+
+def _tight_keyring(keyring: pathlib.Path, key: pathlib.Path) -> None:
+    keyring.chmod(0o500)  # no group/other bit, so the generic directory rule passed it; serve wants 0700
+
+
+@pytest.mark.parametrize(("break_it", "words", "remedy"), [
+    pytest.param(_unsafe_key_mode, "the pepper key file has mode 0644", "chmod 0600", id="key-0644"),
+    pytest.param(_open_keyring, "the pepper keyring directory has mode 0755", "chmod 0700", id="dir-0755"),
+    pytest.param(_tight_keyring, "the pepper keyring directory has mode 0500", "chmod 0700", id="dir-0500"),
+    pytest.param(_symlinked_key, "not a regular file", "replace", id="key-symlink"),
+    pytest.param(_foreign_key, "owner uid 65534", "chown", id="key-foreign-owner"),
+])
+def test_doctor_fails_a_keyring_that_serve_refuses_with_serves_words(
+        tmp_path: pathlib.Path, break_it: Callable[[pathlib.Path, pathlib.Path], None], words: str,
+        remedy: str) -> None:
+    """serve refuses unsafe key files and keyring modes (exit 73 unsafe_pepper); doctor used
+    to judge only the directory, by the generic private-directory rule, and said all was
+    well. Now it runs serve's own check: the same line, one failure, a remedy."""
+    from qinglong_edge.local.pepper import key_file_name
+    from tests.cli.test_serve import free_port, provision, write_config
+    from tests.support.store import PEPPER_KEY_ID
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    provision(state)
+    config = write_config(tmp_path, free_port())
+    healthy = _checks(run_cli("--config", str(config), "doctor", "--json").json())["pepper_dir"]
+    assert healthy["ok"] is True and "1 key file," in str(healthy["detail"])
+    keyring = state / "pepper"
+    break_it(keyring, keyring / key_file_name(PEPPER_KEY_ID))
+    served = run_cli("--config", str(config), "serve", timeout=30)
+    assert served.status == 73 and "unsafe_pepper" in served.stderr
+    doctor = run_cli("--config", str(config), "doctor", "--json")
+    assert doctor.status == 69
+    checks = _checks(json.loads(doctor.stdout))
+    assert [name for name, check in checks.items() if not check["ok"] and check["required"]] == ["pepper_dir"]
+    pepper = checks["pepper_dir"]
+    assert words in str(pepper["detail"])
+    assert str(pepper["detail"]) in served.stderr  # serve's very line
+    assert remedy in str(pepper["remedy"])
+    keyring.chmod(0o700)  # let pytest clean up (0500)

@@ -34,8 +34,11 @@ __all__ = [
 PACKAGE_NAME = "qinglong-edge"
 ARCHITECTURE = "all"
 #: packaging.md 3.5; python3-email comes with python3-urllib. python3-logging: the Local API
-#: (concurrent.futures, the server and controller logs) imports logging. No uuid.
-DEPENDS = "python3-light (>= 3.11), python3-openssl, python3-sqlite3, python3-urllib, python3-logging"
+#: (concurrent.futures, the server and controller logs) imports logging. python3-ctypes:
+#: the isolation of remote jobs (mount(2) has no stdlib wrapper; only the job wrapper's
+#: forked child imports it, so the agent still works without it: remote jobs then run
+#: unisolated and doctor says what they can read). No uuid.
+DEPENDS = "python3-light (>= 3.11), python3-openssl, python3-sqlite3, python3-urllib, python3-logging, python3-ctypes"
 #: default_postinst -> add_group_and_user creates it (home /var/run/qinglong, shell
 #: /bin/false). 5700 (QingLong's port): outside the ids OpenWrt feed packages pick
 #: (below 1000) and outside OpenWrt's automatic range (32768 and up).

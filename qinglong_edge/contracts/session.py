@@ -32,6 +32,8 @@ capability codes of :mod:`qinglong_edge.contracts.placement`.
 
 from __future__ import annotations
 
+import sys
+
 from qinglong_edge.contracts._shape import Frozen, exact_keys, int_value, object_value, utf8_length
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.fields import string
@@ -108,15 +110,36 @@ _MACHINE_ARCHITECTURES = {
 }
 
 
-def architecture_for_machine(machine: str) -> str | None:
+#: The architecture a 32-bit user space runs on a 64-bit kernel of each 64-bit machine
+#: (None: QingLong has no 32-bit architecture for it).
+_USER_SPACE_32: dict[str, str | None] = {"amd64": "386", "arm64": "arm/v7", "ppc64le": None, "s390x": None}
+
+
+def user_space_bits() -> int:
+    """The word size of this interpreter's user space: 32 or 64 (``sys.maxsize``)."""
+    return 64 if sys.maxsize > 2**32 else 32
+
+
+def architecture_for_machine(machine: str, pointer_bits: int | None = None) -> str | None:
     """Map a ``platform.machine()`` value to the cluster's architecture name.
 
     ``x86_64``/``amd64`` -> ``amd64``, ``aarch64``/``arm64`` -> ``arm64``, ``armv7l`` ->
     ``arm/v7``, ``armv6l`` -> ``arm/v6``, ``i386``..``i686`` -> ``386``, ``ppc64le``,
     ``s390x``. Case-insensitive. Returns None for anything else (e.g. ``mips``,
     big-endian ``ppc64``): the cluster has no tier for it.
+
+    ``uname`` names the *kernel's* machine. With a 32-bit user space (``pointer_bits``
+    32; default: this interpreter's, :func:`user_space_bits`) on a 64-bit kernel, as
+    Raspberry Pi OS 32-bit on a Pi 4/5 boots by default, every program is 32-bit, so the
+    architecture is the 32-bit one: ``aarch64`` -> ``arm/v7``, ``x86_64`` -> ``386``
+    (what the reference's Node worker announces there: ``process.arch`` is the
+    program's, ``arm`` / ``ia32``), and None for ``ppc64le``/``s390x``.
     """
-    return _MACHINE_ARCHITECTURES.get(machine.strip().lower())
+    architecture = _MACHINE_ARCHITECTURES.get(machine.strip().lower())
+    bits = user_space_bits() if pointer_bits is None else pointer_bits
+    if bits == 32 and architecture in _USER_SPACE_32:
+        return _USER_SPACE_32[architecture]
+    return architecture
 
 
 def session_path(worker_id: str, session_id: str, operation: str) -> str:

@@ -22,9 +22,11 @@ ran (the barrier); restart recovery marks it ``lost`` (``RECOVERY_UNSTARTED_LAUN
 ``EXECUTOR_START_FAILED`` (attempt and Run ``failed``).
 
 A **storage error at step 3** (the handle cannot be recorded: disk full, I/O error,
-database locked past the busy timeout) is transient, not the Run's fault (issue 17 item
-3): the job is discarded unreleased (it never ran) and the launch is *deferred*: the
-controller retries :func:`~qinglong_edge.execution.transitions.requeue_launch` each pass
+database locked past the busy timeout), or at step 2 when the job wrapper cannot create
+the Run's log because its file system is full
+(:class:`~qinglong_edge.errors.LogStorageUnavailable`), is transient, not the Run's fault
+(issue 17 item 3): the job is discarded unreleased (it never ran) and the launch is
+*deferred*: the controller retries :func:`~qinglong_edge.execution.transitions.requeue_launch` each pass
 until storage takes it, which puts the Run back to ``queued`` with a new ``claimed``
 attempt (the failed one ``LAUNCH_STORAGE_UNAVAILABLE``). The Run is then launched again
 after a backoff (``launch_backoff_s`` doubled per attempt, at most 120 s; kept in memory:
@@ -61,7 +63,7 @@ from typing import Any
 from qinglong_edge.contracts.digest import random_hex
 from qinglong_edge.contracts.ids import new_uuid4
 from qinglong_edge.contracts.strictjson import dumps
-from qinglong_edge.errors import EdgeError, ExecutionError, StoreError
+from qinglong_edge.errors import EdgeError, ExecutionError, LogStorageUnavailable, StoreError
 from qinglong_edge.execution.transitions import (
     EXECUTOR,
     Changes,
@@ -389,9 +391,9 @@ class Launcher:
         self.unrecorded: set[tuple[str, str, str]] = set()
         self.launch_attempts = max(1, launch_attempts)
         self.launch_backoff_s = launch_backoff_s
-        #: Launches whose handle could not be recorded, not yet requeued: attempt id ->
-        #: (run id, the unrecorded handle).
-        self.deferred: dict[str, tuple[str, str]] = {}
+        #: Launches whose handle could not be recorded (or whose log could not be created:
+        #: no handle), not yet requeued: attempt id -> (run id, the unrecorded handle).
+        self.deferred: dict[str, tuple[str, str | None]] = {}
         #: Runs requeued after a storage failure: run id -> monotonic time of the next launch.
         self.not_before: dict[str, float] = {}
 
@@ -480,6 +482,13 @@ class Launcher:
         except ExecutionError as exc:
             if cgroup is not None:
                 cgroup.remove()
+            if isinstance(exc, LogStorageUnavailable):
+                # The log's file system is full: storage, not the Run's fault; nothing
+                # was started (the wrapper refused before its barrier). Requeued as below.
+                _log.warning("run %s: the launch could not be prepared (%s); its job never ran; it is launched "
+                             "again once storage works", claim.run_id, exc.message)
+                self.deferred[claim.attempt_id] = (claim.run_id, None)
+                return LaunchResult("deferred", claim.run_id, claim.attempt_id)
             return self._fail(claim, _START_FAILURES.get(exc.code, "Local process failed to start"))
         active = ActiveRun(
             claim.run_id, claim.attempt_id, spawned.handle, spawned.identity, spawned.process, cgroup,

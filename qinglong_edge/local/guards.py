@@ -10,10 +10,11 @@ Both fail closed. At start-up:
   line naming the file, its mode and its owner. (Each request re-checks the one key it
   uses anyway; this makes a wrong mode a refusal to start instead of a service that
   answers every request 503 ``authentication_unavailable`` and says nothing.)
-* :func:`check_database_present`: the database file is missing while the keyring holds
-  keys. ``admin init`` creates the database before the first key, so keys prove that a
-  database existed: creating an empty one would silently lose every credential, role,
-  task and Run. :class:`~qinglong_edge.errors.StoreError` ``database_missing`` (exit 73).
+* :func:`check_database_present`: the database file is missing (or empty: 0 bytes, which
+  SQLite would take for a new database) while the keyring holds keys. ``admin init``
+  creates the database before the first key, so keys prove that a database existed:
+  creating an empty one would silently lose every credential, role, task and Run.
+  :class:`~qinglong_edge.errors.StoreError` ``database_missing`` (exit 73).
 
 While serving (``serve``'s main loop, about once a second):
 
@@ -112,15 +113,26 @@ def keyring_has_keys(directory: str) -> bool:
 
 
 def check_database_present(database_file: str, keyring_directory: str) -> None:
-    """Refuse to let a database be created where one existed (module docstring).
+    """Refuse to let a database be created where one existed (module docstring): the
+    file is missing or is an empty (0-byte) regular file while the keyring holds keys.
 
     Raises:
         StoreError: ``database_missing`` (exit 73).
     """
-    if os.path.lexists(database_file) or not keyring_has_keys(keyring_directory):
+    try:
+        info = os.lstat(database_file)
+    except OSError:
+        info = None
+    # A regular file of 0 bytes is, to SQLite, a new empty database: opening it would
+    # migrate an empty schema into it (and the log sweep would then take every Run log
+    # for an orphan). ``admin init`` commits the schema before the first key exists, so
+    # with keys it can only be a truncated file (``: > local.db``, a failed copy).
+    empty = info is not None and stat.S_ISREG(info.st_mode) and info.st_size == 0
+    if (info is not None and not empty) or not keyring_has_keys(keyring_directory):
         return
+    what = "is empty (0 bytes)" if empty else "does not exist"
     raise StoreError(
-        f"{database_file} does not exist, but the pepper keyring {keyring_directory} holds keys, so a database "
+        f"{database_file} {what}, but the pepper keyring {keyring_directory} holds keys, so a database "
         "existed: restore it (or, to start afresh and lose what it held, move the keyring aside and run "
         "'qinglong-edge admin init'); refusing to create an empty one",
         code="database_missing",

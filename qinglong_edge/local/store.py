@@ -83,7 +83,11 @@ write transaction (the probe); if WAL cannot be entered or the probe fails in WA
 store falls back to ``DELETE`` and probes again. :attr:`Store.journal_mode` is the mode
 in effect and :attr:`Store.journal_fallback` the reason for a fallback (else ``None``).
 Every open performs the probe: a committed one-row write to ``store_probe``, which is
-also what detects a read-only database or directory before serving.
+also what detects a read-only database or directory before serving. An existing database
+on a full file system (``SQLITE_FULL``) still opens, so that ``serve`` and ``admin
+prune`` can prune their way out of the full disk; its writes fail with
+``storage_unavailable`` until there is room (a new database, or a pending migration,
+still fails the open).
 
 New databases use ``auto_vacuum=INCREMENTAL`` (set before the first table), so pruning
 can shrink the file (:mod:`qinglong_edge.local.retention`); one created before keeps
@@ -149,6 +153,7 @@ _PROFILE_PRAGMAS: dict[str, tuple[tuple[str, int], ...]] = {
 # Primary result codes (sqlite3.h) that mean "the file is damaged or not a database".
 _SQLITE_CORRUPT = 11
 _SQLITE_NOTADB = 26
+_SQLITE_FULL = 13
 
 
 #: Lock-wait slack of one operation before its busy timeout is lowered (ms).
@@ -775,6 +780,22 @@ def _set_journal_mode(conn: sqlite3.Connection, mode: str) -> str:
     return str(row[0]).lower() if row else ""
 
 
+def _probe_unless_full(conn: sqlite3.Connection) -> None:
+    """:func:`_probe`, except that an existing database on a full file system
+    (``SQLITE_FULL``) passes: the file system is writable, it has no room now. Refusing
+    to open it would leave ``serve`` and ``admin prune`` unable to start on the full
+    disk, and so unable to prune their way out of it (the pruner empties the logs it
+    deletes first, :mod:`qinglong_edge.local.retention`); every write meanwhile fails
+    with ``storage_unavailable`` as it would have anyway. A new database (no
+    ``schema_migrations`` yet) must still be written, so there it fails."""
+    try:
+        _probe(conn)
+    except sqlite3.Error as exc:
+        full = getattr(exc, "sqlite_errorcode", 0) & 0xFF == _SQLITE_FULL
+        if not (full and _has_table(conn, "schema_migrations")):
+            raise
+
+
 def _journal_and_probe(conn: sqlite3.Connection, profile: str, path: str) -> tuple[str, str | None]:
     fallback: str | None = None
     if profile == "standalone":
@@ -783,7 +804,7 @@ def _journal_and_probe(conn: sqlite3.Connection, profile: str, path: str) -> tup
             if mode != "wal":
                 fallback = f"journal_mode=WAL gave {mode or 'nothing'}"
             else:
-                _probe(conn)
+                _probe_unless_full(conn)
                 return "wal", None
         except sqlite3.Error as exc:
             fallback = f"WAL write probe failed: {_error_name(exc)}"
@@ -791,7 +812,7 @@ def _journal_and_probe(conn: sqlite3.Connection, profile: str, path: str) -> tup
         mode = _set_journal_mode(conn, "DELETE")
         if mode != "delete":
             raise StoreError(f"{path}: journal_mode=DELETE gave {mode or 'nothing'}", code="storage_unavailable")
-        _probe(conn)
+        _probe_unless_full(conn)
     except sqlite3.Error as exc:
         raise _unavailable(f"{path}: the database is not writable", exc) from None
     return "delete", fallback

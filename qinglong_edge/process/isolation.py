@@ -15,11 +15,12 @@ Mechanism, in order of preference (no choice is left to configuration):
   library has no wrapper for it. ``ctypes`` is imported in the forked child only, so
   neither the agent nor the wrapper pays its memory.
 
-Without ``ctypes`` (OpenWrt's ``python3-ctypes`` is a separate package) there is no
-isolation: we do not fall back to the ``unshare``/``mount`` programs, because a job
-left as root of its namespace could unmount the covers, and dropping that again needs a
-second nested namespace and options (``--map-user``) that busybox's ``unshare`` lacks;
-OpenWrt's default image has neither program. ``opkg install python3-ctypes`` is the
+Without ``ctypes`` (OpenWrt's ``python3-ctypes`` is a separate package: the ipk depends on
+it, a tarball install may lack it) there is no isolation: we do not fall back to the
+``unshare``/``mount`` programs, because a job left as root of its namespace could unmount
+the covers, and dropping that again needs a second nested namespace and options
+(``--map-user``) that busybox's ``unshare`` lacks; OpenWrt's default image has neither
+program. ``opkg install python3-ctypes`` is the
 remedy :func:`probe_isolation` gives.
 
 What isolation does not do: the job still sees every process in ``/proc`` and may signal

@@ -6,9 +6,10 @@ runner in :mod:`qinglong_edge.worker`): the caller builds a :class:`JobSpec`, ca
 (``handle``), then :meth:`HeldJob.release`\\ s it. The wrapper
 (:mod:`qinglong_edge.process.wrapper`, a small Python program of ours) is the job's
 session and process-group leader and stays the command's parent: it enters the job's
-cgroups first, holds the start barrier, forwards TERM/INT/HUP, writes the capped log
-and, at the end, the truncation fact and the durable receipt. Its identity is the
-job's identity (boot id, pid = process group = session, start time).
+cgroups first, holds the start barrier, passes TERM/INT/HUP on to the job's process
+group once, writes the capped log and, at the end, the truncation fact and the durable
+receipt. Its identity is the job's identity (boot id, pid = process group = session,
+start time).
 
 Guarantees:
 
@@ -39,6 +40,7 @@ Signal dispositions: the agent must not *ignore* SIGTERM/SIGINT/SIGHUP (``serve`
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import select
@@ -49,7 +51,7 @@ import time
 from collections.abc import Mapping
 
 from qinglong_edge.contracts.ids import new_uuid4
-from qinglong_edge.errors import ExecutionError
+from qinglong_edge.errors import ExecutionError, LogStorageUnavailable
 from qinglong_edge.process.cgroups import RunCgroup
 from qinglong_edge.process.identity import ProcessIdentity, capture, encode_handle
 from qinglong_edge.process.jobspec import (
@@ -350,7 +352,9 @@ def start_job(
     Raises:
         ExecutionError: ``invalid_input`` (the spec), ``spawn_failed`` (the wrapper could
             not start, or the cwd is missing), ``cgroup_unavailable``, ``log_unavailable``
-            (log, fact or receipt directory), ``already_published`` (the receipt or fact
+            (log, fact or receipt directory; as :class:`LogStorageUnavailable` when it
+            could not be created because its file system is full: ENOSPC, EDQUOT, EIO),
+            ``already_published`` (the receipt or fact
             exists: this attempt already ran), ``identity_unavailable``. In every case
             nothing ran and the wrapper is reaped.
     """
@@ -419,13 +423,34 @@ def _start(spec: JobSpec, data: bytearray, cgroup: RunCgroup | None, python: str
     return held
 
 
+#: Errors of the log's (or a publication's) file system that go away by themselves
+#: (space freed, a transient I/O error): a launch failing on them is storage failing, not
+#: the Run's fault (issue 17 item 3).
+_STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO)
+
+
+def _storage_failure(detail: str) -> bool:
+    """The wrapper's detail (``PATH: strerror``, the same C library's text) names one of
+    :data:`_STORAGE_ERRNOS`."""
+    return any(detail.endswith(": " + os.strerror(number)) for number in _STORAGE_ERRNOS)
+
+
 def _refusal(answer: bytes) -> ExecutionError:
-    """The wrapper's ``error CODE TEXT`` (or silence) as a launch failure."""
+    """The wrapper's ``error CODE TEXT`` (or silence) as a launch failure.
+
+    A log or publication that could not be created because its file system is full
+    (or failing: :data:`_STORAGE_ERRNOS`) is :class:`LogStorageUnavailable` (still code
+    ``log_unavailable``), so the caller can retry the launch later instead of failing it.
+    """
     text = answer.decode("utf-8", "replace").strip()
     if not text.startswith("error "):
         return ExecutionError("the job wrapper did not become ready", code="spawn_failed")
     code, _, detail = text[len("error "):].partition(" ")
-    return ExecutionError(f"the job could not be prepared: {detail}"[:300], code=_FAILURES.get(code, "spawn_failed"))
+    mapped = _FAILURES.get(code, "spawn_failed")
+    message = f"the job could not be prepared: {detail}"[:300]
+    if mapped == "log_unavailable" and _storage_failure(detail):
+        return LogStorageUnavailable(message)
+    return ExecutionError(message, code=mapped)
 
 
 _NO_IDENTITY = ProcessIdentity("none", 1, 1, "1")

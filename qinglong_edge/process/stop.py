@@ -7,13 +7,19 @@ SIGKILL, grace); the spec README and field-lessons.md 3-5 add what we do beyond 
    ``unknown(unsupported_platform)``.
 2. Look: the leader (boot id, pid, group, start time), the process group, the cgroup.
    Nothing alive: ``already_exited``.
-3. SIGTERM, each process once: ``killpg`` to the group (re-verified just before, see
-   below; one call, so a child being forked gets it too), and every member of the
-   Run's cgroup outside the group (``setsid`` escapees). Those are pinned with a pidfd
-   first and re-verified afterwards (still in the cgroup, still outside the group)
-   before the signal goes through the pidfd, so a pid that exits and is recycled
-   between enumeration and signal is never hit (ESRCH is tolerated). Poll every
-   ``poll_ms`` until ``terminate_grace_ms``; all gone: ``stopped(SIGTERM)``.
+3. SIGTERM, each process exactly once. The leader is the job wrapper
+   (:mod:`qinglong_edge.process.wrapper`): while it runs, it alone gets the SIGTERM
+   (through its pidfd, re-verified just before), and it passes it on to its process
+   group with one ``killpg`` while ignoring it itself (one call, so a child being forked
+   gets it too). Signalling the group as well would hand every member a second TERM,
+   and tools that force-quit on a second TERM skip their graceful shutdown. When the
+   leader has exited but still pins the group (an unreaped zombie, see below), nothing
+   forwards any more: the group is signalled directly. Then every member of the Run's
+   cgroup outside the group (``setsid`` escapees, which no ``killpg`` reaches). Those are
+   pinned with a pidfd first and re-verified afterwards (still in the cgroup, still
+   outside the group) before the signal goes through the pidfd, so a pid that exits and
+   is recycled between enumeration and signal is never hit (ESRCH is tolerated). Poll
+   every ``poll_ms`` until ``terminate_grace_ms``; all gone: ``stopped(SIGTERM)``.
 4. Re-verify the identity. All gone: ``stopped(SIGTERM)``. Else SIGKILL the group
    (``killpg``, only while the leader still pins the group number) and the cgroup
    (``cgroup.kill``, or freeze + SIGKILL + thaw on v1). Poll until ``kill_grace_ms``:
@@ -24,6 +30,11 @@ SIGKILL, grace); the spec README and field-lessons.md 3-5 add what we do beyond 
 "All gone" means: the leader is not running, no live (non-zombie) process is in its
 group, and the cgroup has no live member. Only ``stopped`` and ``already_exited`` let a
 Run terminalise.
+
+One race is left open on purpose: a wrapper that exits (its command done, its drain over)
+between our check and our signal never passes the TERM on; leftovers of its group then
+get the SIGKILL after the grace. Signalling the group as well would close it only by
+doubling the TERM of every job that did not exit.
 
 Group authority. ``kill(-pgid)`` is only safe while the group number still belongs to
 the Run. It does while the leader with the recorded identity exists, running or as an
@@ -171,10 +182,29 @@ class _Target:
         except OSError as exc:
             raise ExecutionError(f"signal to the process group failed: {exc.strerror}", code="signal_failed") from None
 
+    def _signal_leader(self, sig: int) -> None:
+        """``sig`` to the leader alone, while its identity is verified running (through
+        the pidfd bound to it, so a recycled pid is never hit)."""
+        if self.leader() is not Liveness.RUNNING:
+            return
+        try:
+            if self.leader_fd is not None and self.leader_fd >= 0:
+                signal.pidfd_send_signal(self.leader_fd, sig)
+            else:
+                os.kill(self.identity.pid, sig)
+        except ProcessLookupError:
+            pass
+        except OSError as exc:
+            raise ExecutionError(f"signal to the job wrapper failed: {exc.strerror}", code="signal_failed") from None
+
     def terminate(self) -> None:
-        """SIGTERM the group (one ``killpg``: the kernel also catches a child being
-        forked), then each cgroup member outside the group through a verified pidfd."""
-        self._signal_group(signal.SIGTERM)
+        """One SIGTERM for each process of the Run (module docstring, step 3): the running
+        wrapper alone (it passes it on to its group), else the group of the exited leader
+        directly; then each cgroup member outside the group through a verified pidfd."""
+        if self.leader() is Liveness.RUNNING:
+            self._signal_leader(signal.SIGTERM)
+        else:
+            self._signal_group(signal.SIGTERM)
         if self.cgroup is None:
             return
         pgid = self.identity.pgid

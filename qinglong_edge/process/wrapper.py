@@ -38,9 +38,15 @@ Protocol (all bytes):
    :func:`_isolate`). A failed ``exec`` (or ``chdir``, or isolation) writes one line into
    the log and ends with :data:`CANNOT_EXECUTE` (126) or, for a missing file,
    :data:`NOT_FOUND` (127), as a shell would.
-5. While the command runs: TERM, INT and HUP received by the wrapper are forwarded to the
-   command's pid (like the reference launcher's trap; a signal sent to the whole group
-   therefore reaches the command twice). Output is copied head-first into the log up to
+5. While the command runs (and after, while the wrapper drains and publishes): a TERM, INT
+   or HUP received by the wrapper is passed on to the job's whole process group with one
+   ``killpg`` while that signal is ignored in the wrapper itself, so each member of the
+   group (the command, a pipeline's other members, background children) gets it exactly
+   once and the wrapper goes on to write the receipt. Stop a job by signalling the wrapper
+   (its pid is the job's identity): :func:`qinglong_edge.process.stop.stop` does; a signal
+   sent to the whole group reaches every member twice (directly, then through the
+   wrapper), which makes tools that force-quit on a second TERM or INT skip their graceful
+   shutdown. Output is copied head-first into the log up to
    ``logcap`` bytes (existing bytes count), then ``notice`` once; the rest is read,
    counted and discarded, so the command never blocks on its log. After the command
    exits, output still arriving (grandchildren holding the pipe) is drained for at most
@@ -697,11 +703,23 @@ class Runner:
         self.status: int | None = None
 
     def _forward(self, number: int, frame: object) -> None:
-        if self.pid > 0 and self.status is None:
+        """Pass ``number`` on to the job's process group, once (module docstring, step 5).
+
+        The wrapper leads the group, so ``killpg(0)`` reaches exactly the job's members, a
+        child being forked included; the signal is ignored here meanwhile (a signal whose
+        disposition is "ignore" is discarded when generated), so the wrapper does not get
+        it back. Also after the command exited: leftovers still in the group get it.
+        """
+        if self.pid <= 0:
+            return  # unreachable: the signals stay blocked until the command is forked
+        try:
+            _signal.signal(number, _signal.SIG_IGN)
             try:
-                os.kill(self.pid, number)
-            except OSError:
-                pass
+                os.killpg(0, number)
+            finally:
+                _signal.signal(number, self._forward)
+        except OSError:
+            pass
 
     def run(self) -> int:
         """Start the command and supervise it to its end; its exit code (module docstring).
@@ -716,11 +734,13 @@ class Runner:
             err_r, err_w = os.pipe2(os.O_CLOEXEC)
             wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
             _signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+            # Blocked before the handlers exist: a TERM from here on waits until the command
+            # is forked and is then passed on to it (none is lost in between).
+            watched = {*_FORWARDED, _signal.SIGCHLD}
+            _signal.pthread_sigmask(_signal.SIG_BLOCK, watched)
             for number in _FORWARDED:
                 _signal.signal(number, self._forward)
             _signal.signal(_signal.SIGCHLD, lambda n, f: None)  # only so that the wakeup fd fires
-            watched = {*_FORWARDED, _signal.SIGCHLD}
-            _signal.pthread_sigmask(_signal.SIG_BLOCK, watched)
             try:
                 self.pid = os.fork()
             finally:

@@ -21,10 +21,15 @@ from tests.support.cluster_double import ClusterDouble
 from tests.support.pull_env import REPO, PullEnv, child_env
 
 #: ``python -c FAKE_UNAME MACHINE ARGS...``: the CLI with ``os.uname().machine == MACHINE``.
+#: A machine ending in ``/32`` also makes the interpreter look 32-bit (``sys.maxsize``,
+#: the word size the agent reads): a 32-bit user space on a 64-bit kernel.
 FAKE_UNAME = """
 import os, sys
 real = os.uname()
 machine = sys.argv[1]
+if machine.endswith("/32"):
+    machine = machine[:-3]
+    sys.maxsize = 2**31 - 1
 os.uname = lambda: os.uname_result((real.sysname, real.nodename, real.release, real.version, machine))
 from qinglong_edge.cli import main
 sys.exit(main(sys.argv[2:]))
@@ -121,3 +126,19 @@ def test_pull_names_the_architecture_and_explains_no_match_on_a_lower_tier(env: 
     assert "only tasks whose placement lists experimental in supportTiers get offers" in proc.stdout
     line = json.loads(_run("armv7l", "--config", str(env.config_path), "--json", "pull", "--no-splay").stdout)
     assert line["device"] == {"machine": "armv7l", "architecture": "arm/v7", "supportTier": "experimental"}
+
+
+def test_a_32_bit_os_on_a_64_bit_kernel_is_announced_as_32_bit_arm(env: PullEnv) -> None:
+    """Review (issue 18 item 4): Raspberry Pi OS 32-bit on a Pi 4/5 runs a 64-bit kernel
+    (``uname -m``: aarch64) under a 32-bit user space. doctor and pull must say arm/v7
+    (experimental), what its programs are, not arm64/tier1."""
+    status, checks = _doctor(env, "aarch64/32")
+    assert status == 0  # a warning, not a failure
+    check = checks["architecture"]
+    assert (check["ok"], check["required"]) == (False, False), check
+    assert str(check["detail"]).startswith("aarch64 (32-bit user space): arm/v7, support tier experimental")
+    proc = _run("aarch64/32", "--config", str(env.config_path), "--json", "pull", "--no-splay")
+    line = json.loads(proc.stdout.splitlines()[0])
+    assert line["device"] == {"machine": "aarch64", "architecture": "arm/v7", "supportTier": "experimental"}
+    registered = [json.loads(e.body) for e in env.cluster.exchanges_for("register")]
+    assert json.loads(registered[-1]["capabilitiesJson"])["architecture"] == "arm/v7"

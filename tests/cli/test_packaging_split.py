@@ -27,9 +27,11 @@ import pytest
 
 from tests.support.cli import REPO
 from tests.support.openwrt_split import (
+    BASE_PYTHON,
     DEPENDS,
     available_pythons,
     blocked_modules,
+    interpreter_without,
     run_cli_under_split,
     run_code_under_split,
 )
@@ -183,6 +185,44 @@ def test_doctor_under_light_only_reports_the_missing_packages(tmp_path: pathlib.
     assert ("sqlite3", "python3-sqlite3") in result.refused
 
 
+def test_without_python3_ctypes_the_agent_works_and_doctor_says_what_remote_jobs_can_read(
+        tmp_path: pathlib.Path) -> None:
+    """python3-ctypes is in Depends (the isolation of remote jobs), but a device may lack it
+    (a tarball install that skipped it, a package removed): the agent must still work and
+    say plainly what that costs. The blocker removes ``ctypes`` from the agent; the
+    interpreter itself lacks it too (:func:`interpreter_without`), so the job wrapper that
+    the isolation probe starts (``sys.executable -I -S``) has no ``ctypes`` either, as on
+    the router."""
+    without = [package for package in DEPENDS if package != "python3-ctypes"]
+    python = interpreter_without(["python3-ctypes"], str(tmp_path / "python"))
+    if python is None:
+        pytest.skip(f"{BASE_PYTHON} cannot be laid out without ctypes (missing, or a shared libpython)")
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    device = tmp_path / "device"
+    device.mkdir(mode=0o700)
+    config = tmp_path / "worker.json"
+    config.write_text(json.dumps({
+        "schema": "qinglong/edge-agent@v1", "stateDirectory": str(state),
+        "worker": {"origin": "https://cluster.example", "workerId": "edge-1",
+                   "credentialFile": str(device / "worker.credential"), "certificateFile": str(device / "client.crt"),
+                   "privateKeyFile": str(device / "client.key"), "trustAnchorFiles": [str(device / "ca.pem")]},
+    }))
+    result = run_cli_under_split(["--config", str(config), "doctor", "--json"], installed=without, python=python)
+    assert result.status in (0, 69), result.stderr  # the worker's files are missing here: their checks fail
+    assert "Traceback" not in result.stderr and "OpenWrt package" not in result.stderr
+    checks = {check["name"]: check for check in json.loads(result.stdout)["checks"]}
+    isolation = checks["isolation"]
+    assert (isolation["ok"], isolation["required"]) == (False, False)  # a warning, not a failure
+    assert "ctypes module is missing" in isolation["detail"]
+    assert "can read everything it can" in isolation["detail"]
+    assert str(device) in isolation["detail"] and str(state) in isolation["detail"]
+    assert "opkg install python3-ctypes" in isolation["remedy"]
+    assert not [name for name, _ in result.refused if name.startswith("ctypes")]  # the agent never imports it
+    version = run_cli_under_split(["version"], installed=without, python=python)
+    assert version.status == 0 and version.stdout.startswith("qinglong-edge "), version.stderr
+
+
 # ---- the blocker itself -------------------------------------------------------------
 
 def test_blocker_refuses_a_package_that_is_not_installed() -> None:
@@ -231,10 +271,12 @@ def test_depends_line_matches_the_package() -> None:
 # ---- every stdlib module the package names, under Depends ------------------------------
 
 #: Modules the package imports only where it survives their absence, with the proof.
-#: ``ctypes`` (OpenWrt: python3-ctypes, not in Depends): only the job wrapper's forked
-#: child imports it, to make an isolated job's namespace (mount(2) has no stdlib
-#: wrapper); without it that job is not started and probe_isolation/doctor say why
-#: (tests/process/test_isolation.py::test_the_probe_explains_a_missing_ctypes).
+#: ``ctypes`` (OpenWrt: python3-ctypes, in Depends for the isolation of remote jobs, but
+#: the agent must work without it): only the job wrapper's forked child imports it, to
+#: make an isolated job's namespace (mount(2) has no stdlib wrapper); without it that job
+#: is not started and probe_isolation/doctor say why
+#: (tests/process/test_isolation.py::test_the_probe_explains_a_missing_ctypes, and
+#: test_without_python3_ctypes_the_agent_works_and_doctor_says_what_remote_jobs_can_read).
 OPTIONAL = {"ctypes": {"wrapper.py"}}
 
 

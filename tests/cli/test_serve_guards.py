@@ -246,3 +246,25 @@ def test_serve_refuses_to_create_a_database_only_when_keys_exist(tmp_path: pathl
     assert proc.returncode == 0
 
 
+
+
+def test_an_emptied_database_file_is_refused_like_a_missing_one(site: pathlib.Path) -> None:
+    """Review (issue 17 item 5): a database file truncated to 0 bytes (``: > local.db``, a
+    copy that stopped on a full disk) is, to SQLite, a new empty database. With keys in
+    the keyring, serve and admin must refuse it as ``database_missing`` rather than
+    migrate an empty schema into it (and then sweep every Run log as an orphan)."""
+    database = site / "state" / "local.db"
+    logs = site / "state" / "logs"
+    logs.mkdir(mode=0o700, exist_ok=True)
+    log = logs / "4d777140-7c2a-4b6e-a19a-a46c92f62a8d_1d4afdcf-0b7e-4a43-9b35-1b8c4d0e9f10.log"
+    log.write_bytes(b"step 1\n")
+    with open(database, "r+b") as handle:
+        handle.truncate(0)
+    status, stderr = _serve_once(site)
+    assert status == 73, stderr
+    line = _one_line(stderr)
+    assert "database_missing" in line and str(database) in line and "empty" in line
+    admin = run_cli("--config", str(write_config(site, free_port())), "admin", "runs", "list", "--project", "default")
+    assert admin.status == 73 and "database_missing" in admin.stderr
+    assert database.stat().st_size == 0  # nothing was migrated into it
+    assert log.read_bytes() == b"step 1\n"  # and no log was swept as an orphan

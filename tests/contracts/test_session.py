@@ -190,3 +190,19 @@ def test_architecture_for_machine(machine: str, architecture: str | None) -> Non
     assert architecture_for_machine(machine) == architecture
     if architecture is not None:
         assert support_tier_for(architecture) is not None
+
+
+@pytest.mark.parametrize(
+    ("machine", "architecture"),
+    [("aarch64", "arm/v7"), ("arm64", "arm/v7"), ("armv8l", "arm/v7"), ("armv7l", "arm/v7"), ("armv6l", "arm/v6"),
+     ("x86_64", "386"), ("i686", "386"), ("ppc64le", None), ("s390x", None), ("mips", None)],
+)
+def test_a_32_bit_user_space_on_a_64_bit_kernel_is_its_32_bit_architecture(machine: str,
+                                                                          architecture: str | None) -> None:
+    """Review (issue 18 item 4): ``uname -m`` names the kernel's machine. Raspberry Pi OS
+    32-bit on a Pi 4/5 boots a 64-bit kernel by default, so it says ``aarch64`` while
+    every program, the agent's Python and a job's, is 32-bit ARM: announcing arm64/tier1
+    would bring offers built for a user space the device does not have (the reference's
+    Node worker takes ``process.arch``, the program's own: ``arm``)."""
+    assert architecture_for_machine(machine, pointer_bits=32) == architecture
+    assert architecture_for_machine(machine, pointer_bits=64) == architecture_for_machine(machine)

@@ -102,6 +102,27 @@ def test_cancel_stops_the_job_and_marks_terminal_with_the_exact_events(env: Env,
     ]
 
 
+def test_a_cancelled_local_run_gets_exactly_one_term(env: Env, tmp_path: object) -> None:
+    """The process core's one-TERM-per-stop, end to end through the controller (the remote
+    runner uses the same stop): the job counts each TERM delivered to it."""
+    import shlex
+    import sys
+
+    from tests.process.test_stop import _PY_COUNTER, _terms
+
+    counted, ready = os.path.join(str(tmp_path), "terms"), os.path.join(str(tmp_path), "ready")
+    env.task("t-count", "exec " + shlex.join([sys.executable, "-I", "-S", "-c", _PY_COUNTER, counted, ready]))
+    run_id, attempt_id = env.start("t-count")
+    with env.controller(terminate_grace_ms=10_000) as controller:
+        controller.notify()
+        _pid(env, attempt_id)
+        assert wait_for(lambda: os.path.exists(ready), timeout=30)
+        assert env.cancel(run_id) == "accepted"
+        controller.notify()
+        assert env.wait_status(run_id, "cancelled", timeout=20) == "cancelled"
+    assert _terms(counted) == 1
+
+
 @pytest.mark.parametrize("use_cgroups", [True, False], ids=["cgroup", "no-cgroup"])
 def test_cancel_leaves_no_process_of_the_run(env: Env, use_cgroups: bool, request: pytest.FixtureRequest) -> None:
     marker, escaped = "100031.5", "100031.75"

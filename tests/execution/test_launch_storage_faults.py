@@ -10,10 +10,12 @@ and runs once storage works; a fault that does not go away ends ``failed`` with
 
 from __future__ import annotations
 
+import errno
 import os
 import pathlib
 
 from tests.support.execution_env import Env, wait_for
+from tests.support.mounts import tmpfs
 
 FAST_LAUNCH = {"launch_attempts": 8, "launch_backoff_s": 0.05}
 
@@ -116,3 +118,39 @@ def test_a_cancel_while_a_launch_is_deferred_cancels_without_running(env: Env, t
         assert env.wait_status(run_id, "cancelled") == "cancelled"
     assert not marker.exists()
     assert [a[1] for a in _attempts(env, run_id)] == ["failed", "cancelled"]
+
+
+def test_a_log_file_system_full_at_launch_requeues_the_run(env: Env, tmp_path: pathlib.Path) -> None:
+    """Review (issue 17 item 3): the job wrapper cannot create the Run's log because the
+    log directory's file system is full (ENOSPC, on a real tmpfs whose inodes are used
+    up). That is storage failing while the launch is prepared, not the Run's fault: the
+    Run must be requeued (attempt ``LAUNCH_STORAGE_UNAVAILABLE``) and run once there is
+    room, not end ``failed`` at once."""
+    with tmpfs(tmp_path / "logfs", "256k", inodes=8) as mount:
+        logs = mount / "logs"
+        logs.mkdir(mode=0o700)
+        fillers: list[pathlib.Path] = []
+        while True:
+            filler = mount / f"filler-{len(fillers)}"
+            try:
+                filler.touch()
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+                break
+            fillers.append(filler)
+        env.log_directory = str(logs)
+        marker = tmp_path / "ran"
+        env.task("t-full", f"echo run >> {marker}")
+        run_id, _ = env.start("t-full")
+        with env.controller(launch=FAST_LAUNCH) as controller:
+            controller.notify()
+            assert wait_for(lambda: any(a[1:] == ("failed", "LAUNCH_STORAGE_UNAVAILABLE")
+                                        for a in _attempts(env, run_id)))
+            assert env.status(run_id) != "failed"
+            assert not marker.exists()
+            fillers.pop().unlink()  # room again
+            assert env.wait_status(run_id, "succeeded", timeout=20) == "succeeded"
+        assert marker.read_text() == "run\n"
+        attempts = _attempts(env, run_id)
+        assert attempts[-1][1] == "succeeded" and len(attempts) < 8
+        assert env.run_row(run_id)["error_code"] is None

@@ -11,6 +11,7 @@ fits) and the store works again.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import pathlib
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from qinglong_edge.local.audit import AuditUnavailable
 from qinglong_edge.local.retention import Pruner, RetentionCaps, measure_store
 from qinglong_edge.local.run_logs import log_name
 from qinglong_edge.local.store import Store
+from tests.support.cli import run_cli
 from tests.support.mounts import tmpfs
 from tests.support.run_history import DAY, T0, History
 
@@ -92,3 +94,41 @@ def test_a_full_disk_fails_every_writer_cleanly_and_pruning_makes_room_by_itself
     with Store.open(str(small / "local.db")) as reopened:  # quick_check and the write probe pass
         assert reopened.run(measure_store).terminal_runs == 11
     assert (small / "filler").stat().st_size > 0  # the disk stayed full of it all along
+
+
+@pytest.mark.root
+def test_after_a_restart_on_the_full_disk_admin_prune_still_makes_room(small: pathlib.Path,
+                                                                      tmp_path: pathlib.Path) -> None:
+    """Review (issue 16, "Bad input"): the disk filled while the agent ran, then it
+    stopped (a reboot, a crash, an upgrade). Every later open of the store failed at its
+    write probe (``SQLITE_FULL``: storage_unavailable, exit 74), so neither ``serve`` nor
+    ``admin prune`` (doctor's remedy) could ever start to make room: the pruner's
+    full-disk path was reachable only from a store opened before the disk filled."""
+    history = History.create(str(small))
+    fd = os.open(small / "filler", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    made = 0
+    try:
+        with pytest.raises((StoreError, OSError)):
+            for i in range(2000):
+                history.finished(T0 - DAY + i * 1000, b"o" * 6000)
+                made += 1
+        assert made > 20
+        _fill(fd)
+    finally:
+        os.close(fd)
+        history.store.close()  # the service stops; the disk stays full
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "schema": "qinglong/edge-agent@v1",
+        "stateDirectory": str(small),
+        "localApi": {"listener": {"host": "127.0.0.1", "port": 5700}, "runMaximumEntries": 10,
+                     "pepperKeyringDirectory": str(tmp_path / "pepper")},
+        "execution": {"logDirectory": history.log_directory},
+    }))
+    result = run_cli("--config", str(config), "--json", "admin", "prune")
+    assert result.status == 0, result.stdout + result.stderr
+    pruned = result.json()["store"]
+    assert pruned["runs"] == made - 10 and pruned["truncatedBytes"] > 0
+    assert (small / "filler").stat().st_size > 0  # still full of it: the room came from pruning
+    with Store.open(str(small / "local.db")) as reopened:
+        assert reopened.run(measure_store).terminal_runs == 10

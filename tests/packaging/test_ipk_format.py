@@ -16,7 +16,7 @@ from tests.packaging.conftest import EPOCH, REPO, Dist
 import ipkcheck  # isort: skip  (packaging/ on sys.path, see conftest)
 from qle_dist.reproducible import gzip_bytes  # isort: skip
 
-DEPENDS = "python3-light (>= 3.11), python3-openssl, python3-sqlite3, python3-urllib, python3-logging"
+DEPENDS = "python3-light (>= 3.11), python3-openssl, python3-sqlite3, python3-urllib, python3-logging, python3-ctypes"
 
 
 def _tar_members(data: bytes) -> list[tuple[tarfile.TarInfo, bytes | None]]:

@@ -181,7 +181,7 @@ def test_installed_launcher_under_the_split_is_refused_what_depends_lacks(unpack
     """The blocker reaches the installed tree: without python3-sqlite3, `admin init` fails."""
     report = tmp_path / "refused.tsv"
     site = LocalSite(tmp_path, installed_entry(unpacked.root, cwd=tmp_path, report=str(report), installed=(
-        "python3-light", "python3-openssl", "python3-urllib", "python3-logging")))
+        "python3-light", "python3-openssl", "python3-urllib", "python3-logging", "python3-ctypes")))
     result = site.entry.run("--config", str(site.config), "admin", "init")
     assert result.status == 69
     assert "module_missing" in result.stderr and "'sqlite3'" in result.stderr

@@ -132,6 +132,8 @@ def test_install_files_info_upgrade_remove(openwrt_tools: OpenwrtTools, dist: Di
 @pytest.mark.parametrize(("installed", "message"), [
     pytest.param({k: v for k, v in DEPENDS_VERSIONS.items() if k != "python3-sqlite3"},
                  "cannot find dependency python3-sqlite3 for qinglong-edge", id="no-sqlite3"),
+    pytest.param({k: v for k, v in DEPENDS_VERSIONS.items() if k != "python3-ctypes"},
+                 "cannot find dependency python3-ctypes for qinglong-edge", id="no-ctypes"),
     pytest.param({**DEPENDS_VERSIONS, "python3-light": "3.10.13-1"},
                  "cannot find dependency python3-light (>= 3.11) for qinglong-edge", id="python-3.10"),
 ])

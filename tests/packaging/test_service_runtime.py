@@ -12,17 +12,21 @@ What this proves against the shipped files: every directory ``serve`` (database,
 pepper keyring, Run logs, the Runs' work directory) and ``pull`` (journal) write
 exists and belongs to the service user after ``start_service``; procd's stop timeout
 covers ``serve``'s drain; the crontab line runs a real pull only while
-``worker.enabled`` is 1.
+``worker.enabled`` is 1, ends with its pull although the pull leaves a job running, and
+neither holds nor kills that job.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
 import shutil
+import signal
 import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 
@@ -34,12 +38,14 @@ from tests.packaging.conftest import Dist, Unpacked, unpack_ipk
 from tests.packaging.installed import STOP_MARGIN_S, Router, serve_stop_seconds, worker_options
 from tests.support.cli import Entry, unprivileged_python
 from tests.support.cluster_double import ClusterDouble
+from tests.support.jobs import alive, wait_until
 from tests.support.local_site import FAST_EXECUTION, LocalSite, start_and_cancel
 from tests.support.openwrt_stubs import read_log
 from tests.support.pull_env import PullEnv
 
 #: Stands in for the `qinglong` user (uid/gid) the package creates on a router.
 SERVICE_UID = 65534
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown, running as another user)")
 
@@ -258,3 +264,65 @@ def test_crontab_line_pulls_as_the_service_user_only_while_enabled(busybox: str,
     cron()
     assert len(cluster.exchanges) == seen  # worker switched off: the line does nothing
     assert json.loads((router.rundir / "config.json").read_text())["worker"]["workerId"] == cluster.worker_id
+
+
+def _standin_pull(base: pathlib.Path, then: str) -> pathlib.Path:
+    """A stand-in for ``qinglong-edge ... pull`` that starts a real job under the job
+    wrapper, as a resident pull does, writes the wrapper's pid to ``job.pid``, then
+    ``then`` (``exit``: what a resident pull stopped by SIGTERM or a crash does, leaving
+    its job running; ``wait``: stays, as while it supervises)."""
+    program = base / "standin-pull"
+    program.write_text(
+        f"#!{sys.executable}\n"
+        "import os, sys, time\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from tests.support.jobs import start_job\n"
+        f"job = start_job('echo started; exec sleep 100071', {str(base)!r})\n"
+        f"with open({str(base / 'job.pid')!r}, 'w') as out:\n"
+        "    out.write(str(job.pid))\n"
+        "print('pull: left a job', file=sys.stderr)\n"
+        + ("time.sleep(120)\n" if then == "wait" else "")
+    )
+    program.chmod(0o755)
+    return program
+
+
+def test_the_cron_line_ends_with_the_pull_and_never_takes_its_job(busybox: str, router: Router,
+                                                                  base: pathlib.Path) -> None:
+    """busybox crond (miscutils/crond.c) has no timeout and kills nothing it started; it
+    starts a line again only after the previous run of that line has exited, and puts each
+    run in a process group of its own (bb_setpgrp). So the shipped line needs no change for
+    a resident pull, provided the line ends when pull does, although pull leaves a remote
+    job running (the job holds no descriptor of the line: not the logger pipe), and that a
+    signal to the line's process group never reaches the job (it has a session of its
+    own). Both checked here with the shipped line, busybox sh and a real job."""
+    (line,) = [line for line in (router.root / "etc/crontabs/qinglong").read_text().splitlines()
+               if line.strip() and not line.startswith("#")]
+    router.rundir.mkdir(parents=True)
+    (router.rundir / "pull.enabled").touch()
+    logger = base / "bin/logger"
+    logger.parent.mkdir()
+    logger.write_text(f'#!/bin/sh\ncat >> {base / "syslog"}\n')
+    logger.chmod(0o755)
+    env = {"PATH": f"{logger.parent}:/usr/bin:/bin"}
+    jobs: list[int] = []
+    try:
+        for then in ("exit", "wait"):
+            command = line.split(maxsplit=5)[5].replace("/var/etc/qinglong-edge", str(router.rundir))
+            command = command.replace("/usr/bin/qinglong-edge", str(_standin_pull(base, then)))
+            (base / "job.pid").unlink(missing_ok=True)
+            cron = subprocess.Popen([busybox, "sh", "-c", command], env=env, cwd="/", start_new_session=True)
+            assert wait_until((base / "job.pid").exists, timeout=30)
+            job = int((base / "job.pid").read_text())
+            jobs.append(job)
+            if then == "wait":
+                os.killpg(cron.pid, signal.SIGTERM)  # the line's own group: the stand-in and logger
+            assert cron.wait(timeout=30) == (0 if then == "exit" else -signal.SIGTERM)
+            assert alive(job), then  # the job outlived the line, in a session of its own
+            assert os.getsid(job) == job
+            if then == "exit":
+                assert (base / "syslog").read_text() == "pull: left a job\n"  # the line's logger got pull's stderr
+    finally:
+        for job in jobs:
+            with contextlib.suppress(OSError):
+                os.killpg(job, signal.SIGKILL)

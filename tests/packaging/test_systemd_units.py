@@ -13,9 +13,11 @@ import subprocess
 
 import pytest
 
-from qinglong_edge.config import load_config
+from qinglong_edge.config import load_config, parse_config
+from qinglong_edge.errors import ConfigError
 from tests.packaging.conftest import PACKAGING, Dist
 from tests.packaging.installed import STOP_MARGIN_S, serve_stop_seconds
+from tests.test_config import WORKER, minimal
 
 UNITS = PACKAGING / "files" / "systemd"
 
@@ -37,7 +39,8 @@ def test_service_budget_and_sandbox(name: str) -> None:
     assert service["User"] == service["Group"] == "qinglong"
     assert service["StateDirectory"] == "qinglong-edge"
     assert service["ReadWritePaths"] == "/var/lib/qinglong-edge"
-    assert service["ProtectHome"] == "yes" and service["PrivateTmp"] == "yes"
+    assert service["ProtectHome"] == "yes"
+    assert service.get("PrivateTmp") == "yes" or "/tmp:mode=1777" in service["TemporaryFileSystem"].split()
     assert "AF_INET" in service["RestrictAddressFamilies"]
     assert service["ExecStart"].startswith("/usr/local/bin/qinglong-edge --config /etc/qinglong-edge/config.json ")
 
@@ -86,9 +89,97 @@ def test_serve_stop_leaves_the_runs_to_the_controller() -> None:
     assert "SendSIGKILL" not in service  # what is left after the timeout still gets SIGKILL
 
 
+# ---- a resident pull (spec README, "Units") --------------------------------------------------------------
+
+def test_a_resident_pull_is_never_timed_out_mid_job() -> None:
+    """A oneshot stays "activating" while ExecStart runs: the whole life of a resident pull.
+    Its start timeout is off by default; the unit says so explicitly (the old 5min would
+    have stopped the pull five minutes into a job). No RemainAfterExit: the unit must go
+    inactive when the pull exits, or the timer would never start it again."""
+    pull = _unit("qinglong-edge-pull.service")["Service"]
+    assert pull["Type"] == "oneshot"
+    assert pull["TimeoutStartSec"] == "infinity"
+    assert "TimeoutSec" not in pull and "RuntimeMaxSec" not in pull
+    assert pull.get("RemainAfterExit", "no") == "no"
+    assert "Restart" not in pull  # the timer starts it; a restart loop would fight it
+
+
+def test_a_stopped_or_crashed_pull_leaves_its_jobs_running() -> None:
+    """KillMode=process: SIGTERM (and, after TimeoutStopSec, SIGKILL) reach the pull alone,
+    at `systemctl stop` and whenever a oneshot's ExecStart ends (systemd then stops the
+    unit); the default control-group mode would kill every remote job with it. The stop
+    timeout covers the call in flight (worker.requestTimeoutMs, at most 60 s)."""
+    pull = _unit("qinglong-edge-pull.service")["Service"]
+    assert pull["KillMode"] == "process"
+    assert "SendSIGKILL" not in pull and "ExecStop" not in pull
+    document = minimal(worker={**WORKER, "requestTimeoutMs": 60_000})
+    assert parse_config(document).worker is not None
+    with pytest.raises(ConfigError):
+        parse_config(minimal(worker={**WORKER, "requestTimeoutMs": 60_001}))
+    assert _seconds(pull["TimeoutStopSec"]) >= 60 + STOP_MARGIN_S
+
+
+def test_remote_jobs_get_their_own_cgroup_below_the_pull_unit() -> None:
+    """The agent's CgroupManager creates qinglong-edge/<attemptId> in its *own* cgroup
+    (process/cgroups.py: the agent's cgroup first, then the hierarchy root, which a
+    service user cannot write): that needs the unit's subtree delegated to User= and
+    /sys/fs/cgroup writable in the unit's namespace. ProtectKernelTunables= leaves
+    /sys/fs/cgroup writable (systemd's namespace.c: READWRITE_IMPLICIT there; only
+    ProtectControlGroups= makes it read-only)."""
+    for name in ("qinglong-edge-pull.service", "qinglong-edge.service"):
+        service = _unit(name)["Service"]
+        assert service["Delegate"] == "yes", name
+        assert service.get("ProtectControlGroups", "no") == "no", name
+        assert "/sys" not in service.get("ReadOnlyPaths", "") + service.get("InaccessiblePaths", ""), name
+
+
+def test_a_job_that_outlives_its_pull_keeps_its_tmp() -> None:
+    """systemd removes a PrivateTmp= directory at every stop of the unit (service.c
+    service_enter_dead: "We want fresh tmpdirs"), which for a oneshot is every end of the
+    pull: a job left running by a stopped or crashed pull would lose its files under it.
+    A TemporaryFileSystem= mount lives as long as the last process using it. serve's Runs
+    never outlive serve, so it keeps PrivateTmp=."""
+    pull = _unit("qinglong-edge-pull.service")["Service"]
+    assert pull.get("PrivateTmp", "no") == "no"
+    assert sorted(pull["TemporaryFileSystem"].split()) == ["/tmp:mode=1777", "/var/tmp:mode=1777"]
+    assert _unit("qinglong-edge.service")["Service"]["PrivateTmp"] == "yes"
+
+
+#: Settings of the units that the jobs inherit (a job runs in the unit's cgroup and
+#: namespace, under its seccomp filters and limits): the same in both units, except
+#: those named with the reason in DIFFERENCES.
+JOB_SANDBOX = (
+    "User", "Group", "UMask", "MemoryMax", "TasksMax", "LimitNOFILE", "Delegate", "NoNewPrivileges",
+    "ProtectSystem", "ReadWritePaths", "ProtectHome", "PrivateTmp", "TemporaryFileSystem", "PrivateDevices",
+    "ProtectKernelTunables", "ProtectKernelModules", "ProtectKernelLogs", "ProtectControlGroups", "ProtectClock",
+    "ProtectHostname", "RestrictAddressFamilies", "RestrictNamespaces", "RestrictRealtime", "RestrictSUIDSGID",
+    "LockPersonality", "MemoryDenyWriteExecute", "SystemCallArchitectures", "SystemCallFilter", "PrivateNetwork",
+    "PrivateUsers", "CapabilityBoundingSet", "AmbientCapabilities", "IPAddressDeny", "DevicePolicy",
+)
+DIFFERENCES = {
+    "RestrictNamespaces": "remote jobs are isolated in a user + mount namespace; Local Runs are not",
+    "PrivateTmp": "remote jobs outlive a stopped pull; Local Runs never outlive serve",
+    "TemporaryFileSystem": "the pull's private /tmp that outlives a stopped pull",
+}
+
+
+def test_jobs_get_the_same_sandbox_under_both_units() -> None:
+    serve = _unit("qinglong-edge.service")["Service"]
+    pull = _unit("qinglong-edge-pull.service")["Service"]
+    differing = {key for key in JOB_SANDBOX if serve.get(key) != pull.get(key)}
+    assert differing == set(DIFFERENCES)
+    # JIT runtimes (node, the JVM) need writable+executable memory: neither unit forbids it.
+    assert "MemoryDenyWriteExecute" not in serve and "MemoryDenyWriteExecute" not in pull
+    for name in ("qinglong-edge.service", "qinglong-edge-pull.service"):  # and each unit says why
+        text = (UNITS / name).read_text()
+        assert "No MemoryDenyWriteExecute=" in text and "JIT" in text, name
+
+
 def _seconds(value: str) -> float:
     """A systemd time span (``15s``, ``1min 30s``, ``20``) in seconds."""
     units = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "ms": 0.001}
+    if value == "infinity":
+        return float("inf")
     parts = re.findall(r"(\d+)\s*([a-z]*)", value)
     assert parts and "".join(n + u for n, u in parts) == value.replace(" ", ""), value
     return sum(int(number) * units[unit] for number, unit in parts)

@@ -20,6 +20,7 @@ import time
 import pytest
 
 from qinglong_edge.process import wrapper
+from qinglong_edge.process.identity import scan_processes
 from qinglong_edge.process.logs import read_receipt, read_truncation_fact
 from qinglong_edge.process.spawn import HeldJob, JobSpec, Publication, start_job
 from tests.support.jobs import alive, command_of, descendants_by_marker, kill_pids, reap, wait_until
@@ -255,13 +256,31 @@ def test_a_trapped_term_lets_the_command_finish_its_way(tmp_path: pathlib.Path) 
     try:
         job.release()
         assert wait_until(lambda: b"ready" in _log(tmp_path))
-        os.killpg(job.pid, signal.SIGTERM)  # the whole group, as stop() does
+        os.kill(job.pid, signal.SIGTERM)  # the wrapper alone, as stop() does: it signals the group
         assert job.process.wait(10) == 5
     finally:
         reap(job.process)
     assert b"cleaning\n" in _log(tmp_path)
     raw = read_receipt(receipt.path)
     assert raw is not None and raw.endswith(b',"exitCode":5}')
+
+
+def test_a_term_to_the_wrapper_reaches_its_group_also_while_it_drains(tmp_path: pathlib.Path) -> None:
+    """The command has exited; a background child of it still holds the output pipe, so the
+    wrapper drains. A TERM to the wrapper still reaches that child (in the wrapper's
+    process group): stop() signals only the wrapper while it runs."""
+    terms = tmp_path / "terms"
+    script = f"(trap 'echo TERM >> {terms}; exit 0' TERM; echo started; while :; do sleep 0.01; done) & exit 3"
+    job = start_job(_spec(tmp_path, ["/bin/sh", "-c", script], drain_ms=60_000))
+    try:
+        job.release()
+        assert wait_until(lambda: b"started" in _log(tmp_path))
+        assert wait_until(lambda: not [s for s in scan_processes() if s.ppid == job.pid])  # the command is reaped
+        os.kill(job.pid, signal.SIGTERM)
+        assert job.process.wait(10) == 3  # the wrapper outlived it and kept the command's code
+    finally:
+        reap(job.process)
+    assert terms.read_text() == "TERM\n"
 
 
 def test_sigkill_of_the_wrapper_publishes_nothing(tmp_path: pathlib.Path) -> None:

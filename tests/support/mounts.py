@@ -22,11 +22,14 @@ def _umount(path: pathlib.Path) -> None:
 
 
 @contextlib.contextmanager
-def tmpfs(path: pathlib.Path, size: str) -> Iterator[pathlib.Path]:
-    """A tmpfs of ``size`` (e.g. ``"64k"``) mounted at ``path`` (mode 0700)."""
+def tmpfs(path: pathlib.Path, size: str, *, inodes: int | None = None) -> Iterator[pathlib.Path]:
+    """A tmpfs of ``size`` (e.g. ``"64k"``) mounted at ``path`` (mode 0700); ``inodes``
+    caps its inodes (``nr_inodes``, the root directory included), so creating a file
+    fails with ENOSPC once they are used up."""
     _need_root()
     path.mkdir(mode=0o700, exist_ok=True)
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+    options = f"size={size},mode=0700" + (f",nr_inodes={inodes}" if inodes is not None else "")
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
                           capture_output=True, check=False, timeout=30)
     if proc.returncode != 0:
         pytest.skip(f"cannot mount tmpfs: {proc.stderr.decode(errors='replace').strip()}")

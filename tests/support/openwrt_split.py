@@ -25,6 +25,10 @@ Public API (what tests call; add new CLI cases through :func:`run_cli_under_spli
     run_cli_under_split(args, installed=DEPENDS, python=None, sys_path=(REPO,), ...)
         -> SplitResult(status, stdout, stderr, refused)
     available_pythons()             distinct interpreters >= 3.11 on this machine
+    interpreter_without(packages, directory)
+                                    a copy of Debian's python3 whose stdlib lacks those
+                                    packages' modules (also for the interpreters the agent
+                                    starts: the job wrapper), or None
 
 ``SplitResult.refused`` lists every ``(module, package)`` import the blocker refused,
 including those the code caught (``hashlib`` tries ``_hashlib`` only if present), so a
@@ -52,6 +56,7 @@ __all__ = [
     "blocked_modules",
     "bootstrap_code",
     "installed_closure",
+    "interpreter_without",
     "run_cli_under_split",
     "run_code_under_split",
 ]
@@ -59,7 +64,8 @@ __all__ = [
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 #: ``Depends:`` of qinglong-edge_*.ipk (packaging.md 3.5), python3-light included.
-DEPENDS: tuple[str, ...] = ("python3-light", "python3-openssl", "python3-sqlite3", "python3-urllib", "python3-logging")
+DEPENDS: tuple[str, ...] = ("python3-light", "python3-openssl", "python3-sqlite3", "python3-urllib", "python3-logging",
+                             "python3-ctypes")
 
 #: Split package -> top-level modules it ships (openwrt-24.10, python3-package-*.mk).
 SPLIT_PACKAGES: Mapping[str, tuple[str, ...]] = {
@@ -262,3 +268,63 @@ def available_pythons() -> list[str]:
         if proc.returncode == 0 and version and version not in seen:
             seen[version] = candidate
     return list(seen.values())
+
+
+#: What :func:`interpreter_without` copies: Debian's CPython is one static binary (no
+#: libpython.so), which finds its standard library from its own location.
+BASE_PYTHON = "/usr/bin/python3"
+
+_LAYOUT = (
+    "import json, os, sys, sysconfig\n"
+    "dynload = os.path.join(sysconfig.get_path('platstdlib'), 'lib-dynload')\n"
+    "print(json.dumps({'version': '%d.%d' % sys.version_info[:2], 'binary': os.path.realpath(sys.executable),"
+    " 'stdlib': sysconfig.get_path('stdlib'), 'dynload': dynload if os.path.isdir(dynload) else ''}))\n"
+)
+
+
+def interpreter_without(packages: Iterable[str], directory: str, python: str = BASE_PYTHON) -> str | None:
+    """An interpreter whose standard library lacks the modules of the split ``packages``.
+
+    The meta-path blocker holds in the process it is injected into only; the agent also
+    starts interpreters of its own (the job wrapper runs ``sys.executable -I -S``). This
+    lays out a router-like Python in ``directory``: ``bin/python3.X`` (a copy of
+    ``python``), ``lib/python3.X/`` and its ``lib-dynload/`` as symlinks to the real files,
+    minus every module of ``packages``, exactly what the missing ipk leaves out. CPython
+    finds that standard library from the copy's location (the ``lib/python3.X/os.py``
+    landmark), so it and every interpreter it starts as ``sys.executable`` lack those
+    modules. Returns the interpreter, or None when ``python`` cannot be laid out so (it
+    is missing, links a shared libpython, or the copy does not lack the modules).
+    """
+    import json as _json
+    import pathlib
+
+    try:
+        proc = subprocess.run([python, "-I", "-S", "-c", _LAYOUT], capture_output=True,
+                              text=True, timeout=60, check=False)
+    except OSError:
+        return None
+    if proc.returncode != 0:
+        return None
+    layout = _json.loads(proc.stdout)
+    binary = pathlib.Path(layout["binary"])
+    ldd = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, timeout=60, check=False)
+    if "libpython" in ldd.stdout or not layout["dynload"]:
+        return None
+    modules = {module for package in packages for module in SPLIT_PACKAGES[package]}
+    root = pathlib.Path(directory)
+    library = root / "lib" / f"python{layout['version']}"
+    (library / "lib-dynload").mkdir(parents=True)
+    (root / "bin").mkdir()
+    copy = root / "bin" / f"python{layout['version']}"
+    shutil.copy2(binary, copy)
+    for entry in pathlib.Path(layout["stdlib"]).iterdir():
+        top = entry.name.partition(".")[0]
+        if entry.name not in ("lib-dynload", "site-packages", "dist-packages", "__pycache__") and top not in modules:
+            (library / entry.name).symlink_to(entry)
+    for entry in pathlib.Path(layout["dynload"]).iterdir():
+        if entry.name.partition(".")[0] not in modules:
+            (library / "lib-dynload" / entry.name).symlink_to(entry)
+    check = "import importlib.util, sys\nsys.exit(any(importlib.util.find_spec(m) for m in sys.argv[1:]))\n"
+    proof = subprocess.run([str(copy), "-I", "-S", "-c", check, *sorted(modules)], capture_output=True,
+                           timeout=60, check=False)
+    return str(copy) if proof.returncode == 0 else None

@@ -61,6 +61,7 @@ DEPENDS_VERSIONS: Mapping[str, str] = {
     "python3-sqlite3": "3.11.7-1",
     "python3-urllib": "3.11.7-1",
     "python3-logging": "3.11.7-1",
+    "python3-ctypes": "3.11.7-1",
 }
 
 

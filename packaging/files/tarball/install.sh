@@ -97,7 +97,7 @@ version=$(cat "$here/VERSION")
 if [ "$live" = 1 ]; then
 	[ "$(id -u)" = 0 ] || die "run as root (or stage with --destdir)"
 	"$python" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null ||
-		die "$python is missing or older than 3.11 (OpenWrt: apk add python3-light python3-openssl python3-sqlite3 python3-urllib)"
+		die "$python is missing or older than 3.11 (OpenWrt: apk add python3-light python3-openssl python3-sqlite3 python3-urllib python3-logging python3-ctypes)"
 fi
 upgrade=0
 [ -f "$DESTDIR$libdir/install.conf" ] && upgrade=1

@@ -80,7 +80,13 @@ if [ "$live" = 1 ]; then
 		fi
 		;;
 	systemd)
+		# Stopping the pull service stops a resident pull (SIGTERM to it alone: it persists
+		# and exits, KillMode=process). The remote jobs it leaves would run on with nobody
+		# to report them (the cluster re-offers their Runs once the lease expires): end
+		# whatever is left in the unit's cgroup.
 		systemctl disable --now qinglong-edge-pull.timer qinglong-edge.service 2>/dev/null || true
+		systemctl stop qinglong-edge-pull.service 2>/dev/null || true
+		systemctl kill --signal=SIGKILL qinglong-edge-pull.service 2>/dev/null || true
 		;;
 	esac
 fi
