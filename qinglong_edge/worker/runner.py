@@ -482,6 +482,7 @@ class Runner:
         self._write(t, to_start_failure_acknowledged(t.record, self.clock_ms()), "start_failure_acknowledged",
                     "start_failure_acknowledged", status=result.status)
         t.done = True
+        remove_job_files(self.files(t))  # an empty log a wrapper opened at its barrier, a scratch directory
 
     # -- a launched job ----------------------------------------------------------------------
 

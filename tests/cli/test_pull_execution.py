@@ -346,3 +346,66 @@ def test_an_isolated_job_cannot_read_the_credential_or_the_journal(env: RemoteEn
     assert artifact is not None and artifact.data == b"0\ndone\n"
     assert env.cluster.token.encode() not in artifact.data
     assert os.path.exists(credential)
+
+
+# -- every runner crash point (the slower tier) ---------------------------------------------------------------
+
+def _sweep_params() -> list[object]:
+    from qinglong_edge.worker.crashpoints import RUNNER_STEPS
+
+    points = [f"runner.{step}" for step in RUNNER_STEPS] + ["session.heartbeat_answered"]
+    return [pytest.param(point, marks=() if point in CRASH_POINTS else (pytest.mark.matrix,)) for point in points]
+
+
+@pytest.mark.parametrize("point", _sweep_params())
+def test_sigkill_at_every_crash_point_converges(env: RemoteEnv, point: str, tmp_path: pathlib.Path) -> None:
+    """Each named boundary (worker/crashpoints.py RUNNER_STEPS): killed there, the next pull
+    converges; the job ran at most once and the cluster applied at most one outcome."""
+    step = point.split(".", 1)[1]
+    if point == "session.heartbeat_answered":
+        assert env.run_to_end().status == 0  # registers
+        session = env.session()
+        assert session is not None
+        state = json.loads((env.runtime / "session.json").read_bytes())
+        state["session"]["heartbeatAtMs"] -= 60_000  # a heartbeat due, as at every cron minute
+        (env.runtime / "session.json").write_text(json.dumps(state))
+        assert env.pull("--json", env={"QINGLONG_EDGE_CRASHPOINT": point}).status == 137
+        state = json.loads((env.runtime / "session.json").read_bytes())
+        state["session"]["heartbeatAtMs"] -= 60_000
+        (env.runtime / "session.json").write_text(json.dumps(state))
+        again = env.run_to_end()
+        assert again.status == 0, dump(again)
+        # the lost answer was resynced with expectedVersion + 1: the same session goes on
+        assert again.last()["session"]["action"] == "heartbeat"
+        assert env.session()["sessionId"] == session["sessionId"]
+        return
+    if step.startswith("start_failure") or step == "start_failed":
+        task = env.quick_job("job", working_directory=str(tmp_path / "missing"))
+        expected = "start_failure_acknowledged"
+    elif step == "recovery_required":
+        task = env.gated_job("job")
+        proc = env.spawn_json(env={"QINGLONG_EDGE_CRASHPOINT": point})
+        record = env.wait_state("running_acknowledged")
+        env.cluster.state.expire_lease(record["offer"]["offerId"])
+        assert env.finish(proc).status == 137
+        assert env.run_to_end().status == 0
+        final = env.record()
+        assert (final["state"], final["recoveryReason"]) == ("recovery_required", "lease_lost_local_execution_stopped")
+        assert env.starts("job") == 1 and env.cluster.completion(task.candidate["runId"]) is None
+        return
+    elif step == "stopped":
+        task = env.gated_job("job", timeout_ms=1000)
+        expected = "completion_acknowledged"
+    else:
+        task = env.quick_job("job", secrets={"API_KEY": SECRET})
+        # killed at the barrier (written, or the wrapper held): the command never ran
+        expected = "start_failure_acknowledged" if step in ("launching", "held") else "completion_acknowledged"
+    crashed = env.pull("--json", env={"QINGLONG_EDGE_CRASHPOINT": point})
+    assert crashed.status == 137, dump(crashed)
+    outcome = env.run_to_end()
+    assert outcome.status == 0, dump(outcome)
+    assert env.record()["state"] == expected
+    run_id = task.candidate["runId"]
+    assert _completions(env.cluster, run_id) == 1
+    assert env.starts("job") <= 1
+    assert env.remote_logs() == [] and env.receipts() == []
