@@ -2,11 +2,17 @@
 
 One cycle (or cycles at the profile cadence for ``--duration`` seconds): keep the
 Worker Session alive, then one offer pull step (ADR-0110; see
-:mod:`qinglong_edge.worker.cycle`). Exit statuses (spec README, sysexits):
+:mod:`qinglong_edge.worker.cycle`). When a record is in flight afterwards (an offer
+accepted, a job left running by an earlier pull), the same process stays resident and
+executes it to its end (:mod:`qinglong_edge.worker.resident`), then exits. Before its
+splay it checks the owner lock: a live owner (a resident pull) makes it exit 0 at once
+(``busy``). Exit statuses (spec README, sysexits):
 
 =====  =====================================================================
-0      accepted, replayed, idle, backoff not yet due, or another pull holds
-       the journal (cron overlap: "busy")
+0      accepted, replayed, idle, backoff not yet due, no slot free (``no_slot``:
+       every one holds a record in flight), another pull holds the journal (cron
+       overlap or a resident pull: "busy"), or SIGTERM/SIGINT to a resident pull
+       (persisted; its jobs go on and the next pull re-adopts them)
 73/74  the journal's storage is unsafe / unavailable (the claim is intact)
 75     temporary: cluster unavailable or invalid response (claim kept, retried
        with backoff), claim abandoned (reported, a new claim next cycle), inbox
@@ -62,6 +68,14 @@ attempt counted toward the budget of 16 (False: it never reached the cluster);
 ``clusterCode`` is the cluster's ``{"code":...}`` of a non-200 answer.
     {"status":"busy","code":"already_owned"}
     {"status":"aborted","signal":"SIGTERM"}
+
+A resident pull adds one line per record event
+(:class:`~qinglong_edge.worker.runner_state.RecordEvent`: ``{"event":..,"offerId":..,
+"runId":..,"attemptId":..,"state":..,...}``) and, at its end, one summary line
+(:class:`~qinglong_edge.worker.resident.ResidentSummary`: ``{"event":"summary",
+"residentMs":..,"events":..,"records":{state: count},"inFlight":..,"aborted"?:..,
+"exitStatus":..}``); the human output prints each event but the routine renewals.
+SIGUSR1 only wakes a resident pull (a forced ``inbox discard``).
 """
 
 from __future__ import annotations
