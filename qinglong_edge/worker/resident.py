@@ -44,6 +44,7 @@ from qinglong_edge.worker.abort import AbortSignal, PullAborted
 from qinglong_edge.worker.calls import ExecutionCalls
 from qinglong_edge.worker.cycle import CycleReport
 from qinglong_edge.worker.discard import advertise, pending_requests, retract, write_result
+from qinglong_edge.worker.pacing import retry_delay_ms
 from qinglong_edge.worker.pull import PullCoordinator, SessionAuthority
 from qinglong_edge.worker.remote_files import in_flight, outcome_name, record_files, remote_limits, remove_job_files
 from qinglong_edge.worker.remote_job import isolation_available, prime_wrapper
@@ -152,6 +153,10 @@ class Resident:
         self.runner = Runner(journal, ExecutionCalls(wire), self.limits, clock_ms=clock_ms, session=self._session,
                              emit=self._emit, isolate=self._isolate, prepare=self._prepare, random=random)
         self.tracks: dict[str, Track] = {}
+        self._random = random
+        self._session_failures = 0
+        #: No session call before this (wall ms): the backoff after a failed one.
+        self._session_retry_at = 0
 
     # -- callbacks of the runner -----------------------------------------------------------------
 
@@ -300,15 +305,28 @@ class Resident:
         slots = self.slots()
         announced = self.keeper.announced_slots
         freed = announced is not None and slots > announced
-        if self.keeper.next_call_ms(now) > now and not freed:
-            return None
-        if final and not freed:
+        if (self._session_due(now) > now and not freed) or (final and not freed) or now < self._session_retry_at:
             return None
         try:
             outcome = self.keeper.ensure(slots, announce=True)
         except SessionError as exc:
+            self._session_failed(now)
             return CycleReport(None, None, exc.code, exc.message, reason=exc.reason, remedy=exc.remedy)
+        if outcome.action == "stale":  # the heartbeat failed; the stored lease still runs
+            self._session_failed(now)
+        else:
+            self._session_failures, self._session_retry_at = 0, 0
         return CycleReport(outcome, None) if outcome.action == "registered" else None
+
+    def _session_due(self, now: int) -> int:
+        return max(self.keeper.next_call_ms(now), self._session_retry_at)
+
+    def _session_failed(self, now: int) -> None:
+        """A failed session call waits (full jitter from 1 s, at most 60 s) before the next
+        one: the wait loop would otherwise find it due at every wake."""
+        self._session_failures += 1
+        delay, _ = retry_delay_ms(self._session_failures, 1000, self._random(), None)
+        self._session_retry_at = now + max(delay, 500)
 
     def _pull(self, now: int) -> tuple[CycleReport | None, int]:
         record = self.keeper.current()
@@ -330,7 +348,7 @@ class Resident:
     def _wait(self, wakeup: _Wakeup, pull_due: int | None) -> None:
         now = self.clock_ms()
         live = self._live()
-        due = [t.due_ms for t in live] + [self.keeper.next_call_ms(now)]
+        due = [t.due_ms for t in live] + [self._session_due(now)]
         if pull_due is not None:
             due.append(pull_due)
         timeout = max(0.0, min(MAX_WAIT_S, (min(due) - now) / 1000))

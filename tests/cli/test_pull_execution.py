@@ -409,3 +409,21 @@ def test_sigkill_at_every_crash_point_converges(env: RemoteEnv, point: str, tmp_
     assert _completions(env.cluster, run_id) == 1
     assert env.starts("job") <= 1
     assert env.remote_logs() == [] and env.receipts() == []
+
+
+@pytest.mark.matrix
+def test_a_failing_session_call_backs_off_while_resident(env: RemoteEnv) -> None:
+    """No busy loop: heartbeats refused (503 without Retry-After) while a job runs are tried
+    again with backoff, and the job is still supervised to its end."""
+    env.write_config(heartbeatIntervalMs=5000, sessionLeaseDurationMs=60_000)
+    task = env.gated_job("job")
+    proc = env.spawn_json()
+    env.wait_state("running_acknowledged")
+    env.cluster.push_fault(*[Fault.status_answer(503, "not_ready", op="heartbeat") for _ in range(200)])
+    time.sleep(9)  # past the 5 s interval: a few refused heartbeats, each followed by a backoff
+    refused = [x for x in env.cluster.exchanges_for("heartbeat") if x.fault == "status"]
+    assert 1 <= len(refused) <= 10, len(refused)
+    env.release("job")
+    outcome = env.finish(proc, timeout=30)
+    assert outcome.status == 0, dump(outcome)  # a refused heartbeat while the session lease runs: "stale"
+    assert env.cluster.completion(task.candidate["runId"])["status"] == "succeeded"
