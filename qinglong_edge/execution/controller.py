@@ -74,7 +74,7 @@ from collections.abc import Callable
 
 from qinglong_edge.config import ExecutionConfig
 from qinglong_edge.contracts.ids import new_uuid4
-from qinglong_edge.errors import EdgeError, StoreError
+from qinglong_edge.errors import EdgeError, StoreError, storage_error
 from qinglong_edge.execution.launcher import (
     LAUNCH_BACKOFF_S,
     MAX_LAUNCH_ATTEMPTS,
@@ -196,17 +196,22 @@ class ExecutionController:
         runs on it).
 
         Raises:
-            EdgeError: ``log_unavailable`` when a directory cannot be created.
+            StorageError: a directory (or the controller lock) cannot be created:
+                ``storage_unavailable`` (exit 74) when its file system is full or failing,
+                ``unsafe_storage`` (73) otherwise (:func:`qinglong_edge.errors.storage_error`).
+            EdgeError: ``already_owned``.
         """
         if self._thread is not None:
             return
         self._take_authority()
         try:
-            for directory in (self.config.log_directory, self.work_directory):
+            directories = ((self.config.log_directory, "the Run log directory {} (execution.logDirectory)"),
+                           (self.work_directory, "the Runs' work directory {} (beside execution.logDirectory)"))
+            for directory, what in directories:
                 try:
                     os.makedirs(directory, mode=0o700, exist_ok=True)
                 except OSError as exc:
-                    raise EdgeError(f"{directory}: {exc.strerror}", code="log_unavailable") from None
+                    raise storage_error(exc, "cannot create " + what.format(directory)) from None
         except EdgeError:
             self._release_authority()
             raise
@@ -228,7 +233,8 @@ class ExecutionController:
 
         Raises:
             EdgeError: ``already_owned`` (another process runs a controller on this
-                database), ``log_unavailable`` (the lock file cannot be opened).
+                database).
+            StorageError: the lock file cannot be opened (:func:`qinglong_edge.errors.storage_error`).
         """
         path = getattr(self.store, "path", "")
         if not isinstance(path, str) or not path or path == ":memory:":
@@ -237,7 +243,7 @@ class ExecutionController:
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError as exc:
-            raise EdgeError(f"{lock_path}: {exc.strerror}", code="log_unavailable") from None
+            raise storage_error(exc, f"cannot open the execution controller's lock {lock_path}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
