@@ -130,8 +130,9 @@ class ExecutionController:
         cgroups: a prepared :class:`CgroupManager` (default: detected at :meth:`start`).
         poll_ms: observation interval during a stop (local-api.md 7.3: 25 ms).
         work_directory: default working directory (and ``HOME``) of jobs whose task has
-            none (default: ``work`` beside the log directory, normally
-            ``<stateDirectory>/work``, created 0700 at :meth:`start`).
+            none (default: ``config.work_directory``, ``execution.workDirectory``, whose
+            default is ``<stateDirectory>/work``; created 0700 at :meth:`start`).
+            Never derived from the log directory (whose parent may be ``/tmp``).
         pids_max: per-Run ``pids.max`` where the v1 pids controller is used (None: no cap).
         launch_attempts, launch_backoff_s: the bound and first backoff of launches that
             storage failed to record (:mod:`qinglong_edge.execution.launcher`; tests
@@ -159,9 +160,9 @@ class ExecutionController:
         self.config = config
         self.clock = clock
         self.poll_ms = min(poll_ms, config.terminate_grace_ms, config.kill_grace_ms)
-        self.work_directory = work_directory or os.path.join(
-            os.path.dirname(os.path.normpath(config.log_directory)), "work"
-        )
+        self.work_directory = work_directory or config.work_directory
+        if not self.work_directory:
+            raise ValueError("the execution controller needs a work directory (execution.workDirectory)")
         self.new_id = new_id
         self._cgroups = cgroups
         self._pids_max = pids_max
@@ -206,7 +207,7 @@ class ExecutionController:
         self._take_authority()
         try:
             directories = ((self.config.log_directory, "the Run log directory {} (execution.logDirectory)"),
-                           (self.work_directory, "the Runs' work directory {} (beside execution.logDirectory)"))
+                           (self.work_directory, "the Runs' work directory {} (execution.workDirectory)"))
             for directory, what in directories:
                 try:
                     os.makedirs(directory, mode=0o700, exist_ok=True)

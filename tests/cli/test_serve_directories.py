@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.cli.test_serve import free_port, provision
+from tests.cli.test_serve import free_port, provision, start
 from tests.support.cli import REPO, run_cli, unprivileged_python
 from tests.support.mounts import tmpfs
 
@@ -72,7 +72,7 @@ def test_a_file_in_the_way_of_the_log_directory_is_exit_73_in_one_line(site: pat
 
 def test_a_work_directory_that_cannot_be_made_is_exit_73_in_one_line(site: pathlib.Path) -> None:
     logs = site / "logs"
-    work = site / "work"  # beside the logs (the default here): a regular file in its way
+    work = site / "state" / "work"  # the default work directory: a regular file in its way
     work.write_text("")
     result = run_cli("--config", str(_config(site, {"logDirectory": str(logs)})), "serve", timeout=60)
     line = _one_line(result.stderr)
@@ -111,3 +111,38 @@ def test_a_log_directory_the_service_user_may_not_create_is_exit_73(tmp_path: pa
 
 
 
+
+
+def _serve_and_stop(config: pathlib.Path) -> None:
+    proc = start(config)
+    proc.send_signal(15)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+
+
+def test_the_work_directory_is_not_derived_from_the_log_directory(site: pathlib.Path) -> None:
+    """The review's case: the log directory's parent is not the agent's (``/tmp``); the
+    work directory beside it was ``/work``. By default it is ``<stateDirectory>/work``."""
+    logs = site / "ram"  # its parent is the site, as /tmp's is /
+    _serve_and_stop(_config(site, {"logDirectory": str(logs)}))
+    assert logs.is_dir()
+    work = site / "state" / "work"
+    assert work.is_dir() and (work.stat().st_mode & 0o777) == 0o700
+    assert not (site / "work").exists()
+
+
+def test_an_explicit_work_directory_is_made_0700_and_used(site: pathlib.Path) -> None:
+    work = site / "jobs" / "work"
+    _serve_and_stop(_config(site, {"logDirectory": str(site / "logs"), "workDirectory": str(work)}))
+    assert work.is_dir() and (work.stat().st_mode & 0o777) == 0o700
+    assert not (site / "work").exists() and not (site / "state" / "work").exists()
+
+
+def test_a_work_directory_on_a_full_file_system_is_exit_74_naming_its_key(site: pathlib.Path) -> None:
+    with tmpfs(site / "full", "64k", inodes=1) as full:
+        work = full / "work"
+        config = _config(site, {"logDirectory": str(site / "logs"), "workDirectory": str(work)})
+        result = run_cli("--config", str(config), "serve", timeout=60)
+    line = _one_line(result.stderr)
+    assert result.status == 74, line
+    assert "storage_unavailable" in line and str(work) in line and "execution.workDirectory" in line, line
