@@ -334,7 +334,7 @@ def check_isolation(config: EdgeConfig) -> Check:
     )
 
 
-def check_pepper_keyring(directory: str, *, creator: str) -> Check:
+def check_pepper_keyring(directory: str, *, creator: str, database_file: str = "") -> Check:
     """The pepper keyring exactly as ``serve`` checks it before it serves
     (:func:`qinglong_edge.local.guards.check_keyring`: one source of truth, issue 17 item 2):
     a real directory, mode 0700, ours; every key file (``*.pepper``) a regular file, mode
@@ -342,13 +342,21 @@ def check_pepper_keyring(directory: str, *, creator: str) -> Check:
     fails here, required, with ``serve``'s own line; the first problem is the one reported,
     the directory before its files (one root cause, once).
 
-    ``creator``: the remedy when the directory is missing.
+    ``creator``: the remedy when the directory is missing and ``database_file`` names no
+    pepper key; when it does (:func:`qinglong_edge.local.guards.check_keyring_present`, as
+    ``serve`` and ``admin init`` refuse), the remedy is to restore the keyring.
     """
     from qinglong_edge.filecheck import ownership_remedy
-    from qinglong_edge.local.guards import check_keyring
+    from qinglong_edge.local.guards import KEYRING_LOST_REMEDY, check_keyring, check_keyring_present
     from qinglong_edge.local.pepper import PEPPER_SUFFIX, PepperError
 
     name = "pepper_dir"
+    if database_file:
+        try:
+            check_keyring_present(database_file, directory)
+        except PepperError as exc:
+            return Check(name, False, True, f"{exc.code}: {exc.message.split(': restore ', 1)[0]}",
+                         KEYRING_LOST_REMEDY)
     if not os.path.lexists(directory):
         return Check(name, False, True, f"{directory}: missing", creator)
     try:
@@ -775,6 +783,7 @@ def run_checks(config: EdgeConfig) -> list[Check]:
             checks.append(check_pepper_keyring(
                 local.pepper_keyring_directory,
                 creator=f"run '{_ADMIN_INIT}' as the agent's user (it creates the keyring 0700 and its first key)",
+                database_file=local.database_file,
             ))
     if config.execution is not None:
         checks.append(check_cgroups())

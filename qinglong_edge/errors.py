@@ -414,6 +414,7 @@ EXIT_STATUS_BY_CODE: dict[str, int] = {
     "pepper_unavailable": EX_CONFIG,
     "unsafe_pepper": EX_CANTCREAT,
     "database_missing": EX_CANTCREAT,  # serve/admin refuse to create an empty database where one existed
+    "keyring_missing": EX_CANTCREAT,  # serve/admin init refuse to go on without the pepper keys the database names
     "database_replaced": EX_IOERR,  # serve: the database was removed or replaced while serving (restart)
     "store_busy": EX_TEMPFAIL,
     "not_found": EX_DATAERR,

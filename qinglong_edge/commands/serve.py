@@ -1,7 +1,9 @@
 """``qinglong-edge serve``: the Local API (ADR-0372) in the foreground, for procd/systemd.
 
 Steps: load the configuration (its ``localApi`` section is required: exit 78 without
-it), check the pepper keyring (:func:`qinglong_edge.local.guards.check_keyring`: the
+it), refuse to go on without the pepper keys the database names (exit 73
+``keyring_missing``: restore the keyring), check the pepper keyring
+(:func:`qinglong_edge.local.guards.check_keyring`: the
 directory and every key file; a wrong mode or owner is exit 73 ``unsafe_pepper``, one
 line naming the file, its mode and owner; a missing keyring is 78), refuse to create
 an empty database where the keyring proves one existed (exit 73 ``database_missing``),
@@ -180,7 +182,13 @@ def _run(args: argparse.Namespace) -> int:
     from qinglong_edge.errors import ConfigError, EdgeError
     from qinglong_edge.local.api import LocalApi
     from qinglong_edge.local.budget import RequestBudget
-    from qinglong_edge.local.guards import DatabaseWatch, KeyringWatch, check_database_present, check_keyring
+    from qinglong_edge.local.guards import (
+        DatabaseWatch,
+        KeyringWatch,
+        check_database_present,
+        check_keyring,
+        check_keyring_present,
+    )
     from qinglong_edge.local.server import Server, ServerLimits
     from qinglong_edge.local.store import Store
 
@@ -190,6 +198,9 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError("the configuration has no localApi section", path="$.localApi")
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format="qinglong-edge: %(name)s: %(message)s")
+    # Before the keyring's own check, whose remedy for a missing one is `admin init`: with
+    # a database that names its keys, that would be wrong (keyring_missing says what is).
+    check_keyring_present(local.database_file, local.pepper_keyring_directory)
     check_keyring(local.pepper_keyring_directory)
     check_database_present(local.database_file, local.pepper_keyring_directory)
     # The poll thread may be busy answering a flood (429) while a worker and the store
