@@ -50,7 +50,7 @@ Shape (camelCase, like the QingLong configs; defaults in brackets)::
         "logDirectory": "/abs",                     [<stateDirectory>/logs]
         "workDirectory": "/abs",                    [<stateDirectory>/work: cwd and HOME of a task that names none]
         "maxLogBytes": 1024-67108864,               [1048576]
-        "maxTotalLogBytes": 1048576-1099511627776,  [4 MiB edge, 256 MiB standalone]
+        "maxTotalLogBytes": 1048576-1099511627776,  [4 MiB edge, 256 MiB standalone; >= maxLogBytes x maxConcurrentRuns]
         "cgroups": "auto" | "off",                  ["auto"]
         "maxRunPids": 0-4194304                     [24 edge, 28 standalone; 0: no cap]
       }
@@ -529,6 +529,16 @@ def _parse_execution(sec: _Section, state_dir: str, profile: str) -> ExecutionCo
             "maxTotalLogBytes", _MIB, 1024 * 1024 * _MIB, (4 if profile == "edge" else 256) * _MIB
         ),
     )
+    # The logs of Runs in flight are never pruned, so a total cap below what they may hold
+    # together could not be met: refuse it rather than run over it silently.
+    in_flight = config.max_log_bytes * config.max_concurrent_runs
+    if config.max_total_log_bytes < in_flight:
+        at = sec._at("maxTotalLogBytes")
+        raise ConfigError(
+            f"{at}: must be at least {in_flight} (maxLogBytes {config.max_log_bytes} x maxConcurrentRuns "
+            f"{config.max_concurrent_runs}: the logs of Runs in flight are never pruned)",
+            path=at,
+        )
     sec.done()
     return config
 
