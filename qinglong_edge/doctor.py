@@ -424,6 +424,62 @@ def check_worker_file(path: str, name: str, what: str, *, forbidden: int, creden
     return Check(name, True, True, f"{path}: {rule}, {kind}")
 
 
+def _one_root_cause(file_checks: list[Check],
+                    files: dict[str, tuple[str, str, int]]) -> tuple[list[Check], dict[str, str]]:
+    """Worker file checks that failed because of the same *directory* (``pull``'s rule
+    for the parent: ``...: parent directory ...`` in :func:`check_worker_file`'s detail)
+    are one root cause, reported once (issue 18 item 5): the first such check fails with
+    the directory's detail and ONE remedy (the directory, plus any of its files that
+    would fail next); the others say ``same cause as NAME`` (a warning: not required).
+
+    ``files``: check name -> (path, what, forbidden bits), as given to the checks.
+    Returns the checks and, for each one that failed, the check that names its cause
+    (itself, or the root it shares).
+    """
+    groups: dict[str, list[Check]] = {}
+    for check in file_checks:
+        path, what, _ = files[check.name]
+        if not check.ok and check.detail.startswith(f"{what} {path}: parent "):
+            groups.setdefault(os.path.dirname(path) or "/", []).append(check)
+    replaced: dict[str, Check] = {}
+    roots = {check.name: check.name for check in file_checks if not check.ok}
+    for parent, members in groups.items():
+        if len(members) < 2:
+            continue
+        root = members[0]
+        first_path, first_what, forbidden = files[root.name]
+        cause = root.detail[len(f"{first_what} {first_path}: parent directory "):]
+        whats = [files[member.name][1] for member in members]
+        named = ", ".join(f"the {what}" for what in whats[:-1]) + f" and the {whats[-1]}"
+        replaced[root.name] = Check(root.name, False, True, f"{parent}: the directory of {named}: {cause}",
+                                    _directory_remedy(parent, [files[m.name][0] for m in members], forbidden))
+        for member in members[1:]:
+            replaced[member.name] = Check(member.name, False, False,
+                                          f"same cause as {root.name} (its directory {parent})",
+                                          f"fix {root.name} first")
+            roots[member.name] = root.name
+    return [replaced.get(check.name, check) for check in file_checks], roots
+
+
+def _directory_remedy(directory: str, paths: list[str], forbidden: int) -> str:
+    """One command line for a worker files' directory and those of its files that break
+    the same rule (their modes are checked next, once the directory passes)."""
+    quoted = shlex.quote(directory)
+    if forbidden != 0o077:
+        return f"chmod go-w {quoted} (readable by all is fine; writable by others is not)"
+    steps = [f"chmod 0700 {quoted}"]
+    loose = []
+    for path in paths:
+        try:
+            if os.lstat(path).st_mode & forbidden:
+                loose.append(shlex.quote(path))
+        except OSError:
+            continue
+    if loose:
+        steps.append(f"chmod 0600 {' '.join(loose)}")
+    return " && ".join(steps) + " (a directory only the agent's user can enter, for its private files)"
+
+
 def check_architecture(worker: WorkerConfig | None, machine: str | None = None) -> Check:
     """The machine, its QingLong architecture and support tier (offer-delivery.md 5.1).
 
@@ -573,22 +629,23 @@ def check_worker_tls(worker: WorkerConfig, now_ms: int) -> Check:
     return Check(name, True, True, "; ".join(parts))
 
 
-def _worker_checks(worker: WorkerConfig, file_checks: list[Check]) -> Iterator[Check]:
+def _worker_checks(worker: WorkerConfig, failed: dict[str, str]) -> Iterator[Check]:
+    """The checks that need the worker files: ``failed`` maps each file check that failed
+    to the check naming its cause (:func:`_one_root_cause`), which the skips name."""
     now_ms = time.time_ns() // 1_000_000
-    failed = {check.name for check in file_checks if not check.ok}
     if "worker_certificate" in failed:
-        yield _skipped("worker_certificate_validity", "worker_certificate")
+        yield _skipped("worker_certificate_validity", failed["worker_certificate"])
     else:
         yield check_certificate_validity(worker.certificate_file, "worker_certificate_validity",
                                          role="client certificate", private=True, now_ms=now_ms)
     for index, anchor in enumerate(worker.trust_anchor_files):
         name = f"trust_anchor_validity_{index}"
         if f"trust_anchor_{index}" in failed:
-            yield _skipped(name, f"trust_anchor_{index}")
+            yield _skipped(name, failed[f"trust_anchor_{index}"])
         else:
             yield check_certificate_validity(anchor, name, role="trust anchor", private=False, now_ms=now_ms)
     if failed:
-        yield _skipped("worker_tls_handshake", ", ".join(sorted(failed)))
+        yield _skipped("worker_tls_handshake", ", ".join(sorted(set(failed.values()))))
     else:
         yield check_worker_tls(worker, now_ms)
 
@@ -758,16 +815,18 @@ def run_checks(config: EdgeConfig) -> list[Check]:
             if not ok:
                 broken.append(journal)
         checks.append(check_runtime_directory(worker))
-        file_checks = [
-            check_worker_file(worker.credential_file, "worker_credential", "credential file", forbidden=0o077,
-                              credential=True),
-            check_worker_file(worker.private_key_file, "worker_private_key", "private key file", forbidden=0o077),
-            check_worker_file(worker.certificate_file, "worker_certificate", "certificate file", forbidden=0o077),
-        ]
-        file_checks += [check_worker_file(anchor, f"trust_anchor_{index}", "trust anchor file", forbidden=0o022)
-                        for index, anchor in enumerate(worker.trust_anchor_files)]
+        files = {
+            "worker_credential": (worker.credential_file, "credential file", 0o077),
+            "worker_private_key": (worker.private_key_file, "private key file", 0o077),
+            "worker_certificate": (worker.certificate_file, "certificate file", 0o077),
+        }
+        files |= {f"trust_anchor_{index}": (anchor, "trust anchor file", 0o022)
+                  for index, anchor in enumerate(worker.trust_anchor_files)}
+        file_checks = [check_worker_file(path, name, what, forbidden=forbidden, credential=name == "worker_credential")
+                       for name, (path, what, forbidden) in files.items()]
+        file_checks, failed = _one_root_cause(file_checks, files)
         checks.extend(file_checks)
-        checks.extend(_worker_checks(worker, file_checks))
+        checks.extend(_worker_checks(worker, failed))
     if local is not None:
         db_dir = os.path.dirname(local.database_file)
         if _inside(db_dir, broken):
