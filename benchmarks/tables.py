@@ -288,7 +288,9 @@ def availability(j: dict[str, Any]) -> list[Section]:
     phases, met, flood, timing = j["phases"], j["met"], j["flood"], j["timing"]
     base = phases["baseline"]
     labels = {"slowloris": "40 slowloris connections (a byte every 2 s)", "idle": "400 idle connections",
-              "unauthenticated": "4 clients without credentials, as fast as they can"}
+              "unauthenticated": "4 clients without credentials, as fast as they can",
+              "wrong_credentials": "16 clients with wrong credentials (unknown ids), as fast as they can"}
+    labels = {attack: label for attack, label in labels.items() if attack in phases}  # older results: 3 attacks
     rows = [Row("operator GET run.list p99 / errors, no attack (ms)", f"{base['p99_ms']} / {base['errors']}")]
     for attack, label in labels.items():
         phase = phases[attack]

@@ -51,8 +51,9 @@ Shape (camelCase, like the QingLong configs; defaults in brackets)::
         "killGraceMs": 1-30000,                     [1000]
         "controlIntervalMs": 250-3600000,           [1000]
         "logDirectory": "/abs",                     [<stateDirectory>/logs]
+        "workDirectory": "/abs",                    [<stateDirectory>/work: cwd and HOME of a task that names none]
         "maxLogBytes": 1024-67108864,               [1048576]
-        "maxTotalLogBytes": 1048576-1099511627776,  [4 MiB edge, 256 MiB standalone]
+        "maxTotalLogBytes": 1048576-1099511627776,  [4 MiB edge, 256 MiB standalone; >= maxLogBytes x maxConcurrentRuns]
         "cgroups": "auto" | "off",                  ["auto"]
         "maxRunPids": 0-4194304                     [16 edge, 28 standalone; 0: no cap]
       }
@@ -308,6 +309,7 @@ class ExecutionConfig(Frozen):
         "cgroups",
         "max_run_pids",
         "max_total_log_bytes",
+        "work_directory",
     )
 
     max_concurrent_runs: int
@@ -321,10 +323,13 @@ class ExecutionConfig(Frozen):
     max_run_pids: int
     #: Cap of all Run logs in ``log_directory`` (bytes allocated on disk).
     max_total_log_bytes: int
+    #: Working directory and ``HOME`` of a Run whose task names none (``""``: the caller
+    #: must give one, e.g. tests; the parser's default is ``<stateDirectory>/work``).
+    work_directory: str
 
     def __init__(self, max_concurrent_runs: int, terminate_grace_ms: int, kill_grace_ms: int,  # noqa: PLR0917 (the dataclass signature)
                  control_interval_ms: int, log_directory: str, max_log_bytes: int, cgroups: str,
-                 max_run_pids: int = 0, max_total_log_bytes: int = 4 * 1024 * 1024) -> None:
+                 max_run_pids: int = 0, max_total_log_bytes: int = 4 * 1024 * 1024, work_directory: str = "") -> None:
         _set = object.__setattr__
         _set(self, "max_concurrent_runs", max_concurrent_runs)
         _set(self, "terminate_grace_ms", terminate_grace_ms)
@@ -335,6 +340,7 @@ class ExecutionConfig(Frozen):
         _set(self, "cgroups", cgroups)
         _set(self, "max_run_pids", max_run_pids)
         _set(self, "max_total_log_bytes", max_total_log_bytes)
+        _set(self, "work_directory", work_directory)
 
 
 class EdgeConfig(Frozen):
@@ -546,6 +552,7 @@ def _parse_execution(sec: _Section, state_dir: str, profile: str) -> ExecutionCo
         kill_grace_ms=sec.integer("killGraceMs", 1, 30_000, 1000),
         control_interval_ms=sec.integer("controlIntervalMs", 250, 3_600_000, 1000),
         log_directory=sec.path_value("logDirectory", os.path.join(state_dir, "logs")),
+        work_directory=sec.path_value("workDirectory", os.path.join(state_dir, "work")),
         max_log_bytes=sec.integer("maxLogBytes", 1024, 64 * 1024 * 1024, 1024 * 1024),
         cgroups=sec.choice("cgroups", ("auto", "off"), "auto"),
         max_run_pids=sec.integer("maxRunPids", 0, 4_194_304, DEFAULT_RUN_PIDS[profile]),
@@ -553,6 +560,16 @@ def _parse_execution(sec: _Section, state_dir: str, profile: str) -> ExecutionCo
             "maxTotalLogBytes", _MIB, 1024 * 1024 * _MIB, (4 if profile == "edge" else 256) * _MIB
         ),
     )
+    # The logs of Runs in flight are never pruned, so a total cap below what they may hold
+    # together could not be met: refuse it rather than run over it silently.
+    in_flight = config.max_log_bytes * config.max_concurrent_runs
+    if config.max_total_log_bytes < in_flight:
+        at = sec._at("maxTotalLogBytes")
+        raise ConfigError(
+            f"{at}: must be at least {in_flight} (maxLogBytes {config.max_log_bytes} x maxConcurrentRuns "
+            f"{config.max_concurrent_runs}: the logs of Runs in flight are never pruned)",
+            path=at,
+        )
     sec.done()
     return config
 

@@ -334,7 +334,7 @@ def check_isolation(config: EdgeConfig) -> Check:
     )
 
 
-def check_pepper_keyring(directory: str, *, creator: str) -> Check:
+def check_pepper_keyring(directory: str, *, creator: str, database_file: str = "") -> Check:
     """The pepper keyring exactly as ``serve`` checks it before it serves
     (:func:`qinglong_edge.local.guards.check_keyring`: one source of truth, issue 17 item 2):
     a real directory, mode 0700, ours; every key file (``*.pepper``) a regular file, mode
@@ -342,13 +342,21 @@ def check_pepper_keyring(directory: str, *, creator: str) -> Check:
     fails here, required, with ``serve``'s own line; the first problem is the one reported,
     the directory before its files (one root cause, once).
 
-    ``creator``: the remedy when the directory is missing.
+    ``creator``: the remedy when the directory is missing and ``database_file`` names no
+    pepper key; when it does (:func:`qinglong_edge.local.guards.check_keyring_present`, as
+    ``serve`` and ``admin init`` refuse), the remedy is to restore the keyring.
     """
     from qinglong_edge.filecheck import ownership_remedy
-    from qinglong_edge.local.guards import check_keyring
+    from qinglong_edge.local.guards import KEYRING_LOST_REMEDY, check_keyring, check_keyring_present
     from qinglong_edge.local.pepper import PEPPER_SUFFIX, PepperError
 
     name = "pepper_dir"
+    if database_file:
+        try:
+            check_keyring_present(database_file, directory)
+        except PepperError as exc:
+            return Check(name, False, True, f"{exc.code}: {exc.message.split(': restore ', 1)[0]}",
+                         KEYRING_LOST_REMEDY)
     if not os.path.lexists(directory):
         return Check(name, False, True, f"{directory}: missing", creator)
     try:
@@ -414,6 +422,62 @@ def check_worker_file(path: str, name: str, what: str, *, forbidden: int, creden
     kind = "a ql3w token" if credential else f"{size} bytes (limit {limit})"
     rule = "private" if forbidden == 0o077 else "not writable by others"
     return Check(name, True, True, f"{path}: {rule}, {kind}")
+
+
+def _one_root_cause(file_checks: list[Check],
+                    files: dict[str, tuple[str, str, int]]) -> tuple[list[Check], dict[str, str]]:
+    """Worker file checks that failed because of the same *directory* (``pull``'s rule
+    for the parent: ``...: parent directory ...`` in :func:`check_worker_file`'s detail)
+    are one root cause, reported once (issue 18 item 5): the first such check fails with
+    the directory's detail and ONE remedy (the directory, plus any of its files that
+    would fail next); the others say ``same cause as NAME`` (a warning: not required).
+
+    ``files``: check name -> (path, what, forbidden bits), as given to the checks.
+    Returns the checks and, for each one that failed, the check that names its cause
+    (itself, or the root it shares).
+    """
+    groups: dict[str, list[Check]] = {}
+    for check in file_checks:
+        path, what, _ = files[check.name]
+        if not check.ok and check.detail.startswith(f"{what} {path}: parent "):
+            groups.setdefault(os.path.dirname(path) or "/", []).append(check)
+    replaced: dict[str, Check] = {}
+    roots = {check.name: check.name for check in file_checks if not check.ok}
+    for parent, members in groups.items():
+        if len(members) < 2:
+            continue
+        root = members[0]
+        first_path, first_what, forbidden = files[root.name]
+        cause = root.detail[len(f"{first_what} {first_path}: parent directory "):]
+        whats = [files[member.name][1] for member in members]
+        named = ", ".join(f"the {what}" for what in whats[:-1]) + f" and the {whats[-1]}"
+        replaced[root.name] = Check(root.name, False, True, f"{parent}: the directory of {named}: {cause}",
+                                    _directory_remedy(parent, [files[m.name][0] for m in members], forbidden))
+        for member in members[1:]:
+            replaced[member.name] = Check(member.name, False, False,
+                                          f"same cause as {root.name} (its directory {parent})",
+                                          f"fix {root.name} first")
+            roots[member.name] = root.name
+    return [replaced.get(check.name, check) for check in file_checks], roots
+
+
+def _directory_remedy(directory: str, paths: list[str], forbidden: int) -> str:
+    """One command line for a worker files' directory and those of its files that break
+    the same rule (their modes are checked next, once the directory passes)."""
+    quoted = shlex.quote(directory)
+    if forbidden != 0o077:
+        return f"chmod go-w {quoted} (readable by all is fine; writable by others is not)"
+    steps = [f"chmod 0700 {quoted}"]
+    loose = []
+    for path in paths:
+        try:
+            if os.lstat(path).st_mode & forbidden:
+                loose.append(shlex.quote(path))
+        except OSError:
+            continue
+    if loose:
+        steps.append(f"chmod 0600 {' '.join(loose)}")
+    return " && ".join(steps) + " (a directory only the agent's user can enter, for its private files)"
 
 
 def check_architecture(worker: WorkerConfig | None, machine: str | None = None) -> Check:
@@ -565,22 +629,23 @@ def check_worker_tls(worker: WorkerConfig, now_ms: int) -> Check:
     return Check(name, True, True, "; ".join(parts))
 
 
-def _worker_checks(worker: WorkerConfig, file_checks: list[Check]) -> Iterator[Check]:
+def _worker_checks(worker: WorkerConfig, failed: dict[str, str]) -> Iterator[Check]:
+    """The checks that need the worker files: ``failed`` maps each file check that failed
+    to the check naming its cause (:func:`_one_root_cause`), which the skips name."""
     now_ms = time.time_ns() // 1_000_000
-    failed = {check.name for check in file_checks if not check.ok}
     if "worker_certificate" in failed:
-        yield _skipped("worker_certificate_validity", "worker_certificate")
+        yield _skipped("worker_certificate_validity", failed["worker_certificate"])
     else:
         yield check_certificate_validity(worker.certificate_file, "worker_certificate_validity",
                                          role="client certificate", private=True, now_ms=now_ms)
     for index, anchor in enumerate(worker.trust_anchor_files):
         name = f"trust_anchor_validity_{index}"
         if f"trust_anchor_{index}" in failed:
-            yield _skipped(name, f"trust_anchor_{index}")
+            yield _skipped(name, failed[f"trust_anchor_{index}"])
         else:
             yield check_certificate_validity(anchor, name, role="trust anchor", private=False, now_ms=now_ms)
     if failed:
-        yield _skipped("worker_tls_handshake", ", ".join(sorted(failed)))
+        yield _skipped("worker_tls_handshake", ", ".join(sorted(set(failed.values()))))
     else:
         yield check_worker_tls(worker, now_ms)
 
@@ -750,16 +815,18 @@ def run_checks(config: EdgeConfig) -> list[Check]:
             if not ok:
                 broken.append(journal)
         checks.append(check_runtime_directory(worker))
-        file_checks = [
-            check_worker_file(worker.credential_file, "worker_credential", "credential file", forbidden=0o077,
-                              credential=True),
-            check_worker_file(worker.private_key_file, "worker_private_key", "private key file", forbidden=0o077),
-            check_worker_file(worker.certificate_file, "worker_certificate", "certificate file", forbidden=0o077),
-        ]
-        file_checks += [check_worker_file(anchor, f"trust_anchor_{index}", "trust anchor file", forbidden=0o022)
-                        for index, anchor in enumerate(worker.trust_anchor_files)]
+        files = {
+            "worker_credential": (worker.credential_file, "credential file", 0o077),
+            "worker_private_key": (worker.private_key_file, "private key file", 0o077),
+            "worker_certificate": (worker.certificate_file, "certificate file", 0o077),
+        }
+        files |= {f"trust_anchor_{index}": (anchor, "trust anchor file", 0o022)
+                  for index, anchor in enumerate(worker.trust_anchor_files)}
+        file_checks = [check_worker_file(path, name, what, forbidden=forbidden, credential=name == "worker_credential")
+                       for name, (path, what, forbidden) in files.items()]
+        file_checks, failed = _one_root_cause(file_checks, files)
         checks.extend(file_checks)
-        checks.extend(_worker_checks(worker, file_checks))
+        checks.extend(_worker_checks(worker, failed))
     if local is not None:
         db_dir = os.path.dirname(local.database_file)
         if _inside(db_dir, broken):
@@ -775,6 +842,7 @@ def run_checks(config: EdgeConfig) -> list[Check]:
             checks.append(check_pepper_keyring(
                 local.pepper_keyring_directory,
                 creator=f"run '{_ADMIN_INIT}' as the agent's user (it creates the keyring 0700 and its first key)",
+                database_file=local.database_file,
             ))
     if config.execution is not None:
         checks.append(check_cgroups())

@@ -27,10 +27,13 @@ sysexits statuses with :func:`exit_status_for`, the Local API to HTTP statuses w
 
 from __future__ import annotations
 
+import errno
+
 from qinglong_edge.contracts.errors import ContractError, EdgeError
 
 __all__ = [
     "EXIT_STATUS_BY_CODE",
+    "STORAGE_UNAVAILABLE_ERRNOS",
     "TRANSPORT_REASONS",
     "ApiError",
     "ConfigError",
@@ -48,6 +51,7 @@ __all__ = [
     "TransportError",
     "UsageError",
     "exit_status_for",
+    "storage_error",
     "transport_remedy",
 ]
 
@@ -101,6 +105,23 @@ class StorageError(EdgeError, OSError):
     code = "unsafe_storage"
     exit_status = EX_CANTCREAT
     http_status = 503
+
+
+#: ``errno`` values of storage that is full or failing, which may heal by itself (retry
+#: later): ``storage_unavailable`` (74). Every other ``OSError`` on agent storage (EACCES,
+#: EPERM, ENOTDIR, EEXIST, ELOOP...) needs the operator: ``unsafe_storage`` (73). The
+#: journal classifies its errors the same way (:mod:`qinglong_edge.worker.files`).
+STORAGE_UNAVAILABLE_ERRNOS: frozenset[int] = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
+
+
+def storage_error(exc: OSError, what: str) -> StorageError:
+    """A :class:`StorageError` for ``exc`` raised while making or opening ``what`` (a
+    phrase naming the path and its configuration key): ``storage_unavailable`` (exit 74)
+    for :data:`STORAGE_UNAVAILABLE_ERRNOS`, else ``unsafe_storage`` (73). The message is
+    one line: ``what``, the errno name and its text."""
+    code = "storage_unavailable" if exc.errno in STORAGE_UNAVAILABLE_ERRNOS else "unsafe_storage"
+    name = errno.errorcode.get(exc.errno or 0, "error")
+    return StorageError(f"{what}: {name} ({exc.strerror})", code=code)
 
 
 class JournalError(StorageError):
@@ -450,6 +471,7 @@ EXIT_STATUS_BY_CODE: dict[str, int] = {
     "pepper_unavailable": EX_CONFIG,
     "unsafe_pepper": EX_CANTCREAT,
     "database_missing": EX_CANTCREAT,  # serve/admin refuse to create an empty database where one existed
+    "keyring_missing": EX_CANTCREAT,  # serve/admin init refuse to go on without the pepper keys the database names
     "database_replaced": EX_IOERR,  # serve: the database was removed or replaced while serving (restart)
     "store_busy": EX_TEMPFAIL,
     "in_flight": EX_TEMPFAIL,  # inbox discard of a record a pull is (or would be) running
@@ -457,6 +479,9 @@ EXIT_STATUS_BY_CODE: dict[str, int] = {
     "task_not_found": EX_DATAERR,  # an operator naming a task that does not exist, not an I/O error
     "run_not_found": EX_DATAERR,
     "listener_unavailable": EX_UNAVAILABLE,
+    # A job's log (or publication) could not be made: storage, not an internal error
+    # (the launch paths handle it; should one reach the command line, it is 74).
+    "log_unavailable": EX_IOERR,
     "input_unreadable": 66,  # EX_NOINPUT: an input file named on the command line cannot be read
     # QingLong has no worker architecture for this machine (mips...): a configuration
     # problem of the device (the worker role cannot work here), not a passing outage.

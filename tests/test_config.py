@@ -206,3 +206,40 @@ def test_max_run_pids_from_uci(value: str) -> None:
     assert document["execution"]["maxRunPids"] == int(value)
     config = parse_config(document)
     assert config.execution is not None and config.execution.max_run_pids == int(value)
+
+
+@pytest.mark.parametrize(("execution", "needed"), [
+    pytest.param({"maxTotalLogBytes": 1_048_576}, 2 * 1_048_576, id="edge-defaults-1-MiB-total"),
+    pytest.param({"maxLogBytes": 8_388_608, "maxConcurrentRuns": 1}, 8_388_608, id="one-log-over-the-4-MiB-default"),
+    pytest.param({"maxLogBytes": 1_048_576, "maxConcurrentRuns": 8, "maxTotalLogBytes": 4_194_304}, 8_388_608,
+                 id="eight-runs"),
+])
+def test_a_total_log_cap_the_runs_in_flight_could_exceed_is_rejected(execution: dict[str, Any], needed: int) -> None:
+    """Review: maxTotalLogBytes below maxLogBytes x maxConcurrentRuns cannot be met (logs
+    of Runs in flight are never pruned); it was accepted. Now a clear error naming the
+    JSON path, what it must be at least, and why."""
+    with pytest.raises(ConfigError) as caught:
+        parse_config(minimal(localApi=LOCAL_API, execution=execution))
+    assert caught.value.path == "$.execution.maxTotalLogBytes"
+    message = caught.value.message
+    assert message.startswith("$.execution.maxTotalLogBytes: ") and f"at least {needed}" in message, message
+    assert "maxLogBytes" in message and "maxConcurrentRuns" in message, message
+
+
+def test_a_total_log_cap_equal_to_the_runs_in_flight_is_accepted() -> None:
+    config = parse_config(minimal(localApi=LOCAL_API, execution={
+        "maxLogBytes": 1_048_576, "maxConcurrentRuns": 4, "maxTotalLogBytes": 4_194_304}))
+    assert config.execution is not None and config.execution.max_total_log_bytes == 4_194_304
+
+
+def test_render_uci_names_the_uci_option_of_the_total_log_cap() -> None:
+    from qinglong_edge.commands.config import render_uci_text
+
+    show = ("qinglong-edge.main=agent\nqinglong-edge.main.state_directory='/var/lib/qe'\n"
+            "qinglong-edge.local_api=local_api\nqinglong-edge.local_api.enabled='1'\n"
+            "qinglong-edge.local_api.host='127.0.0.1'\nqinglong-edge.local_api.port='5700'\n"
+            "qinglong-edge.execution=execution\nqinglong-edge.execution.enabled='1'\n"
+            "qinglong-edge.execution.max_total_log_bytes='1048576'\n")
+    with pytest.raises(ConfigError) as caught:
+        render_uci_text(show)
+    assert caught.value.message.startswith("qinglong-edge.execution.max_total_log_bytes: must be at least 2097152")

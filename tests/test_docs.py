@@ -72,6 +72,10 @@ BASE: dict[str, Any] = {
 COMPANIONS = {
     "worker.heartbeatIntervalMs": {"worker.sessionLeaseDurationMs": 600_000},
     "worker.sessionLeaseDurationMs": {"worker.heartbeatIntervalMs": 5000},
+    # maxTotalLogBytes >= maxLogBytes x maxConcurrentRuns (the logs of Runs in flight).
+    "execution.maxTotalLogBytes": {"execution.maxLogBytes": 1024},
+    "execution.maxLogBytes": {"execution.maxTotalLogBytes": 1_099_511_627_776},
+    "execution.maxConcurrentRuns": {"execution.maxTotalLogBytes": 1_099_511_627_776},
 }
 
 

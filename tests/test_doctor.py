@@ -140,18 +140,52 @@ def test_a_credential_directory_at_0755_fails_doctor_exactly_as_it_fails_pull(tm
         doctor = env.cli("doctor", "--json")
     assert doctor.status == 69
     checks = _checks(json.loads(doctor.stdout))
+    # Review (issue 18 item 5: one root cause is reported once with the right remedy):
+    # the directory is the cause of all three; it used to be three FAIL lines.
     failed = {name for name, check in checks.items() if not check["ok"] and check["required"]}
-    assert failed == {"worker_credential", "worker_private_key", "worker_certificate"}
+    assert failed == {"worker_credential"}
     credential = checks["worker_credential"]
-    assert "parent directory mode 0755" in str(credential["detail"])
-    # pull reads the certificate first: the very same words as doctor's check of it
-    assert str(checks["worker_certificate"]["detail"]) in pulled.last()["detail"]
-    assert "chmod 0700" in str(credential["remedy"]) and "chmod 0600" in str(credential["remedy"])
+    assert str(credential["detail"]).startswith(f"{private}: the directory of the credential file, the private key "
+                                                "file and the certificate file: mode 0755 has forbidden group/other")
+    # pull reads the certificate first: the same cause in its words
+    assert "parent directory mode 0755 has forbidden group/other bits" in pulled.last()["detail"]
+    assert credential["remedy"].startswith(f"chmod 0700 {private} "), credential["remedy"]
+    assert "chmod 0600" not in str(credential["remedy"])  # the files themselves are fine
+    for name in ("worker_private_key", "worker_certificate"):
+        assert (checks[name]["ok"], checks[name]["required"]) == (False, False)
+        assert checks[name]["detail"] == f"same cause as worker_credential (its directory {private})"
+        assert checks[name]["remedy"] == "fix worker_credential first"
+    assert checks["worker_tls_handshake"]["detail"] == "not checked: worker_credential failed"
+    assert checks["worker_certificate_validity"]["detail"] == "not checked: worker_credential failed"
+    text = env.cli("doctor")
+    assert [line for line in text.stdout.splitlines() if line.startswith("FAIL")] == [
+        line for line in text.stdout.splitlines() if line.startswith("FAIL worker_credential")]
+    assert "doctor: 1 required check(s) failed" in text.stdout + text.stderr
     private.chmod(0o700)
     with ClusterDouble() as cluster:
         healthy = _checks(json.loads(env.cli("doctor", "--json").stdout))
     assert all(healthy[name]["ok"] for name in ("worker_credential", "worker_private_key", "worker_certificate",
                                                  "trust_anchor_0"))
+
+
+def test_a_credential_directory_and_a_file_both_wrong_give_one_remedy_for_both(tmp_path: pathlib.Path) -> None:
+    """The directory's remedy also names the files of that directory that would fail
+    next (0644 key), so the one remedy is complete."""
+    from tests.support.cluster_double import ClusterDouble
+    from tests.support.pull_env import PullEnv
+
+    with ClusterDouble() as cluster:
+        env = PullEnv(tmp_path, cluster)
+        private = pathlib.Path(env.files["credentialFile"]).parent
+        key = pathlib.Path(env.files["privateKeyFile"])
+        private.chmod(0o755)
+        key.chmod(0o644)
+        checks = _checks(json.loads(env.cli("doctor", "--json").stdout))
+        failed = {name for name, check in checks.items() if not check["ok"] and check["required"]}
+        assert failed == {"worker_credential"}
+        assert checks["worker_credential"]["remedy"].startswith(f"chmod 0700 {private} && chmod 0600 {key} ")
+        private.chmod(0o700)
+        key.chmod(0o600)
 
 
 def test_a_state_directory_of_another_user_is_one_failure(tmp_path: pathlib.Path) -> None:

@@ -244,10 +244,14 @@ def _ensure_key(store: Any, keyring: str, key_id: str) -> str:
 
 
 def _init(args: argparse.Namespace) -> int:
+    from qinglong_edge.local.guards import check_keyring_present
     from qinglong_edge.local.pepper import ensure_keyring_directory
 
     with _Context(args) as ctx:
         keyring = ctx.local_api.pepper_keyring_directory
+        # Before anything is made: an empty keyring where the database names keys would
+        # only hide the loss (serve would then answer every request 503).
+        check_keyring_present(ctx.local_api.database_file, keyring)
         store = ctx.open()  # first: a missing state directory is created 0700 for the database
         created_dir = ensure_keyring_directory(keyring)
         key_status = _ensure_key(store, keyring, args.pepper_key_id)
@@ -274,11 +278,14 @@ def _init(args: argparse.Namespace) -> int:
 
 def _pepper_rotate(args: argparse.Namespace) -> int:
     from qinglong_edge.local.identity import activate_pepper_key, register_pepper_key
-    from qinglong_edge.local.pepper import create_pepper
+    from qinglong_edge.local.pepper import create_pepper, ensure_keyring_directory
     from qinglong_edge.local.store import now_ms
 
     with _Context(args) as ctx:
         store = ctx.open()
+        # A lost keyring (keyring_missing) is recovered from by a new key: make its
+        # directory (0700) as admin init would, rather than send the operator there.
+        ensure_keyring_directory(ctx.local_api.pepper_keyring_directory)
         material = create_pepper(ctx.local_api.pepper_keyring_directory, args.key_id)
         store.run(lambda c: register_pepper_key(c, material, now_ms()))
         store.run(lambda c: activate_pepper_key(c, args.key_id, now_ms()))

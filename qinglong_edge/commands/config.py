@@ -47,6 +47,7 @@ agent's default applies, or the key is reported as required)::
         max_concurrent_runs  terminate_grace_ms  kill_grace_ms  control_interval_ms
         max_log_bytes  max_run_pids  max_total_log_bytes  execution.<camelCase>, integers
         log_directory            execution.logDirectory
+        work_directory           execution.workDirectory
         cgroups                  execution.cgroups
 
 Flags accept OpenWrt's ``get_bool`` words (1/on/true/yes/enabled, 0/off/false/no/
@@ -182,6 +183,7 @@ UCI_SCHEMA: tuple[UciSectionType, ...] = (
         _int("kill_grace_ms", "killGraceMs"),
         _int("control_interval_ms", "controlIntervalMs"),
         _text("log_directory", "logDirectory"),
+        _text("work_directory", "workDirectory"),
         _int("max_log_bytes", "maxLogBytes"),
         _text("cgroups", "cgroups"),
         _int("max_run_pids", "maxRunPids"),

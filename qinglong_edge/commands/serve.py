@@ -1,7 +1,9 @@
 """``qinglong-edge serve``: the Local API (ADR-0372) in the foreground, for procd/systemd.
 
 Steps: load the configuration (its ``localApi`` section is required: exit 78 without
-it), check the pepper keyring (:func:`qinglong_edge.local.guards.check_keyring`: the
+it), refuse to go on without the pepper keys the database names (exit 73
+``keyring_missing``: restore the keyring), check the pepper keyring
+(:func:`qinglong_edge.local.guards.check_keyring`: the
 directory and every key file; a wrong mode or owner is exit 73 ``unsafe_pepper``, one
 line naming the file, its mode and owner; a missing keyring is 78), refuse to create
 an empty database where the keyring proves one existed (exit 73 ``database_missing``),
@@ -18,13 +20,21 @@ exit status is 74 (``database_replaced``), which the systemd unit and procd rest
 on; the refusal summaries of requests without a valid credential are written when
 their interval ends (:meth:`qinglong_edge.local.api.LocalApi.flush_refusals`).
 
-SIGTERM or SIGINT starts the drain (local-api.md 2.1): the listener closes, new
+SIGTERM, SIGINT or SIGHUP starts the drain (local-api.md 2.1): the listener closes, new
 requests get 503 ``server_draining``, requests in flight finish within the profile's
 drain timeout (edge 5 s, standalone 10 s); meanwhile the controller stops running Runs
 (reason ``shutdown``). Then the store
 closes. Exit 0 after a clean drain, 75 when requests were still running at the
 timeout, 70 if the server's poll thread died, 74 when the database was removed or
 replaced while serving. No exit path prints a traceback.
+
+SIGHUP is a drain too, never a death: serve has no live reload (its listener, store and
+controller are built from the configuration at start), and SIGHUP's default action would
+kill it with requests and Runs in flight. procd sends it for ``procd_send_signal`` /
+``ubus call service signal`` without a signal (its default), and a terminal sends it on
+hang-up; after the drain procd's respawn starts serve again with the configuration as it
+is then. (procd's own reload of a changed configuration is SIGTERM and a start, through
+``procd_set_param file``; systemd never sends SIGHUP to this unit: no ``ExecReload``.)
 
 Progress goes to stderr (``qinglong-edge: ...`` lines, never a token or a body); with
 ``--json`` one summary line is printed on stdout at exit.
@@ -54,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
         parents=[common],
         help="run the Local API (and the execution controller) until SIGTERM",
         description="Serve the QingLong Local /api/v3 run API on the configured loopback listener; "
-        "SIGTERM/SIGINT drain in-flight requests and exit 0.",
+        "SIGTERM/SIGINT/SIGHUP drain in-flight requests and exit 0 (no live reload).",
     )
     parser.set_defaults(handler=_run)
 
@@ -172,7 +182,13 @@ def _run(args: argparse.Namespace) -> int:
     from qinglong_edge.errors import ConfigError, EdgeError
     from qinglong_edge.local.api import LocalApi
     from qinglong_edge.local.budget import RequestBudget
-    from qinglong_edge.local.guards import DatabaseWatch, KeyringWatch, check_database_present, check_keyring
+    from qinglong_edge.local.guards import (
+        DatabaseWatch,
+        KeyringWatch,
+        check_database_present,
+        check_keyring,
+        check_keyring_present,
+    )
     from qinglong_edge.local.server import Server, ServerLimits
     from qinglong_edge.local.store import Store
 
@@ -182,6 +198,9 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError("the configuration has no localApi section", path="$.localApi")
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format="qinglong-edge: %(name)s: %(message)s")
+    # Before the keyring's own check, whose remedy for a missing one is `admin init`: with
+    # a database that names its keys, that would be wrong (keyring_missing says what is).
+    check_keyring_present(local.database_file, local.pepper_keyring_directory)
     check_keyring(local.pepper_keyring_directory)
     check_database_present(local.database_file, local.pepper_keyring_directory)
     # The poll thread may be busy answering a flood (429) while a worker and the store
@@ -189,10 +208,13 @@ def _run(args: argparse.Namespace) -> int:
     # would wait up to the default 5 ms switch interval behind it.
     sys.setswitchinterval(_SWITCH_INTERVAL_S)
     stop = threading.Event()
-    previous = {
-        signum: signal.signal(signum, lambda _signum, _frame: stop.set())
-        for signum in (signal.SIGTERM, signal.SIGINT)
-    }
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        received.append(signum)
+        stop.set()
+
+    previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     store = Store.open(local.database_file, profile=config.profile, busy_timeout_ms=local.busy_timeout_ms)
     database = DatabaseWatch(store.path)
     keyring = KeyringWatch(local.pepper_keyring_directory)
@@ -242,7 +264,11 @@ def _run(args: argparse.Namespace) -> int:
             api.flush_refusals()
             maintenance.tick()
         healthy = server.healthy
-        _say("draining")
+        if received and received[0] == signal.SIGHUP:
+            _say("SIGHUP: draining (serve has no live reload; procd starts it again, with the configuration "
+                 "as it is now)")
+        else:
+            _say("draining")
         # The controller stops its Runs (reason shutdown) while the HTTP drain runs, so
         # the whole stop fits one grace period (procd/systemd stop timeouts are short).
         controller_thread: threading.Thread | None = None

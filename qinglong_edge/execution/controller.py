@@ -74,7 +74,7 @@ from collections.abc import Callable
 
 from qinglong_edge.config import ExecutionConfig
 from qinglong_edge.contracts.ids import new_uuid4
-from qinglong_edge.errors import EdgeError, StoreError
+from qinglong_edge.errors import EdgeError, StoreError, storage_error
 from qinglong_edge.execution.launcher import (
     LAUNCH_BACKOFF_S,
     MAX_LAUNCH_ATTEMPTS,
@@ -130,8 +130,9 @@ class ExecutionController:
         cgroups: a prepared :class:`CgroupManager` (default: detected at :meth:`start`).
         poll_ms: observation interval during a stop (local-api.md 7.3: 25 ms).
         work_directory: default working directory (and ``HOME``) of jobs whose task has
-            none (default: ``work`` beside the log directory, normally
-            ``<stateDirectory>/work``, created 0700 at :meth:`start`).
+            none (default: ``config.work_directory``, ``execution.workDirectory``, whose
+            default is ``<stateDirectory>/work``; created 0700 at :meth:`start`).
+            Never derived from the log directory (whose parent may be ``/tmp``).
         pids_max: per-Run ``pids.max`` where the v1 pids controller is used (None: no cap).
         launch_attempts, launch_backoff_s: the bound and first backoff of launches that
             storage failed to record (:mod:`qinglong_edge.execution.launcher`; tests
@@ -159,9 +160,9 @@ class ExecutionController:
         self.config = config
         self.clock = clock
         self.poll_ms = min(poll_ms, config.terminate_grace_ms, config.kill_grace_ms)
-        self.work_directory = work_directory or os.path.join(
-            os.path.dirname(os.path.normpath(config.log_directory)), "work"
-        )
+        self.work_directory = work_directory or config.work_directory
+        if not self.work_directory:
+            raise ValueError("the execution controller needs a work directory (execution.workDirectory)")
         self.new_id = new_id
         self._cgroups = cgroups
         self._pids_max = pids_max
@@ -196,17 +197,22 @@ class ExecutionController:
         runs on it).
 
         Raises:
-            EdgeError: ``log_unavailable`` when a directory cannot be created.
+            StorageError: a directory (or the controller lock) cannot be created:
+                ``storage_unavailable`` (exit 74) when its file system is full or failing,
+                ``unsafe_storage`` (73) otherwise (:func:`qinglong_edge.errors.storage_error`).
+            EdgeError: ``already_owned``.
         """
         if self._thread is not None:
             return
         self._take_authority()
         try:
-            for directory in (self.config.log_directory, self.work_directory):
+            directories = ((self.config.log_directory, "the Run log directory {} (execution.logDirectory)"),
+                           (self.work_directory, "the Runs' work directory {} (execution.workDirectory)"))
+            for directory, what in directories:
                 try:
                     os.makedirs(directory, mode=0o700, exist_ok=True)
                 except OSError as exc:
-                    raise EdgeError(f"{directory}: {exc.strerror}", code="log_unavailable") from None
+                    raise storage_error(exc, "cannot create " + what.format(directory)) from None
         except EdgeError:
             self._release_authority()
             raise
@@ -228,7 +234,8 @@ class ExecutionController:
 
         Raises:
             EdgeError: ``already_owned`` (another process runs a controller on this
-                database), ``log_unavailable`` (the lock file cannot be opened).
+                database).
+            StorageError: the lock file cannot be opened (:func:`qinglong_edge.errors.storage_error`).
         """
         path = getattr(self.store, "path", "")
         if not isinstance(path, str) or not path or path == ":memory:":
@@ -237,7 +244,7 @@ class ExecutionController:
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError as exc:
-            raise EdgeError(f"{lock_path}: {exc.strerror}", code="log_unavailable") from None
+            raise storage_error(exc, f"cannot open the execution controller's lock {lock_path}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

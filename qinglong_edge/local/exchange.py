@@ -37,6 +37,8 @@ class ServerLimits:
     ``refusal_interval_s``          60     60
     ==============================  =====  ==========
 
+    ``credential_slot_wait_s``: a request that carries a credential and finds every slot
+    taken waits this long for one before its 503 ``server_overloaded`` (0: no wait).
     ``head_timeout_s``: a connection must deliver a complete request head within this
     time of starting to wait for it (its accept, or the end of the previous response);
     ``keep_alive_timeout_s``: an idle connection that sent no byte closes after it.
@@ -64,6 +66,8 @@ class ServerLimits:
     refusal_interval_s: float = 60.0
     #: A kept connection answered 429 is not read again for this long (seconds).
     refusal_pause_s: float = 1.0
+    #: How long a request that carries a credential waits for a slot when all are busy (s).
+    credential_slot_wait_s: float = 1.0
     #: Connections accepted per poll round (the rest wait for the next round).
     accept_batch: int = 16
     #: ``TCP_DEFER_ACCEPT`` on the listener, in seconds (``None``: ``ceil(head_timeout_s)``;

@@ -15,6 +15,14 @@ Both fail closed. At start-up:
   creates the database before the first key, so keys prove that a database existed:
   creating an empty one would silently lose every credential, role, task and Run.
   :class:`~qinglong_edge.errors.StoreError` ``database_missing`` (exit 73).
+* :func:`check_keyring_present`: the other way round. The database's pepper catalog names
+  an active key whose file is not in the keyring (the directory moved away, or its key
+  files deleted). Every credential's digest is keyed by a pepper, so that key's file is
+  the only way to check the credentials issued under it, and ``admin init`` cannot make
+  it again. :class:`~qinglong_edge.local.pepper.PepperError` ``keyring_missing`` (exit
+  73) with the true remedy (:data:`KEYRING_LOST_REMEDY`): restore it from a backup, or
+  lose those credentials (nothing else) and go on with ``admin pepper rotate``. ``serve``,
+  ``admin init`` and ``doctor`` say the same line.
 
 While serving (``serve``'s main loop, about once a second):
 
@@ -33,19 +41,31 @@ from __future__ import annotations
 
 import os
 import stat
+import urllib.parse
 from dataclasses import dataclass
 
 from qinglong_edge.errors import EX_IOERR, StoreError
-from qinglong_edge.local.pepper import PEPPER_SUFFIX, PepperError, check_keyring_directory
+from qinglong_edge.local.pepper import PEPPER_SUFFIX, PepperError, check_keyring_directory, key_file_name
 
 __all__ = [
     "EX_DATABASE_LOST",
+    "KEYRING_LOST_REMEDY",
     "DatabaseWatch",
     "KeyringWatch",
     "check_database_present",
     "check_keyring",
+    "check_keyring_present",
     "keyring_has_keys",
 ]
+
+#: What to do when the database's pepper keys are gone from the keyring (one source of
+#: truth: serve's and admin init's refusal, doctor's remedy).
+KEYRING_LOST_REMEDY = (
+    "restore the keyring from a backup (its *.pepper files, mode 0600, in a 0700 directory of the service user); "
+    "without one the credentials issued under the lost keys are lost, nothing else (subjects, roles, tasks, Runs "
+    "and the audit stay): make a new key with 'qinglong-edge admin pepper rotate --key-id NEW', issue new "
+    "credentials ('admin credential issue') and revoke the old ones"
+)
 
 #: ``serve``'s exit status when the database was removed or replaced while serving: not
 #: in the systemd unit's ``RestartPreventExitStatus`` (64 78), and procd respawns any
@@ -136,6 +156,55 @@ def check_database_present(database_file: str, keyring_directory: str) -> None:
         "existed: restore it (or, to start afresh and lose what it held, move the keyring aside and run "
         "'qinglong-edge admin init'); refusing to create an empty one",
         code="database_missing",
+    )
+
+
+def _catalog(database_file: str) -> tuple[str | None, list[str]]:
+    """(the active pepper key id, every key id) of the database's catalog, read-only
+    (``mode=ro``: nothing created, migrated or written); ``(None, [])`` when there is no
+    readable catalog (no file, an empty one, not yet migrated, locked, corrupt: the
+    store's own open reports those)."""
+    import sqlite3
+
+    try:
+        if os.path.getsize(database_file) == 0:
+            return None, []
+        uri = "file:" + urllib.parse.quote(database_file) + "?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=1.0)
+    except (OSError, sqlite3.Error):
+        return None, []
+    try:
+        rows = conn.execute('SELECT pepper_key_id, state FROM "QingLong3LocalOwnerPepperKeys"').fetchall()
+    except sqlite3.Error:
+        return None, []
+    finally:
+        conn.close()
+    active = next((str(key_id) for key_id, state in rows if state == "active"), None)
+    return active, sorted(str(key_id) for key_id, _ in rows)
+
+
+def check_keyring_present(database_file: str, keyring_directory: str) -> None:
+    """Refuse to go on when the database names an active pepper key whose file is not in
+    the keyring (module docstring). Safe and unsafe key files alike count as present
+    (:func:`check_keyring` judges those).
+
+    Raises:
+        PepperError: ``keyring_missing`` (exit 73), one line: what is missing, the
+            database that names it, and :data:`KEYRING_LOST_REMEDY`.
+    """
+    active, keys = _catalog(database_file)
+    if active is None or os.path.lexists(os.path.join(keyring_directory, key_file_name(active))):
+        return
+    missing = [key for key in keys if not os.path.lexists(os.path.join(keyring_directory, key_file_name(key)))]
+    if not os.path.lexists(keyring_directory):
+        what = "the pepper keyring directory is missing"
+    else:
+        what = f"the pepper keyring lacks {len(missing)} of the {len(keys)} key files"
+    raise PepperError(
+        f"{keyring_directory}: {what}, but the database {database_file} names {len(keys)} pepper "
+        f"key{'s' if len(keys) != 1 else ''} (active: {active}), which 'admin init' cannot make again: "
+        f"{KEYRING_LOST_REMEDY}",
+        code="keyring_missing",
     )
 
 

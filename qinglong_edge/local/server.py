@@ -13,7 +13,9 @@ Connection states::
     accept ──> IDLE ──first byte──> HEAD ──head complete──┬─> BUSY (worker) ──> IDLE (keep-alive)
                  │                   │                     │        ├──────────> closed / LINGER
                  └─ idle 5 s ─> closed └─ head deadline: 408 │        └─ 429 ───> PARKED ─1 s─> IDLE
-                                                           ├─ draining / at capacity: 503 (poll thread)
+                                                           ├─ credential, every slot taken: QUEUED ─> BUSY
+                                                           │     (its wait over: 503; drain: 503 draining)
+                                                           ├─ draining / no credential at capacity: 503
                                                            └─ no credential, beyond its budget: 429 ─> PARKED
 
 Limits (local-api.md 2.1; :class:`ServerLimits`):
@@ -31,8 +33,17 @@ Limits (local-api.md 2.1; :class:`ServerLimits`):
   client that sent its request with the connect is dispatched before the next accept
   can evict it. At most ``accept_batch`` connections are accepted per poll round, so
   accepting never starves the connections already open.
-* at most ``max_in_flight`` requests in the application at once; a complete head
-  that finds every worker busy gets 503 ``server_overloaded`` before routing.
+* at most ``max_in_flight`` requests in the application at once. A complete head that
+  finds every slot taken and **carries a credential** (of the token grammar) is QUEUED:
+  it waits, oldest first, for the next free slot, at most ``credential_slot_wait_s``
+  (1 s), and only then gets 503 ``server_overloaded``. Whether a credential is valid is
+  known only after the store check, and a flood of wrong ones is answered 429 by
+  admission in well under a millisecond each, so the operator's request gets a slot
+  within a few of theirs instead of a 503 (issue 17 item 1: "an authenticated request
+  is never starved by unauthenticated traffic"). A QUEUED connection is not read (its
+  body stays in the kernel), holds no thread and is never evicted at the connection cap;
+  there are at most ``max_connections`` of them. A request without a credential never
+  waits: 503 ``server_overloaded`` (or 429 below).
 * requests **without a credential** (no single ``Authorization`` value of the ``ql3c``
   token grammar, decided by the ``classify`` callable from the head alone) hold at most
   ``unauthenticated_slots`` of those slots (edge 1), so requests with a credential
@@ -110,6 +121,7 @@ _POLL_RDHUP: Final = getattr(select, "POLLRDHUP", 0x2000)
 class _State(enum.Enum):
     IDLE = "idle"
     HEAD = "head"
+    QUEUED = "queued"
     BUSY = "busy"
     LINGER = "linger"
     PARKED = "parked"
@@ -213,6 +225,11 @@ class Server:
         self._returned: collections.deque[tuple[_Conn, str]] = collections.deque()
         self._jobs: collections.deque[tuple[_Conn, RequestHead] | None] = collections.deque()
         self._jobs_ready = threading.Condition(self._lock)
+        # Requests with a credential that found every slot taken, oldest first, each with
+        # the deadline of its wait (ServerLimits.credential_slot_wait_s). Whoever pops an
+        # entry under _lock owns it: a worker (a slot freed), or the poll thread (its wait
+        # is over: 503; or the drain: 503 server_draining). At most max_connections long.
+        self._waiting: collections.deque[tuple[_Conn, RequestHead, float]] = collections.deque()
         # _in_flight: requests inside the application (the capacity check);
         # _busy: requests handed to a worker and not yet handed back (the drain waits
         # for it, so a response being written is never cut off).
@@ -256,6 +273,12 @@ class Server:
     def evicted_connections(self) -> int:
         """IDLE/HEAD connections closed to accept a newer one at the connection cap."""
         return self._evicted
+
+    @property
+    def waiting_for_slot(self) -> int:
+        """Requests with a credential waiting for a free slot now."""
+        with self._lock:
+            return len(self._waiting)
 
     @property
     def rate_limited(self) -> int:
@@ -389,6 +412,9 @@ class Server:
     def _next_timeout_ms(self) -> int:
         deadlines = [c.deadline for c in self._conns.values() if c.state in _WAITING]
         deadlines += [d for _, d in self._lingering.values()]
+        with self._lock:
+            if self._waiting:
+                deadlines.append(self._waiting[0][2])
         if not deadlines:
             return 1000
         return max(0, min(1000, int((min(deadlines) - time.monotonic()) * 1000) + 1))
@@ -517,15 +543,29 @@ class Server:
         wait = 0.0
         if anonymous and self._budget is not None:
             wait = self._budget.wait_s(conn.peer)
+        queued = False
         with self._lock:
             if anonymous and self._anonymous_in_flight >= self.limits.unauthenticated_slots:
                 wait = max(wait, 1.0)  # their share is taken: the others are for credentials
-            full = self._in_flight >= self.limits.max_in_flight
+            # Requests already waiting for a slot go first (FIFO): nobody overtakes them.
+            full = self._in_flight >= self.limits.max_in_flight or bool(self._waiting)
             if wait <= 0 and not full:
                 self._in_flight += 1
                 self._busy += 1
                 if anonymous:
                     self._anonymous_in_flight += 1
+            elif wait <= 0 and not anonymous and self.limits.credential_slot_wait_s > 0:
+                # A credential is only known valid after the store check, and a flood of
+                # wrong ones is answered in microseconds each: wait for the next free slot
+                # (a worker takes it from _waiting) rather than refuse the operator.
+                queued = True
+                conn.state = _State.QUEUED
+                self._waiting.append((conn, head, time.monotonic() + self.limits.credential_slot_wait_s))
+                self._jobs_ready.notify()
+        if queued:
+            with contextlib.suppress(KeyError, OSError):
+                self._poll.unregister(conn.fd)  # its next bytes (a body) stay in the kernel
+            return
         if wait > 0:
             self._rate_limited += 1
             if self._budget is not None:
@@ -611,9 +651,30 @@ class Server:
             else:
                 self._drop(conn)
 
+    def _answer_waiting(self, conn: _Conn, head: RequestHead, code: str, *, close: bool) -> None:
+        """Answer a request taken off :attr:`_waiting` from this thread (503); a kept
+        connection is watched again."""
+        self._answer_from_poll(conn, head, code, close=close)
+        if self._conns.get(conn.fd) is conn and conn.state is _State.IDLE:
+            with contextlib.suppress(OSError):
+                self._poll.register(conn.fd, _POLL_IN)
+
+    def _expire_waiting(self, now: float) -> None:
+        """Requests whose wait for a slot is over (or all of them when draining)."""
+        while True:
+            with self._lock:
+                if not self._waiting or not (self._draining or now >= self._waiting[0][2]):
+                    return
+                conn, head, _ = self._waiting.popleft()
+            if self._draining:
+                self._answer_waiting(conn, head, "server_draining", close=True)
+            else:
+                self._answer_waiting(conn, head, "server_overloaded", close=head.has_body or head.wants_close)
+
     def _apply_drain(self) -> None:
         if not self._draining:
             return
+        self._expire_waiting(time.monotonic())
         if self._listener is not None:
             if self._listening:
                 self._poll.unregister(self._listener.fileno())
@@ -626,6 +687,7 @@ class Server:
 
     def _expire(self) -> None:
         now = time.monotonic()
+        self._expire_waiting(now)
         for conn in list(self._conns.values()):
             if conn.state is _State.IDLE and now >= conn.deadline:
                 self._drop(conn)
@@ -674,11 +736,22 @@ class Server:
 
     # -- workers ----------------------------------------------------------
 
+    def _slot_for_waiting(self) -> bool:
+        """(Under _lock.) A waiting request can have a free slot now."""
+        return bool(self._waiting) and self._in_flight < self.limits.max_in_flight and not self._draining
+
     def _worker_loop(self) -> None:
         while True:
             with self._lock:
-                self._jobs_ready.wait_for(lambda: bool(self._jobs))
-                job = self._jobs.popleft()
+                self._jobs_ready.wait_for(lambda: bool(self._jobs) or self._slot_for_waiting())
+                if self._jobs:
+                    job = self._jobs.popleft()
+                else:  # the oldest request waiting for a slot takes the free one
+                    conn, head, _ = self._waiting.popleft()
+                    self._in_flight += 1
+                    self._busy += 1
+                    conn.state = _State.BUSY
+                    job = (conn, head)
             if job is None:
                 return
             conn, head = job
@@ -719,6 +792,8 @@ class Server:
                 if conn.anonymous:
                     self._anonymous_in_flight -= 1
                     conn.anonymous = False
+                if self._waiting:
+                    self._jobs_ready.notify()
         if response.status == 0:  # disconnected: nobody to answer
             return "close"
         body_unread = not exchange.body_consumed

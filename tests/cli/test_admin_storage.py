@@ -155,7 +155,7 @@ def test_a_crash_in_a_log_prune_resumes_safely(site: tuple[History, pathlib.Path
     runs = [history.finished(NOW - DAY + i, b"z" * 300_000) for i in range(6)]
     for index, run in enumerate(runs):
         os.utime(history.log_path(*run), ns=(0, (index + 1) * 10**9))
-    path = str(config(site, execution={"maxTotalLogBytes": 1024 * 1024}))
+    path = str(config(site, execution={"maxTotalLogBytes": 1024 * 1024, "maxConcurrentRuns": 1}))
     crashed = run_cli("--config", path, "admin", "prune", env={crashpoints.ENV: point})
     assert crashed.status == 137
     resumed = run_cli("--config", path, "--json", "admin", "prune").json()

@@ -241,6 +241,7 @@ def test_shipped_defaults_render_once_the_operator_fills_them_in() -> None:
     config = parse_config(json.loads(render_uci_text(uci_file_to_show(text, UCI_PACKAGE))))
     assert config.worker is not None and config.local_api is not None and config.execution is not None
     assert config.execution.log_directory == "/tmp/qinglong-edge/logs"  # RAM, never flash
+    assert config.execution.work_directory == "/tmp/qinglong-edge/work"  # RAM too
     assert config.worker.runtime_directory == "/var/run/qinglong-edge"  # RAM: idle pulls never write to flash
     assert config.local_api.listener.port == 5700
 

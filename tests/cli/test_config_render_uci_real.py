@@ -102,7 +102,8 @@ def test_readme_sequence_then_lists_quotes_and_spaces(uci: RealUci, tmp_path: pa
             "requestTimeoutMs": 20000,
         },
         "localApi": {"listener": {"host": "127.0.0.1", "port": 5701}},
-        "execution": {"logDirectory": "/tmp/qinglong edge/logs"},
+        "execution": {"logDirectory": "/tmp/qinglong edge/logs",
+                      "workDirectory": "/tmp/qinglong-edge/work"},  # the shipped UCI default (RAM)
     }
 
 

@@ -121,6 +121,24 @@ def test_sigint_also_drains(site: pathlib.Path) -> None:
     assert proc.returncode == 0, err
 
 
+def test_sighup_drains_like_sigterm_and_exits_0(site: pathlib.Path) -> None:
+    """procd's ``service signal`` (``procd_send_signal``) sends SIGHUP by default; so does a
+    terminal hang-up. serve has no live reload: SIGHUP drains as SIGTERM does and exits 0
+    (procd's respawn starts it again). On main it killed serve undrained (-1 / 129)."""
+    port = free_port()
+    proc = start(write_config(site, port), "--json")
+    listed = exchange(("127.0.0.1", port), request_bytes("GET", "/api/v3/projects/default/runs",
+                                                         headers=[("Authorization", f"Bearer {TOKEN}")]))
+    assert listed is not None and listed.status == 200
+    proc.send_signal(signal.SIGHUP)
+    out, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+    assert "SIGHUP" in err and "draining" in err and "stopped" in err, err
+    assert "Traceback" not in err
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert (summary["ok"], summary["drained"], summary["exitStatus"]) == (True, True, 0)
+
+
 def test_rejects_a_configuration_without_local_api(site: pathlib.Path) -> None:
     result = run_cli("--config", str(write_config(site, 0, local_api=False)), "serve")
     assert result.status == 78

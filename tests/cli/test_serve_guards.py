@@ -268,3 +268,57 @@ def test_an_emptied_database_file_is_refused_like_a_missing_one(site: pathlib.Pa
     assert admin.status == 73 and "database_missing" in admin.stderr
     assert database.stat().st_size == 0  # nothing was migrated into it
     assert log.read_bytes() == b"step 1\n"  # and no log was swept as an orphan
+
+
+# -- the pepper keyring gone, the database present ---------------------------------------------
+
+@pytest.mark.parametrize("how", ["moved", "emptied"])
+def test_a_lost_keyring_is_refused_with_the_true_remedy_by_serve_admin_init_and_doctor(
+        site: pathlib.Path, how: str) -> None:
+    """Review: with the keyring moved away (or its key files deleted) and the database
+    present, doctor said "run admin init" and admin init then refused (78, after making an
+    empty keyring, after which doctor said all was well and serve answered every request
+    503). The truth, said by all three: restore the keyring from a backup; without it the
+    credentials issued under the lost keys are lost (nothing else), and `admin pepper
+    rotate` + new credentials is the way on. serve and admin init refuse with 73
+    ``keyring_missing`` and create nothing."""
+    keyring = site / "state" / "pepper"
+    if how == "moved":
+        shutil.move(str(keyring), site / "pepper.moved")
+    else:
+        for key in keyring.iterdir():
+            key.unlink()
+    config = write_config(site, free_port())
+    status, stderr = _serve_once(site)
+    line = _one_line(stderr)
+    assert status == 73, line
+    assert "keyring_missing" in line and str(keyring) in line and "restore" in line, line
+    assert "admin pepper rotate" in line and "run 'qinglong-edge admin init'" not in line, line
+    init = run_cli("--config", str(config), "admin", "init")
+    init_line = _one_line(init.stderr)
+    assert init.status == 73 and init_line == line, init.stderr
+    assert keyring.exists() == (how == "emptied")  # admin init made nothing
+    doctor = run_cli("--config", str(config), "--json", "doctor")
+    assert doctor.status == 69, doctor.stdout
+    checks = {check["name"]: check for check in doctor.json()["checks"]}
+    failed = [name for name, check in checks.items() if not check["ok"] and check["required"]]
+    assert failed == ["pepper_dir"], failed
+    assert "keyring_missing" in str(checks["pepper_dir"]["detail"])
+    remedy = str(checks["pepper_dir"]["remedy"])
+    assert "restore" in remedy and "backup" in remedy and "admin pepper rotate" in remedy, remedy
+    assert "admin init" not in remedy, remedy
+
+
+def test_without_a_backup_pepper_rotate_is_the_way_on(site: pathlib.Path) -> None:
+    """The remedy's second half works: a new active key, then serve starts and admin init
+    is content (the old credential no longer authenticates: it is the part lost)."""
+    keyring = site / "state" / "pepper"
+    shutil.rmtree(keyring)  # no backup: the directory and its key are gone
+    config = write_config(site, free_port())
+    rotated = run_cli("--config", str(config), "admin", "pepper", "rotate", "--key-id", "edge-pepper-v2")
+    assert rotated.status == 0, rotated.stderr
+    assert keyring.is_dir() and (keyring.stat().st_mode & 0o777) == 0o700
+    assert run_cli("--config", str(config), "admin", "init").status == 0
+    doctor = run_cli("--config", str(config), "--json", "doctor")
+    checks = {check["name"]: check for check in doctor.json()["checks"]}
+    assert checks["pepper_dir"]["ok"] is True, checks["pepper_dir"]

@@ -23,9 +23,11 @@ def test_benchmark_prints_one_json_object() -> None:
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1
     result = json.loads(lines[0])
-    for phase in ("baseline", "slowloris", "idle", "unauthenticated"):
+    for phase in ("baseline", "slowloris", "idle", "unauthenticated", "wrong_credentials"):
         assert result["phases"][phase]["requests"] > 0, phase
     assert result["flood"]["requests"] == 300
     assert set(result["flood"]["statuses"]) <= {"401", "429"}
     assert result["serve_exit"] == 0 and result["flood"]["serve_exit"] == 0
-    assert set(result["met"]) >= {"slowloris_p99", "idle_errors", "flood_growth", "rss", "threads"}
+    assert set(result["met"]) >= {"slowloris_p99", "idle_errors", "wrong_credentials_p99", "wrong_credentials_errors",
+                                  "flood_growth", "rss", "threads"}
+    assert set(result["phases"]["wrong_credentials"]["attack"]["attacker_statuses"]) <= {"401", "429", "503"}

@@ -262,3 +262,15 @@ def test_foreign_keys_are_back_on_after_a_prune_even_when_it_fails(history: Hist
     with pytest.raises(RuntimeError):
         history.store.run(failing)
     assert history.store.run(lambda c: c.execute("PRAGMA foreign_keys").fetchone()) == (1,)
+
+
+def test_the_history_launches_its_own_run_whatever_else_is_queued(history: History) -> None:
+    """The flaky full-disk test (1 in ~40 runs): when the disk fills *after* a task.start
+    committed and before its launch claim, that Run stays ``queued``, as it must (a fault
+    keeps work; the oldest queued Run is launched first). The helper's next
+    ``finished()`` then claimed that older Run instead of its own (claim_next is FIFO) and
+    failed its own assertion. Deterministic here: a Run left queued first."""
+    left_queued, _ = history.queued(T0 - DAY)
+    run_id, _ = history.finished(T0)
+    statuses = dict(history.store.run(lambda c: c.execute('SELECT id, status FROM "Runs"').fetchall()))
+    assert (statuses[left_queued], statuses[run_id]) == ("queued", "succeeded")

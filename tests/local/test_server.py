@@ -221,7 +221,9 @@ def test_slow_head_gets_408_and_idle_connections_close() -> None:
 
 
 def test_overload_beyond_the_in_flight_cap_is_503_before_routing() -> None:
-    with running() as (server, app):
+    """(Every request counts as carrying a credential here: it first waits its bounded
+    time for a slot, ``credential_slot_wait_s``, then gets the 503.)"""
+    with running(fast(credential_slot_wait_s=0.1)) as (server, app):
         socks = [socket.create_connection(server.address) for _ in range(4)]
         try:
             for sock in socks:
@@ -451,7 +453,7 @@ def test_requests_without_a_credential_hold_at_most_their_share_of_the_slots() -
             socks.append(sock)
             sock.sendall(request_bytes("GET", "/block", headers=credential))
             assert app.entered.acquire(timeout=5)
-        full = exchange(server.address, request_bytes("GET", "/ok", headers=credential))
+        full = exchange(server.address, request_bytes("GET", "/ok", headers=credential))  # after its 1 s wait
         assert full is not None and (full.status, full.json()) == (503, {"code": "server_overloaded"})
         app.release.set()
         for sock in socks:
@@ -605,3 +607,98 @@ def test_a_connection_answered_429_is_paused_before_it_is_read_again() -> None:
             assert server.rate_limited == 2
     finally:
         server.shutdown(timeout=2)
+
+
+def _readable_or(sock: socket.socket, predicate: object, timeout: float = 10.0) -> None:
+    """Wait until ``sock`` has something to read (an answer came) or ``predicate()``."""
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(sock, selectors.EVENT_READ)
+        while not predicate() and time.monotonic() < deadline:  # type: ignore[operator]
+            if sel.select(timeout=0.01):
+                return
+
+
+def test_a_request_with_a_credential_waits_for_a_slot_instead_of_503() -> None:
+    """Issue 17 item 1 (review): every slot busy, a request that carries a credential is
+    not answered 503 ``server_overloaded`` at once: it waits (without a thread of its own)
+    for the next free slot and is served. Before the fix it was refused at once, which a
+    flood of well-formed wrong credentials turned into 503s for the operator."""
+    with running(fast(credential_slot_wait_s=30.0)) as (server, app):
+        socks = [socket.create_connection(server.address) for _ in range(4)]
+        waiting = socket.create_connection(server.address)
+        socks.append(waiting)
+        try:
+            for sock in socks[:4]:
+                sock.sendall(request_bytes("GET", "/block"))
+            for _ in range(4):
+                assert app.entered.acquire(timeout=5)
+            before = threading.active_count()
+            waiting.sendall(GET_OK)
+            _readable_or(waiting, lambda: getattr(server, "waiting_for_slot", 0) == 1)
+            assert threading.active_count() == before
+            app.release.set()
+            answer = ResponseReader(waiting).read()
+            assert answer is not None and (answer.status, answer.json()) == (200, {"ok": True})
+            for sock in socks[:4]:
+                done = ResponseReader(sock).read()
+                assert done is not None and done.status == 200
+            assert server.waiting_for_slot == 0
+        finally:
+            for sock in socks:
+                sock.close()
+
+
+def test_the_wait_for_a_slot_is_bounded_then_503() -> None:
+    """The wait is bounded (``credential_slot_wait_s``): slots held past it, the waiting
+    request gets 503 ``server_overloaded`` after all, and the connection stays usable."""
+    with running(fast(credential_slot_wait_s=0.2)) as (server, app):
+        socks = [socket.create_connection(server.address) for _ in range(4)]
+        try:
+            for sock in socks:
+                sock.sendall(request_bytes("GET", "/block"))
+            for _ in range(4):
+                assert app.entered.acquire(timeout=5)
+            with socket.create_connection(server.address) as late:
+                late.sendall(GET_OK)
+                reader = ResponseReader(late)
+                refused = reader.read()
+                assert refused is not None and (refused.status, refused.json()) == (503, {"code": "server_overloaded"})
+                assert server.waiting_for_slot == 0
+                app.release.set()
+                late.sendall(GET_OK)
+                again = reader.read()
+                assert again is not None and again.status == 200
+        finally:
+            app.release.set()
+            for sock in socks:
+                sock.close()
+
+
+def test_a_request_waiting_for_a_slot_is_never_evicted_and_drain_answers_it() -> None:
+    """At the connection cap a waiting request is not a waiting *connection*: it is not
+    closed to make room (its head was read; it would be lost). On drain it is answered
+    503 ``server_draining``."""
+    with running(fast(max_in_flight=1, max_connections=2, credential_slot_wait_s=30.0)) as (server, app):
+        busy = socket.create_connection(server.address)
+        waiting = socket.create_connection(server.address)
+        try:
+            busy.sendall(request_bytes("GET", "/block"))
+            assert app.entered.acquire(timeout=5)
+            waiting.sendall(GET_OK)
+            _until(lambda: server.waiting_for_slot == 1)
+            with socket.create_connection(server.address) as third:  # in the backlog: nobody to evict
+                third.sendall(GET_OK)
+                assert server.evicted_connections == 0
+                drained = threading.Thread(target=server.shutdown, kwargs={"timeout": 5})
+                drained.start()
+                answer = ResponseReader(waiting).read()
+                assert answer is not None and (answer.status, answer.json()) == (503, {"code": "server_draining"})
+                app.release.set()
+                drained.join(10)
+                done = ResponseReader(busy).read()
+                assert done is not None and done.status == 200
+        finally:
+            app.release.set()
+            busy.close()
+            waiting.close()

@@ -131,6 +131,7 @@ class Router:
         self.rundir = root / "var/etc/qinglong-edge"
         self.state = root / "etc/qinglong-edge/state"
         self.logs = root / "tmp/qinglong-edge/logs"
+        self.work = root / "tmp/qinglong-edge/work"
         self.runtime = root / "var/run/qinglong-edge"
         self.log = root / "stub.log"
         init = (root / "etc/init.d/qinglong-edge").read_text()
@@ -159,6 +160,7 @@ class Router:
         text = self.uci.read_text()
         text = text.replace("'/etc/qinglong-edge/state'", f"'{self.state}'")
         text = text.replace("'/tmp/qinglong-edge/logs'", f"'{self.logs}'")
+        text = text.replace("'/tmp/qinglong-edge/work'", f"'{self.work}'")
         text = text.replace("'/var/run/qinglong-edge'", f"'{self.runtime}'")
         for section, options in edits.items():
             text = set_uci_options(text, section, options)

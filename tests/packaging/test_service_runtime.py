@@ -141,7 +141,7 @@ def test_start_creates_the_agents_directories_outside_the_state_directory(busybo
                    "journal_directory": str(base / "ram/journal")},
         "local_api": {"enabled": "1", "database_file": str(base / "flash/db/local.db"),
                       "pepper_keyring_directory": str(base / "flash/pepper")},
-        "execution": {"enabled": "1", "log_directory": str(shared / "logs")},
+        "execution": {"enabled": "1", "log_directory": str(shared / "logs"), "work_directory": str(shared / "work")},
     })
     result = router.call(busybox, "start_service")
     assert result.returncode == 0, result.stderr
@@ -149,6 +149,20 @@ def test_start_creates_the_agents_directories_outside_the_state_directory(busybo
                       shared / "logs", shared / "work"):
         assert _owned_private(directory), directory
     # An existing shared directory is never taken over.
+    assert shared.stat().st_uid == 0 and stat.S_IMODE(shared.stat().st_mode) == 0o1777
+
+
+def test_a_log_or_work_directory_that_exists_is_never_taken_over(busybox: str, router: Router,
+                                                                 base: pathlib.Path) -> None:
+    """``log_directory '/tmp'`` (or ``work_directory``): the init script must not chown the
+    system's /tmp to the agent and chmod it 0700 (it did, through qle_private_dir)."""
+    shared = base / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    router.edit_uci({"main": {"enabled": "1"}, "local_api": {"enabled": "1"},
+                     "execution": {"enabled": "1", "log_directory": str(shared), "work_directory": f"{shared}/"}})
+    result = router.call(busybox, "start_service")
+    assert result.returncode == 0, result.stderr
     assert shared.stat().st_uid == 0 and stat.S_IMODE(shared.stat().st_mode) == 0o1777
 
 
@@ -188,7 +202,7 @@ def test_serve_runs_as_the_service_user_with_the_shipped_defaults(busybox: str, 
     site.config = router.rundir / "config.json"
     assert router.procd_param("command") == serve_entry.argv("--config", str(site.config), "serve")
     assert router.procd_param("user") == ["nobody"]
-    for directory in (router.state, router.logs, router.logs.parent / "work"):
+    for directory in (router.state, router.logs, router.work):
         assert _owned_private(directory), directory
     try:
         site.provision()  # as root, through the init script, which drops to the service user

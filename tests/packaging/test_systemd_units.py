@@ -209,13 +209,13 @@ def _below(path: str, roots: list[str]) -> bool:
 def test_shipped_config_lets_serve_start_and_write_only_where_the_unit_allows() -> None:
     """serve needs localApi (else exit 78) and writes the database (and its journal files
     beside it), the pepper keyring (admin init), the Run logs and the Runs' work directory
-    beside them; ProtectSystem=strict makes everything else read-only."""
+    (execution.workDirectory); ProtectSystem=strict makes everything else read-only."""
     config = load_config(str(UNITS / "config.json"))
     assert config.local_api is not None and config.execution is not None
     serve = _unit("qinglong-edge.service")["Service"]
     for path in (config.state_directory, os.path.dirname(config.local_api.database_file),
                  config.local_api.pepper_keyring_directory, config.execution.log_directory,
-                 os.path.dirname(os.path.normpath(config.execution.log_directory))):
+                 config.execution.work_directory):
         assert _below(path, _writable(serve)), path
     pull = _unit("qinglong-edge-pull.service")["Service"]
     assert _below(config.state_directory, _writable(pull))  # the journal defaults to <state>/worker

@@ -75,7 +75,8 @@ class History:
     def running(self, at_ms: int, output: bytes = b"") -> tuple[str, str]:
         """A Run left ``running`` with its log file (not terminal)."""
         run_id, attempt_id = self._start(at_ms)
-        claim = self.store.run(lambda c: claim_next(c, now_ms=at_ms, log_artifact_id=new_log_artifact_id()))
+        claim = self.store.run(lambda c: claim_next(c, now_ms=at_ms, log_artifact_id=new_log_artifact_id(),
+                                                    exclude=self._other_queued(c, run_id)))
         assert claim is not None and claim.run_id == run_id
         self._write_log(run_id, attempt_id, output)
         assert self.store.run(lambda c: record_running(c, run_id, attempt_id, handle=self.handle, pid=os.getpid(),
@@ -91,12 +92,21 @@ class History:
                                                           finished_at_ms=end, now_ms=end)) is not None
         return run_id, attempt_id
 
+    @staticmethod
+    def _other_queued(conn: sqlite3.Connection, run_id: str) -> list[str]:
+        """Queued Runs other than ``run_id``: claim_next launches the oldest queued Run
+        first, and a Run may be left queued on purpose (``queued()``) or by a fault (a
+        full disk after its task.start committed); the helper launches its own."""
+        return [str(r[0]) for r in conn.execute(
+            'SELECT id FROM "Runs" WHERE status = ? AND id <> ?', ("queued", run_id)).fetchall()]
+
     def cancelled_before_launch(self, at_ms: int) -> tuple[str, str]:
         """A queued Run cancelled before it launched (terminal, no log)."""
         run_id, attempt_id = self._start(at_ms)
         command = CancellationCommand("default", run_id, new_uuid4(), new_uuid4(), OPERATOR, FENCE)
         self.store.run(lambda c: request_cancellation(c, command, now_ms=at_ms))
-        claim = self.store.run(lambda c: claim_next(c, now_ms=at_ms, log_artifact_id=new_log_artifact_id()))
+        claim = self.store.run(lambda c: claim_next(c, now_ms=at_ms, log_artifact_id=new_log_artifact_id(),
+                                                    exclude=self._other_queued(c, run_id)))
         assert claim is not None and claim.outcome == "cancelled"
         return run_id, attempt_id
 
