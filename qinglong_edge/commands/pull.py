@@ -133,6 +133,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
     )
     parser.add_argument("--no-splay", action="store_true",
                         help="start at once instead of at this device's phase in the minute (worker.splayMaxMs)")
+    parser.add_argument("--release", action="store_true",
+                        help="no cycle: ask the pull that holds the journal to exit now (SIGTERM; a resident "
+                        "pull's jobs go on and the next pull re-adopts them) and wait for it; the package's "
+                        "prerm runs this before an upgrade or removal")
     parser.set_defaults(handler=_run)
 
 
@@ -140,7 +144,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
 #: ``pull``) and :func:`register`'s (after it). Any change to either must change this too
 #: (tests/cli/test_pull_plain_args.py compares the two parsers).
 _GLOBAL_OPTIONS = {"--config": "config", "--json": "json"}
-_PULL_OPTIONS = {"--duration": "duration", "--no-splay": "no_splay"}
+_PULL_OPTIONS = {"--duration": "duration", "--no-splay": "no_splay", "--release": "release"}
 _VALUE_OPTIONS = frozenset({"--config", "--duration"})
 
 
@@ -189,7 +193,7 @@ def plain_args(argv: Sequence[str]) -> argparse.Namespace | None:
     if not command:
         return None
     namespace = SimpleNamespace(config=None, json=False, command="pull", duration=None, no_splay=False,
-                                handler=_run)
+                                release=False, handler=_run)
     namespace.__dict__.update(values)
     return namespace  # type: ignore[return-value]  # duck-typed: the handler reads attributes only
 
@@ -346,6 +350,50 @@ def _resident_owner(worker: object) -> bool:
     return held
 
 
+def _release(args: argparse.Namespace, worker: object) -> int:
+    """``pull --release``: SIGTERM to the journal's holder, then wait for the lock to be free.
+
+    A resident pull persists what it holds and exits 0, its jobs left running under
+    their wrappers (the next pull re-adopts them by their identity); a pull cycle keeps
+    its claim and exits 75. Run as root by the package's ``prerm`` before opkg replaces
+    or removes the code a resident pull would import lazily: nothing is created or
+    written (the owner record is read as it is, whoever owns it), and a recycled pid is
+    never signalled (pidfd checked against the record's start time). Exit 0 when no pull
+    holds the journal or it exited within the wait (the request timeout + 10 s), 75
+    ``already_owned`` otherwise.
+    """
+    import time
+
+    from qinglong_edge.commands._output import emit
+    from qinglong_edge.config import WorkerConfig
+    from qinglong_edge.errors import EdgeError
+    from qinglong_edge.worker.discard import peek_owner, signal_owner
+    from qinglong_edge.worker.ownerlock import lock_holder
+
+    assert isinstance(worker, WorkerConfig)
+    root = worker.journal_directory
+    if not (os.path.isdir(root) and lock_holder(root)[0]):
+        emit(args.json, "pull: no pull holds the journal; nothing to release", {"status": "released", "pid": None})
+        return 0
+    owner = peek_owner(worker.runtime_directory, root)
+    if owner is None or not signal_owner(owner, signal.SIGTERM):
+        if not lock_holder(root)[0]:
+            emit(args.json, "pull: the pull that held the journal has exited", {"status": "released", "pid": None})
+            return 0
+        raise EdgeError(f"a process holds {root} but its owner record cannot be read or names another process: "
+                        "nothing was signalled", code="already_owned")
+    wait_s = worker.request_timeout_ms / 1000 + 10
+    deadline = time.monotonic() + wait_s
+    while lock_holder(root)[0]:
+        if time.monotonic() >= deadline:
+            raise EdgeError(f"the pull that holds the journal (pid {owner.pid}) did not exit within {wait_s:.0f} s "
+                            "of SIGTERM", code="already_owned")
+        time.sleep(0.05)
+    emit(args.json, f"pull: released: the pull that held the journal (pid {owner.pid}) exited; jobs it ran go on "
+         "and the next pull re-adopts them", {"status": "released", "pid": owner.pid})
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     from qinglong_edge.config import load_config
     from qinglong_edge.errors import ConfigError, JournalError, UsageError
@@ -358,6 +406,8 @@ def _run(args: argparse.Namespace) -> int:
     worker = config.worker
     if worker is None:
         raise ConfigError("$.worker: the Remote Worker role is not configured", path="$.worker")
+    if getattr(args, "release", False):
+        return _release(args, worker)
     machine, architecture, tier = platform_architecture()
     if architecture is None:
         return _unsupported(args, worker, machine)

@@ -27,6 +27,7 @@ from qinglong_edge.contracts.digest import sha256_hex
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.strictjson import dumps_bytes, loads
 from qinglong_edge.errors import JournalError
+from qinglong_edge.worker.ownerlock import RECORD_NAME as OWNER_RECORD_NAME
 from qinglong_edge.worker.ownerlock import OwnerRecord, parse_owner_record, process_start_ticks
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
@@ -43,6 +44,7 @@ __all__ = [
     "read_result",
     "remove_request",
     "resident_owner",
+    "peek_owner",
     "retract",
     "signal_owner",
     "write_request",
@@ -65,6 +67,29 @@ def advertise(runtime: RuntimeDirectory, record: OwnerRecord) -> None:
 def retract(runtime: RuntimeDirectory) -> None:
     with contextlib.suppress(JournalError):
         runtime.remove(RESIDENT_NAME)
+
+
+def peek_owner(runtime_directory: str, journal_root: str) -> OwnerRecord | None:
+    """The owner record a journal's holder keeps in its runtime directory (or, without one,
+    in the lock file), read without creating or writing anything and whoever owns the
+    files: how root (a package's ``prerm``) finds the pull of the agent's own user.
+    None when there is none or it does not parse."""
+    from qinglong_edge.worker.ownerlock import read_owner_record
+    from qinglong_edge.worker.runtime import FALLBACK_NAME, journal_key
+
+    for directory in (os.path.join(os.path.normpath(runtime_directory), journal_key(journal_root)),
+                      os.path.join(os.path.normpath(journal_root), FALLBACK_NAME)):
+        try:
+            fd = os.open(os.path.join(directory, OWNER_RECORD_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            return parse_owner_record(os.read(fd, 16_384))
+        except (OSError, ValueError, UnicodeDecodeError):
+            return None
+        finally:
+            os.close(fd)
+    return read_owner_record(journal_root, None)
 
 
 def resident_owner(runtime: RuntimeDirectory, holder: OwnerRecord | None) -> OwnerRecord | None:
@@ -134,9 +159,9 @@ def read_result(runtime: RuntimeDirectory, offer_id: str, request_id: str) -> di
     return value
 
 
-def signal_owner(owner: OwnerRecord) -> bool:
-    """``SIGUSR1`` to the journal's owner, through a pidfd checked against its start time
-    (False when it is gone or not the recorded process any more)."""
+def signal_owner(owner: OwnerRecord, signum: int = DISCARD_SIGNAL) -> bool:
+    """``signum`` (default ``SIGUSR1``) to the journal's owner, through a pidfd checked
+    against its start time (False when it is gone or not the recorded process any more)."""
     if not owner.is_alive():
         return False
     try:
@@ -147,9 +172,9 @@ def signal_owner(owner: OwnerRecord) -> bool:
         if process_start_ticks(owner.pid) != owner.process_start_ticks:
             return False  # recycled between the check and the open
         if fd >= 0:
-            signal.pidfd_send_signal(fd, DISCARD_SIGNAL)
+            signal.pidfd_send_signal(fd, signum)
         else:
-            os.kill(owner.pid, DISCARD_SIGNAL)
+            os.kill(owner.pid, signum)
     except OSError:
         return False
     finally:
