@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import os
 import stat
-import urllib.parse
 from dataclasses import dataclass
 
 from qinglong_edge.errors import EX_IOERR, StoreError
@@ -164,7 +163,11 @@ def _catalog(database_file: str) -> tuple[str | None, list[str]]:
     (``mode=ro``: nothing created, migrated or written); ``(None, [])`` when there is no
     readable catalog (no file, an empty one, not yet migrated, locked, corrupt: the
     store's own open reports those)."""
-    import sqlite3
+    try:  # not at the top: doctor imports this module, and python3-light has neither
+        import sqlite3
+        import urllib.parse
+    except ImportError:
+        return None, []  # no catalog to read: doctor's sqlite check names the package
 
     try:
         if os.path.getsize(database_file) == 0:
