@@ -67,6 +67,7 @@ A failure caused by the transport names its typed ``reason`` (``certificate_expi
 attempt counted toward the budget of 16 (False: it never reached the cluster);
 ``clusterCode`` is the cluster's ``{"code":...}`` of a non-200 answer.
     {"status":"busy","code":"already_owned"}
+    {"status":"released","pid":N|null}           (``--release``: the holder exited, or none)
     {"status":"aborted","signal":"SIGTERM"}
 
 A resident pull adds one line per record event
