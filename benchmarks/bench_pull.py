@@ -49,6 +49,8 @@ import tempfile
 import time
 from typing import Any
 
+from qinglong_edge.worker.runtime import journal_key
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CPU_TARGET = 1.10
 RSS_TARGET = 1.05
@@ -151,7 +153,10 @@ def main() -> int:
             (package_root / "qinglong_edge").symlink_to(REPO / "qinglong_edge")
         pull = [sys.executable, *flags, str(launcher), "pull", "--config", str(config_path), "--no-splay"]
         _measure(pull)  # warm-up: registers the session, writes .pyc files
-        session = json.loads((pathlib.Path(config["stateDirectory"]) / "worker" / "session.json").read_text())
+        # The session record lives in the runtime directory (RAM) since issue 16.
+        journal = config["worker"].get("journalDirectory") or str(pathlib.Path(config["stateDirectory"]) / "worker")
+        runtime = pathlib.Path(config["worker"]["runtimeDirectory"]) / journal_key(journal)
+        session = json.loads((runtime / "session.json").read_text())["session"]
         script = work / "baseline_mtls_post.py"
         script.write_text(BASELINE)
         offers = f"/api/v3/worker-ingress/workers/{session['workerId']}/sessions/{session['sessionId']}/offers"

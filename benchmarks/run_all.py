@@ -54,6 +54,7 @@ PLAN: dict[str, tuple[list[str], list[str]]] = {
     "job_wrapper": (["--runs", "30", "--jobs", "4"], ["--runs", "5", "--jobs", "2"]),
     "transport": (["--requests", "60", "--repetitions", "5"], ["--requests", "10", "--repetitions", "1"]),
     "storage_caps": (["--runs", "20000"], ["--runs", "2000", "--baseline-runs", "300", "--disk-runs", "100"]),
+    "remote_execution": (["--runs", "7", "--window-s", "60"], ["--runs", "2", "--window-s", "15"]),
 }
 TIMEOUT_S = 420
 _PR_SET_CHILD_SUBREAPER = 36

@@ -15,9 +15,11 @@ What it does, printing every command before running it and what came back:
    two tasks queued (a shell task and a Python task that prints its progress);
 3. provisions the worker device: the ``ql3w`` credential, client certificate and key,
    trust anchor (0600 files in 0700 directories) and the agent config, then ``doctor``;
-4. runs ``qinglong-edge pull`` cycles until both offers sit in the inbox, with one
-   lost response on the way (the cluster commits, then drops the connection) that the
-   next cycle replays and gets back as ``lease_recovery``;
+4. runs ``qinglong-edge pull``: the first cycle accepts the shell task and executes it
+   (its output uploaded, its completion applied at the cluster); the next loses its
+   response (the cluster commits, then drops the connection); the one after replays it,
+   gets it back as ``lease_recovery`` and stays resident while the Python task runs,
+   until a cluster-side cancel stops that job (exit 143, ``cancelled`` at the cluster);
 5. adds the Local API: ``admin`` creates the store, a project, an operator and a viewer
    with their credentials and a long-running task; starts ``serve``;
 6. starts a Run with curl, reads it, lets the viewer try to cancel (403), cancels with

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shlex
 import shutil
 import subprocess
@@ -155,22 +156,45 @@ class WorkerSteps(DemoBase):
                 "flock, modes) and checks the credential files:")
         self.qle("doctor", limit=30)
 
-    # -- 4. pull --------------------------------------------------------------------------------
+    # -- 4. pull and execute ----------------------------------------------------------------
+
+    def _executions(self) -> dict[str, Any]:
+        executions: dict[str, Any] = self.cluster_state().get("executions", {})
+        return executions
 
     def pull_offers(self) -> None:
         c = self.console
-        c.section(4, "Pull offers from the cluster (ADR-0110)", """
+        c.section(4, "Pull offers from the cluster and execute them (ADR-0110)", """
             `qinglong-edge pull` is what cron runs every minute: keep the Worker Session alive,
             then pull one offer. Before it asks, it writes its claim (offer id + lease token)
             to the journal and fsyncs it; the offer goes into the inbox (link + fsync) before
             the claim is cleared. So whatever is lost on the way, the next cycle asks again
-            with the same claim and the cluster answers with the same lease. (--no-splay: from
-            cron, a cycle first waits for this device's phase in the minute, so a fleet spreads
-            out; by hand there is no reason to wait.)""")
-        first = self.qle("pull --no-splay")
+            with the same claim and the cluster answers with the same lease. Then the same
+            process runs what it accepted: it tells the cluster the Run is starting, starts
+            the command under its job wrapper (after recording who owns it), says it is
+            running, keeps its lease renewed, uploads its output and reports its exit code;
+            it exits once nothing is left to do. (--no-splay: from cron, a cycle first waits
+            for this device's phase in the minute, so a fleet spreads out.)""")
+        first = self.qle("pull --no-splay", limit=20)
         if "accepted offer" not in first.stdout or "(new_claim)" not in first.stdout:
             raise DemoError("the first cycle did not accept an offer")
-        c.result("session registered; the shell task's offer is in the inbox")
+        if "completion acknowledged" not in first.stdout:
+            raise DemoError("the first offer was not executed to its completion")
+        executions = self._executions()
+        shell_run = next((view for view in executions.values() if view.get("completion")), None)
+        if shell_run is None or shell_run["artifact"] is None:
+            raise DemoError(f"the cluster has no completed run with its log: {list(executions)}")
+        artifact = self.cluster_dir / "artifacts" / f"{shell_run['artifact']['logArtifactId']}.log"
+        c.info(f"the cluster's side: the log it stored ({self.rel(artifact)}) and the completion it applied:")
+        self.shell.run(f"head -n 5 {self.rel(artifact)}")
+        completion = shell_run["completion"]
+        c.output(f"run {shell_run['runId']}: {completion['status']}, "
+                 f"exit code {completion['result']['exitCode']}, {shell_run['artifact']['byteLength']} log bytes "
+                 f"(sha256 {shell_run['artifact']['sha256'][:16]}...)")
+        if completion["status"] != "succeeded":
+            raise DemoError(f"the shell task's completion is {completion['status']}")
+        c.result("the shell task ran on the device once: its output was uploaded and the cluster applied its "
+                 "completion (succeeded); the device deleted its log and receipt after the acknowledgement")
 
         c.prose("Now the cluster will commit the next claim and then drop the connection "
                 "before answering: the worker never hears that the lease is its own.")
@@ -196,22 +220,54 @@ class WorkerSteps(DemoBase):
         c.info(f"the cluster's side ({self.rel(self.cluster_dir / 'cluster-state.json')}): "
                f"{len(leases)} leases committed, one of them is this claim's: "
                f"{'yes' if claim['offerId'] in leases else 'NO'}")
-        self.qle("inbox list")
 
         delay = claim["nextAttemptAtMs"] / 1000 - time.time()
         if delay > 0:
             c.info(f"waiting {delay:.1f} s for the claim's backoff (an earlier cycle would do no network I/O)")
             time.sleep(delay + 0.05)
-        replay = self.qle("pull --no-splay")
-        if "(lease_recovery)" not in replay.stdout or claim["offerId"] not in replay.stdout:
+        c.prose("The next cycle replays the claim and gets the same lease back. Its offer is the Python task "
+                "that prints its progress once a second for 30 s, so this pull stays (resident) while it runs: "
+                "it runs in the background here, its lines going to a log.")
+        out = self.logs / "pull-resident.out"
+        resident = self.shell.start("pull", f"python3 -m qinglong_edge pull --no-splay >{self.rel(out)} 2>&1")
+
+        def text() -> str:
+            return out.read_text() if out.exists() else ""
+
+        started = self.shell.wait_for(lambda: re.search(r"started \(pid (\d+)", text()), 20,
+                                      "the resident pull to start the Python task")
+        self.shell.watched_groups.append(("remote job", int(started.group(1))))  # its wrapper leads its group
+        if "(lease_recovery)" not in text() or claim["offerId"] not in text():
             raise DemoError("the replay did not come back as lease_recovery for the same offer")
         requests = [r for r in self.cluster_state().get("offerRequests", []) if r["offerId"] == claim["offerId"]]
         same = len(requests) == 2 and requests[0]["bodySha256"] == requests[1]["bodySha256"]
         c.result(f"replayed: the same offer id, a byte-identical request body "
                  f"(sha256 {requests[-1]['bodySha256'][:16]}... {'twice' if same else 'DIFFERS'}), "
-                 "answered lease_recovery")
+                 "answered lease_recovery, and the job started")
         if not same:
             raise DemoError("the replayed request body differs from the lost one")
+        logs = self.state / "logs" / "remote"
+        self.shell.wait_for(lambda: any("progress 2/30" in p.read_text(errors="replace")
+                                        for p in logs.rglob("*.log")), 20, "the job's progress in its log")
+        self.qle("inbox list")
+        c.prose("A cluster operator cancels that Run. The cluster says so in its answer to the device's next "
+                "lease renewal (every third of the lease: 2 s with this cluster's 6 s leases); the device "
+                "stops the job (SIGTERM, verified) and reports it.")
+        self.shell.run(f"python3 -m tests.support.cluster_admin --state-dir {self.rel(self.cluster_dir)} cancel")
+        status = self.shell.wait_for(lambda: resident.poll() is not None and (resident.returncode,), 30,
+                                     "the resident pull to finish")[0]
+        self.shell.forget(resident)
+        c.command(f"head -n 20 {self.rel(out)}")
+        c.output(text(), 20)
+        if status != 0 or "stop requested (reason user)" not in text() or "completion acknowledged" not in text():
+            raise DemoError(f"the resident pull did not stop the cancelled job and report it (exit {status})")
+        cancelled = [view for view in self._executions().values()
+                     if (view.get("completion") or {}).get("status") == "cancelled"]
+        if len(cancelled) != 1 or cancelled[0]["completion"]["result"]["exitCode"] != 143:
+            raise DemoError("the cluster did not apply the cancelled job's completion")
+        c.result("the cluster's cancel stopped the job on the device: exit code 143 (SIGTERM) reported, the "
+                 "Run cancelled on the cluster; the resident pull exited 0")
+
         idle = self.qle("pull --no-splay")
         if "idle (no_candidates)" not in idle.stdout:
             raise DemoError("the last cycle was not idle")
@@ -230,6 +286,6 @@ class WorkerSteps(DemoBase):
         command = offer["executionRevision"]["command"]
         c.output(f"{offer['candidate']['taskId']}: deliveryKind {offer['deliveryKind']}, state {record['state']}, "
                  f"leaseToken {offer['leaseToken']}, command {command['file']} {' '.join(command['args'][:2])} ...")
-        c.result(f"2 leases on the cluster, 2 offers in the inbox, and the idle cycle's claim kept for the next "
-                 f"cycle (no lease on the cluster, nothing rewritten on disk): nothing lost, "
-                 f"nothing duplicated ({state.get('requests')} requests in all)")
+        c.result(f"2 leases on the cluster, 2 offers in the inbox (each run once: one succeeded, one cancelled), "
+                 f"and the idle cycle's claim kept for the next cycle (no lease on the cluster, nothing "
+                 f"rewritten on disk): nothing lost, nothing duplicated ({state.get('requests')} requests in all)")

@@ -29,7 +29,10 @@ Shape (camelCase, like the QingLong configs; defaults in brackets)::
         "heartbeatIntervalMs": 5000-300000,         [10000; 2 x interval <= the session lease]
         "pullIntervalMs": 100-60000,                [2000 edge, 500 standalone]
         "splayMaxMs": 0-60000,                      [60000: this device's stable phase in the minute]
-        "maxConcurrentRuns": 1-1024                 [1]
+        "maxConcurrentRuns": 1-1024,                [1]
+        "logDirectory": "/abs",                     [<execution.logDirectory>/remote, else <stateDirectory>/logs/remote]
+        "maxLogBytes": 1024-67108864,               [execution.maxLogBytes, else 1048576: per remote attempt]
+        "logMinimumFreeBytes": 0-1099511627776      [4194304: free space kept beside a remote log's cap]
       },
       "localApi": {                                            absent: no Local API role
         "listener": {"host": "127.0.0.1" | "::1", "port": 1024-65535},  required
@@ -52,11 +55,14 @@ Shape (camelCase, like the QingLong configs; defaults in brackets)::
         "maxLogBytes": 1024-67108864,               [1048576]
         "maxTotalLogBytes": 1048576-1099511627776,  [4 MiB edge, 256 MiB standalone; >= maxLogBytes x maxConcurrentRuns]
         "cgroups": "auto" | "off",                  ["auto"]
-        "maxRunPids": 0-4194304                     [24 edge, 28 standalone; 0: no cap]
+        "maxRunPids": 0-4194304                     [16 edge, 28 standalone; 0: no cap]
       }
     }
 
-``execution`` needs ``localApi`` (Runs live in the Local store).
+``execution`` needs ``localApi`` or ``worker``: with the Local API it configures Local Runs;
+on a worker-only device (spec README "Limits without a Local API") it gives remote jobs
+their grace periods, PID cap and cgroup mode, which otherwise take the same edge defaults
+(:func:`qinglong_edge.worker.remote_job.remote_limits`).
 
 Storage caps (issue 16; spec README "Decisions for storage on flash"): the security audit
 (``auditMaximumEntries`` rows, ``auditRetentionMs``), terminal Runs with their attempts,
@@ -112,6 +118,9 @@ DEFAULT_RUNTIME_DIRECTORY = "/run/qinglong-edge"
 #: 50 s left the per-second load above a cluster sized at 1.1 x the mean).
 DEFAULT_SPLAY_MAX_MS = 60_000
 ENV_CONFIG = "QINGLONG_EDGE_CONFIG"
+#: ``execution.maxRunPids`` by profile. Edge: Local 2 Runs x 16 + remote 1 x 16 + the
+#: agent's own threads fit the 64-task envelope (docs/architecture.md, "PIDs").
+DEFAULT_RUN_PIDS = {"edge": 16, "standalone": 28}
 MAX_CONFIG_BYTES = 64 * 1024
 _WORKER_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
 
@@ -139,6 +148,9 @@ class WorkerConfig(Frozen):
         "pull_interval_ms",
         "splay_max_ms",
         "max_concurrent_runs",
+        "log_directory",
+        "max_log_bytes",
+        "log_minimum_free_bytes",
     )
 
     origin: Origin
@@ -160,6 +172,12 @@ class WorkerConfig(Frozen):
     pull_interval_ms: int
     splay_max_ms: int
     max_concurrent_runs: int
+    #: Remote run logs and truncation facts (remote-execution.md 4.3: ``<id[5:7]>/<id>.log``).
+    log_directory: str
+    #: Bytes of output kept per remote attempt (the head; the rest only counted).
+    max_log_bytes: int
+    #: Free space a remote log must leave beside its cap (``statfs`` guard of 4.3).
+    log_minimum_free_bytes: int
 
     def __init__(  # noqa: PLR0917 (the dataclass signature)
         self,
@@ -182,6 +200,9 @@ class WorkerConfig(Frozen):
         pull_interval_ms: int,
         splay_max_ms: int,
         max_concurrent_runs: int,
+        log_directory: str = "/var/lib/qinglong-edge/logs/remote",
+        max_log_bytes: int = 1024 * 1024,
+        log_minimum_free_bytes: int = 4 * 1024 * 1024,
     ) -> None:
         _set = object.__setattr__
         _set(self, "origin", origin)
@@ -203,6 +224,9 @@ class WorkerConfig(Frozen):
         _set(self, "pull_interval_ms", pull_interval_ms)
         _set(self, "splay_max_ms", splay_max_ms)
         _set(self, "max_concurrent_runs", max_concurrent_runs)
+        _set(self, "log_directory", log_directory)
+        _set(self, "max_log_bytes", max_log_bytes)
+        _set(self, "log_minimum_free_bytes", log_minimum_free_bytes)
 
 
 class ListenerConfig(Frozen):
@@ -422,6 +446,10 @@ def _absolute(value: object, path: str) -> str:
     return os.path.normpath(value)
 
 
+_DAY_MS = 86_400_000
+_MIB = 1024 * 1024
+
+
 def _worker_id(value: str) -> bool:
     return (
         1 <= len(value) <= 128
@@ -431,7 +459,7 @@ def _worker_id(value: str) -> bool:
     )
 
 
-def _parse_worker(sec: _Section, state_dir: str, profile: str) -> WorkerConfig:
+def _parse_worker(sec: _Section, state_dir: str, profile: str, execution: ExecutionConfig | None) -> WorkerConfig:
     origin_text = sec.string("origin", lambda v: True, "a string")
     try:
         origin = parse_origin(origin_text)
@@ -468,6 +496,13 @@ def _parse_worker(sec: _Section, state_dir: str, profile: str) -> WorkerConfig:
         pull_interval_ms=sec.integer("pullIntervalMs", 100, 60_000, 2000 if profile == "edge" else 500),
         splay_max_ms=sec.integer("splayMaxMs", 0, 60_000, DEFAULT_SPLAY_MAX_MS),
         max_concurrent_runs=sec.integer("maxConcurrentRuns", 1, 1024, 1),
+        # Spec README "Limits without a Local API": log settings follow the execution
+        # section when there is one, else the same edge defaults.
+        log_directory=sec.path_value("logDirectory", os.path.join(
+            execution.log_directory if execution is not None else os.path.join(state_dir, "logs"), "remote")),
+        max_log_bytes=sec.integer("maxLogBytes", 1024, 64 * _MIB,
+                                  execution.max_log_bytes if execution is not None else _MIB),
+        log_minimum_free_bytes=sec.integer("logMinimumFreeBytes", 0, 1024 * 1024 * _MIB, 4 * _MIB),
     )
     sec.done()
     if 2 * config.heartbeat_interval_ms > config.session_lease_duration_ms:
@@ -475,10 +510,6 @@ def _parse_worker(sec: _Section, state_dir: str, profile: str) -> WorkerConfig:
         raise ConfigError(f"{at}: twice the interval must not exceed sessionLeaseDurationMs (offer-delivery.md 5.1)",
                           path=at)
     return config
-
-
-_DAY_MS = 86_400_000
-_MIB = 1024 * 1024
 
 
 def _parse_local_api(sec: _Section, state_dir: str, profile: str) -> LocalApiConfig:
@@ -524,7 +555,7 @@ def _parse_execution(sec: _Section, state_dir: str, profile: str) -> ExecutionCo
         work_directory=sec.path_value("workDirectory", os.path.join(state_dir, "work")),
         max_log_bytes=sec.integer("maxLogBytes", 1024, 64 * 1024 * 1024, 1024 * 1024),
         cgroups=sec.choice("cgroups", ("auto", "off"), "auto"),
-        max_run_pids=sec.integer("maxRunPids", 0, 4_194_304, 24 if profile == "edge" else 28),
+        max_run_pids=sec.integer("maxRunPids", 0, 4_194_304, DEFAULT_RUN_PIDS[profile]),
         max_total_log_bytes=sec.integer(
             "maxTotalLogBytes", _MIB, 1024 * 1024 * _MIB, (4 if profile == "edge" else 256) * _MIB
         ),
@@ -556,12 +587,12 @@ def parse_config(document: object, source: str = "") -> EdgeConfig:
     worker_sec = root.section("worker")
     local_sec = root.section("localApi")
     exec_sec = root.section("execution")
-    worker = _parse_worker(worker_sec, state_dir, profile) if worker_sec else None
     local_api = _parse_local_api(local_sec, state_dir, profile) if local_sec else None
     execution = _parse_execution(exec_sec, state_dir, profile) if exec_sec else None
+    worker = _parse_worker(worker_sec, state_dir, profile, execution) if worker_sec else None
     root.done()
-    if execution is not None and local_api is None:
-        raise ConfigError("$.execution: needs the localApi section", path="$.execution")
+    if execution is not None and local_api is None and worker is None:
+        raise ConfigError("$.execution: needs the localApi or the worker section", path="$.execution")
     return EdgeConfig(
         profile=profile,
         state_directory=state_dir,

@@ -12,6 +12,7 @@
     │       .http_status .retry_after_ms .reason .remedy .reached_cluster .cluster_code
     ├── DeliveryError(EdgeError)                           pull coordinator, ADR-0110 3.8
     ├── SessionError(EdgeError)                            worker session, ADR-0110 5.1
+    ├── RemoteCallError(EdgeError)            .operation   a later worker-ingress call (remote-execution.md 3)
     ├── HttpProtocolError(EdgeError, ValueError)           malformed HTTP/1.1 request head
     ├── ApiError(EdgeError)                   .body        Local API route/admission answer
     ├── StoreError(EdgeError)                              Local SQLite store
@@ -43,6 +44,7 @@ __all__ = [
     "HttpProtocolError",
     "JournalError",
     "LogStorageUnavailable",
+    "RemoteCallError",
     "SessionError",
     "StorageError",
     "StoreError",
@@ -317,6 +319,61 @@ class SessionError(EdgeError):
         super().__init__(message, code=code)
 
 
+class RemoteCallError(EdgeError):
+    """One of the seven calls after acceptance failed (remote-execution.md 3; spec README
+    "Later calls' errors"): the record is left as it is and the call retried, except
+    where the runner maps it to ``start_failed`` (secrets, T3).
+
+    Codes: ``call_unavailable`` (no answer: network, timeout, 5xx, 429), ``call_fenced``
+    (409), ``call_rejected`` (another non-200: 400, 401, 403, 404, 413, 415),
+    ``call_response_invalid`` (a 200 whose body broke the call's contract),
+    ``call_request_invalid`` (our own body broke it: a record the contracts refuse).
+
+    Attributes:
+        operation: the call (``starting``, ``start-failure``, ``running``, ``secrets``,
+            ``lease-control``, ``artifacts``, ``completion``).
+        http_status, retry_after_ms, cluster_code, reason, remedy, reached_cluster: as
+            :class:`TransportError` (``reason`` is the contract's field code for an
+            invalid answer); never a body, token or secret.
+    """
+
+    code = "call_unavailable"
+    exit_status = EX_TEMPFAIL
+
+    def __init__(
+        self,
+        operation: str,
+        message: str,
+        *,
+        code: str | None = None,
+        http_status: int | None = None,
+        retry_after_ms: int | None = None,
+        cluster_code: str | None = None,
+        reason: str | None = None,
+        remedy: str = "",
+        reached_cluster: bool = True,
+    ) -> None:
+        self.operation = operation
+        self.http_status = http_status
+        self.retry_after_ms = retry_after_ms
+        self.cluster_code = cluster_code
+        self.remedy = remedy
+        self.reached_cluster = reached_cluster
+        super().__init__(f"{operation}: {message}", code=code)
+        self.reason: str = reason or self.code
+
+    def to_json(self) -> dict[str, object]:
+        """The failure for ``pull --json`` (absent keys: not applicable)."""
+        out: dict[str, object] = {"operation": self.operation, "code": self.code, "reason": self.reason}
+        for key, value in (("httpStatus", self.http_status), ("clusterCode", self.cluster_code),
+                           ("retryAfterMs", self.retry_after_ms)):
+            if value is not None:
+                out[key] = value
+        if self.remedy:
+            out["remedy"] = self.remedy
+        return out
+
+
 class HttpProtocolError(EdgeError, ValueError):
     """A request head broke RFC 9112 or a Local API framing limit.
 
@@ -417,6 +474,7 @@ EXIT_STATUS_BY_CODE: dict[str, int] = {
     "keyring_missing": EX_CANTCREAT,  # serve/admin init refuse to go on without the pepper keys the database names
     "database_replaced": EX_IOERR,  # serve: the database was removed or replaced while serving (restart)
     "store_busy": EX_TEMPFAIL,
+    "in_flight": EX_TEMPFAIL,  # inbox discard of a record a pull is (or would be) running
     "not_found": EX_DATAERR,
     "task_not_found": EX_DATAERR,  # an operator naming a task that does not exist, not an I/O error
     "run_not_found": EX_DATAERR,

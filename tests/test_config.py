@@ -36,7 +36,7 @@ LOCAL_API = {"listener": {"host": "127.0.0.1", "port": 5700}}
 @pytest.mark.parametrize(
     ("profile", "execution", "expected"),
     [
-        pytest.param("edge", {}, 24, id="edge_default"),
+        pytest.param("edge", {}, 16, id="edge_default"),
         pytest.param("standalone", {}, 28, id="standalone_default"),
         pytest.param("edge", {"maxRunPids": 0}, 0, id="zero_is_no_cap"),
         pytest.param("edge", {"maxRunPids": 1}, 1, id="lowest"),

@@ -65,8 +65,15 @@ def _prune_journal(config: Any) -> dict[str, Any]:
         if exc.code == "already_owned":
             return {"skipped": "a pull owns the journal (it prunes it every cycle)"}
         raise
+    from qinglong_edge.worker.remote_files import process_gone, remove_job_files, worker_record_files
+
+    def remove_files(record: dict[str, Any]) -> None:  # the remote run's log, receipt, fact
+        files = worker_record_files(worker, record)
+        if files is not None:
+            remove_job_files(files)
+
     with journal:
-        inbox = journal.prune_inbox(now_ms())
+        inbox = journal.prune_inbox(now_ms(), process_gone=process_gone, remove_files=remove_files)
         abandoned = journal.prune_abandoned()
         left = len(journal.list_offers())
     return {"inboxRecords": inbox, "abandonedClaims": abandoned, "inboxLeft": left}

@@ -30,7 +30,9 @@ agent's default applies, or the key is reported as required)::
         request_timeout_ms  inbox_maximum_entries  inbox_retention_ms
         abandoned_maximum_entries  ownership_stale_ms  backoff_base_ms
         session_lease_duration_ms  heartbeat_interval_ms  pull_interval_ms
-        splay_max_ms  max_concurrent_runs  worker.<camelCase of the same name>, integers
+        splay_max_ms  max_concurrent_runs  max_log_bytes  log_minimum_free_bytes
+                                 worker.<camelCase of the same name>, integers
+        log_directory            worker.logDirectory (remote run logs)
     config local_api 'local_api'                 localApi    (rendered only when enabled=1)
         enabled          0|1
         host                     localApi.listener.host
@@ -157,6 +159,9 @@ UCI_SCHEMA: tuple[UciSectionType, ...] = (
         _int("pull_interval_ms", "pullIntervalMs"),
         _int("splay_max_ms", "splayMaxMs"),
         _int("max_concurrent_runs", "maxConcurrentRuns"),
+        _text("log_directory", "logDirectory"),
+        _int("max_log_bytes", "maxLogBytes"),
+        _int("log_minimum_free_bytes", "logMinimumFreeBytes"),
     )),
     UciSectionType("local_api", "localApi", (
         _FLAG,

@@ -1,23 +1,37 @@
 """``qinglong-edge inbox list|show|discard``: look at and discard inbox records.
 
-Until a consumer of accepted offers exists, these commands let the operator see and
-discard records (spec README, offer delivery gaps). They read
-``worker.journalDirectory`` of the configuration.
+They read ``worker.journalDirectory`` of the configuration; ``list`` and ``show`` never
+take the owner lock (records change only by atomic link/rename), so they work while a
+``pull`` is resident (spec README "Operator commands while resident").
 
-* ``list``: offerId, state, runId, acceptedAtMs of every record (no lock needed:
-  records change only by atomic link/rename, so a running ``pull`` is no problem).
-* ``show OFFER_ID``: the record with the lease token replaced by ``"[redacted]"``.
-* ``discard OFFER_ID --yes``: takes the owner lock (``already_owned``, exit 75, while a
-  ``pull`` runs), unlinks the record and fsyncs ``offers/``. Without ``--yes`` it
-  refuses (exit 64).
+* ``list``: per record its offerId, state, runId, attemptId, acceptedAtMs, the job's
+  exit code (from its receipt, or what the resident pull noted in the runtime
+  directory once the receipt is deleted; none before the job ended or after a reboot),
+  the log path and its size (none once deleted).
+* ``show OFFER_ID``: the record with the lease token replaced by ``"[redacted]"`` (the
+  record holds no secret otherwise: the callback token is only its digest), then one
+  ``# exit code: ..; log: ..; in flight: ..`` line (with ``--json`` a ``local`` object:
+  ``exitCode``, ``outcomeSource``, ``logPath``, ``logBytes``, ``inFlight``).
+* ``discard OFFER_ID --yes [--force]``: removes the record (and its log, receipt and
+  truncation fact). A record in flight (a job may run, or its lease is live: the
+  resident pull would still run it) is refused (``in_flight``, exit 75) unless
+  ``--force``. While a pull owns the journal the command asks it (a request in the
+  runtime directory plus SIGUSR1, :mod:`qinglong_edge.worker.discard`): the owner stops
+  the job (verified), reports the outcome to the cluster as any other (a completion,
+  or a start failure before the launch), removes the record and answers; the command
+  waits for that answer. With no pull running, ``--force`` stops the job itself (by its
+  identity) and removes the record without telling the cluster (its lease runs out and
+  the cluster retries the Run). Without ``--yes`` it refuses (exit 64).
 
 Exit statuses: 0 done; 64 usage (bad offerId, missing ``--yes``); 65 ``not_found``;
-73/74 storage; 75 ``already_owned``; 78 no worker configuration.
+73/74 storage; 75 ``in_flight``, ``already_owned`` (a pull holds the journal and did not
+answer in time); 78 no worker configuration.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 from typing import TYPE_CHECKING, Any
@@ -47,6 +61,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
     discard = actions.add_parser("discard", parents=[common], help="delete one record (needs --yes)")
     discard.add_argument("offer_id", metavar="OFFER_ID")
     discard.add_argument("--yes", action="store_true", help="really delete it")
+    discard.add_argument("--force", action="store_true",
+                         help="also a record in flight: its job is stopped first (by the resident pull if one runs)")
     discard.set_defaults(handler=_discard)
     parser.set_defaults(handler=_usage)
 
@@ -65,10 +81,6 @@ def _worker_config(args: argparse.Namespace) -> WorkerConfig:
     if config.worker is None:
         raise ConfigError("the configuration has no worker section (no journal)", path="$.worker")
     return config.worker
-
-
-def _journal_root(args: argparse.Namespace) -> str:
-    return _worker_config(args).journal_directory
 
 
 def _check_offer_id(offer_id: str) -> str:
@@ -97,35 +109,93 @@ def _record_document(record: Any) -> dict[str, Any]:
     return document
 
 
+def _local(worker: WorkerConfig, record: Any, runtime: Any) -> dict[str, Any]:
+    """What this device knows about a record beyond it: exit code, log, in flight."""
+    import time
+
+    from qinglong_edge.contracts.receipt import parse_receipt
+    from qinglong_edge.contracts.strictjson import loads
+    from qinglong_edge.worker.remote_files import in_flight, outcome_name, worker_record_files
+
+    files = worker_record_files(worker, record)
+    out: dict[str, Any] = {"exitCode": None, "outcomeSource": None, "logPath": None, "logBytes": None,
+                           "inFlight": in_flight(record, time.time_ns() // 1_000_000)}
+    if files is None:
+        return out
+    out["logPath"] = files.log_path
+    try:
+        out["logBytes"] = os.lstat(files.log_path).st_size
+    except OSError:
+        out["logBytes"] = None
+    from qinglong_edge.errors import EdgeError
+    from qinglong_edge.process.logs import read_receipt
+
+    with contextlib.suppress(EdgeError, OSError):  # an unreadable receipt shows no exit code
+        data = read_receipt(files.receipt_path)
+        if data is not None:
+            out["exitCode"], out["outcomeSource"] = parse_receipt(data).exit_code, "receipt"
+            return out
+    if runtime is not None:
+        with contextlib.suppress(EdgeError, OSError):
+            note = runtime.read(outcome_name(record["offer"]["offerId"]))
+            value = loads(note, max_bytes=4096, min_bytes=2) if note is not None else None
+            if isinstance(value, dict) and isinstance(value.get("exitCode"), int):
+                out["exitCode"], out["outcomeSource"] = value["exitCode"], value.get("source")
+    return out
+
+
+def _runtime(worker: WorkerConfig) -> Any:
+    from qinglong_edge.errors import JournalError
+    from qinglong_edge.worker.runtime import RuntimeDirectory
+
+    try:
+        return RuntimeDirectory.open(worker.runtime_directory, worker.journal_directory)
+    except JournalError:
+        return None
+
+
 def _list(args: argparse.Namespace) -> int:
     from qinglong_edge.worker.journal import JournalReader
 
-    root = _journal_root(args)
+    worker = _worker_config(args)
+    root = worker.journal_directory
     rows: list[dict[str, Any]] = []
     if os.path.lexists(root):
-        with JournalReader.open(root) as reader:
-            for offer_id in reader.list_offers():
-                record = reader.read_offer(offer_id)
-                if record is None:  # discarded between the listing and the read
-                    continue
-                document = _record_document(record)
-                rows.append({
-                    "offerId": offer_id,
-                    "state": document["state"],
-                    "runId": document["offer"]["candidate"]["runId"],
-                    "acceptedAtMs": document["acceptedAtMs"],
-                })
+        runtime = _runtime(worker)
+        try:
+            with JournalReader.open(root) as reader:
+                for offer_id in reader.list_offers():
+                    record = reader.read_offer(offer_id)
+                    if record is None:  # discarded between the listing and the read
+                        continue
+                    local = _local(worker, record, runtime)
+                    rows.append({
+                        "offerId": offer_id,
+                        "state": record["state"],
+                        "runId": record["offer"]["candidate"]["runId"],
+                        "attemptId": record["offer"]["candidate"]["attemptId"],
+                        "acceptedAtMs": record["acceptedAtMs"],
+                        **({"recoveryReason": record["recoveryReason"]} if "recoveryReason" in record else {}),
+                        "exitCode": local["exitCode"],
+                        "logPath": local["logPath"] if local["logBytes"] is not None else None,
+                        "logBytes": local["logBytes"],
+                    })
+        finally:
+            if runtime is not None:
+                runtime.close()
     if args.json:
         print_json({"ok": True, "offers": rows})
         return 0
     if not rows:
         print("inbox: empty")
         return 0
-    header = ("OFFER_ID", "STATE", "RUN_ID", "ACCEPTED_AT_MS")
-    table = [header] + [(r["offerId"], r["state"], r["runId"], str(r["acceptedAtMs"])) for r in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(3)]
+    header = ("OFFER_ID", "STATE", "RUN_ID", "ATTEMPT_ID", "EXIT", "LOG_BYTES", "LOG")
+    table = [header] + [(r["offerId"], r["state"] + (f"({r['recoveryReason']})" if "recoveryReason" in r else ""),
+                         r["runId"], r["attemptId"], "-" if r["exitCode"] is None else str(r["exitCode"]),
+                         "-" if r["logBytes"] is None else str(r["logBytes"]), r["logPath"] or "-") for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
-        print("  ".join(cell.ljust(widths[i]) if i < 3 else cell for i, cell in enumerate(row)))
+        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
     return 0
 
 
@@ -133,7 +203,8 @@ def _show(args: argparse.Namespace) -> int:
     from qinglong_edge.worker.journal import JournalReader
 
     offer_id = _check_offer_id(args.offer_id)
-    root = _journal_root(args)
+    worker = _worker_config(args)
+    root = worker.journal_directory
     if not os.path.lexists(root):
         raise _not_found(offer_id)
     with JournalReader.open(root) as reader:
@@ -141,27 +212,130 @@ def _show(args: argparse.Namespace) -> int:
     if record is None:
         raise _not_found(offer_id)
     document = _record_document(record)
+    runtime = _runtime(worker)
+    try:
+        local = _local(worker, record, runtime)
+    finally:
+        if runtime is not None:
+            runtime.close()
     if args.json:
-        print_json({"ok": True, "record": document})
+        print_json({"ok": True, "record": document, "local": local})
     else:
         print(json.dumps(document, indent=2, ensure_ascii=False))
+        exit_code = "none yet" if local["exitCode"] is None else f"{local['exitCode']} ({local['outcomeSource']})"
+        log = "none" if local["logBytes"] is None else f"{local['logPath']} ({local['logBytes']} bytes)"
+        print(f"# exit code: {exit_code}; log: {log}; in flight: {'yes' if local['inFlight'] else 'no'}")
     return 0
 
 
 def _discard(args: argparse.Namespace) -> int:
-    from qinglong_edge.errors import UsageError
-    from qinglong_edge.worker.journal import Journal, JournalOptions
+    import time
+
+    from qinglong_edge.config import load_config
+    from qinglong_edge.contracts.residency import PRE_LAUNCH_STATES, lease_expired_locally
+    from qinglong_edge.errors import EdgeError, UsageError
+    from qinglong_edge.worker.journal import JournalReader
+    from qinglong_edge.worker.remote_files import in_flight
 
     offer_id = _check_offer_id(args.offer_id)
     if not args.yes:
         raise UsageError(f"discard deletes {offer_id} for good; add --yes to confirm")
+    config = load_config(args.config)
     worker = _worker_config(args)
     root = worker.journal_directory
     if not os.path.lexists(root):
         raise _not_found(offer_id)
-    with Journal.open(root, JournalOptions.from_config(worker)) as journal:
-        removed = journal.discard_offer(offer_id)
-    if not removed:
+    with JournalReader.open(root) as reader:
+        record = reader.read_offer(offer_id)
+    if record is None:
         raise _not_found(offer_id)
-    emit(args.json, f"inbox: discarded {offer_id}", {"ok": True, "discarded": offer_id})
+    now = time.time_ns() // 1_000_000
+    busy = in_flight(record, now) and not (
+        record["state"] in PRE_LAUNCH_STATES and lease_expired_locally(record["offer"]["lease"], now))
+    if busy and not args.force:
+        raise EdgeError(f"{offer_id} is in flight (state {record['state']}: its job may run, or its lease is live "
+                        "and the pull would run it); the pull finishes it on its own; --force stops it and "
+                        "discards it", code="in_flight")
+    owner_result = _ask_owner(worker, offer_id, config)
+    if owner_result is not None:
+        text = f"inbox: discarded {offer_id} (was {owner_result.get('state')}" + (
+            f", exit code {owner_result['exitCode']})" if owner_result.get("exitCode") is not None else ")")
+        emit(args.json, text, {"ok": True, "discarded": offer_id, "by": "resident", **{
+            k: owner_result.get(k) for k in ("state", "exitCode")}})
+        return 0
+    stopped = _discard_here(config, offer_id, busy)
+    emit(args.json, f"inbox: discarded {offer_id}" + (f" (its job: {stopped})" if stopped else ""),
+         {"ok": True, "discarded": offer_id, **({"stop": stopped} if stopped else {})})
     return 0
+
+
+def _ask_owner(worker: WorkerConfig, offer_id: str, config: Any) -> dict[str, Any] | None:
+    """While a pull owns the journal: ask it (request + SIGUSR1) and wait for its answer."""
+    import time
+
+    from qinglong_edge.errors import EdgeError, JournalError
+    from qinglong_edge.worker.discard import read_result, resident_owner, signal_owner, write_request
+    from qinglong_edge.worker.ownerlock import lock_holder
+    from qinglong_edge.worker.remote_files import remote_limits
+
+    runtime = _runtime(worker)
+    if runtime is None:
+        return None
+    try:
+        held, holder = lock_holder(worker.journal_directory, runtime)
+        if not held:
+            return None  # nobody owns it: this command takes the lock itself
+        owner = resident_owner(runtime, holder)
+        if owner is None:
+            raise EdgeError("another process holds the journal (a pull cycle, admin prune) and serves no "
+                            "discard requests: try again in a moment", code="already_owned")
+        request_id = write_request(runtime, offer_id, time.time_ns() // 1_000_000)
+        if not signal_owner(owner):
+            return None
+        limits = remote_limits(config)
+        budget = (limits.terminate_grace_ms + limits.kill_grace_ms + 4 * worker.request_timeout_ms + 5000) / 1000
+        deadline = time.monotonic() + budget
+        while time.monotonic() < deadline:
+            result = read_result(runtime, offer_id, request_id)
+            if result is not None:
+                if not result.get("discarded"):
+                    raise _not_found(offer_id)
+                return result
+            time.sleep(0.05)
+        raise EdgeError(f"the pull that owns the journal (pid {owner.pid}) did not answer within {budget:.0f} s; "
+                        "the request stays in its runtime directory and is served when it can", code="already_owned")
+    except JournalError:
+        return None
+    finally:
+        runtime.close()
+
+
+def _discard_here(config: Any, offer_id: str, busy: bool) -> str | None:
+    """No owner: take the lock, stop the record's job by its identity if it may run,
+    remove its files and the record. Returns the stop's status, if one was needed."""
+    from qinglong_edge.worker.journal import Journal, JournalOptions
+    from qinglong_edge.worker.remote_files import record_files, remote_limits, remove_job_files
+
+    worker = config.worker
+    limits = remote_limits(config)
+    stopped = None
+    with Journal.open(worker.journal_directory, JournalOptions.from_config(worker)) as journal:
+        record = journal.read_offer(offer_id)
+        if record is None:
+            raise _not_found(offer_id)
+        handle = record.get("executorHandle")
+        if busy and isinstance(handle, str):
+            from qinglong_edge.process.cgroups import CgroupManager
+            from qinglong_edge.worker.remote_job import adopt, stop_job
+
+            cgroups = CgroupManager.detect(limits.cgroups)
+            job = adopt(handle, cgroups if cgroups.available else None, record["offer"]["candidate"]["attemptId"])
+            if job is not None:
+                result = stop_job(job, limits)
+                stopped = result.status + (f" ({result.signal})" if result.signal else "")
+                job.finish()
+        files = record_files(limits, record)
+        if files is not None:
+            remove_job_files(files)
+        journal.discard_offer(offer_id)
+    return stopped

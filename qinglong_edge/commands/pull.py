@@ -2,11 +2,17 @@
 
 One cycle (or cycles at the profile cadence for ``--duration`` seconds): keep the
 Worker Session alive, then one offer pull step (ADR-0110; see
-:mod:`qinglong_edge.worker.cycle`). Exit statuses (spec README, sysexits):
+:mod:`qinglong_edge.worker.cycle`). When a record is in flight afterwards (an offer
+accepted, a job left running by an earlier pull), the same process stays resident and
+executes it to its end (:mod:`qinglong_edge.worker.resident`), then exits. Before its
+splay it checks the owner lock: a live owner (a resident pull) makes it exit 0 at once
+(``busy``). Exit statuses (spec README, sysexits):
 
 =====  =====================================================================
-0      accepted, replayed, idle, backoff not yet due, or another pull holds
-       the journal (cron overlap: "busy")
+0      accepted, replayed, idle, backoff not yet due, no slot free (``no_slot``:
+       every one holds a record in flight), another pull holds the journal (cron
+       overlap or a resident pull: "busy"), or SIGTERM/SIGINT to a resident pull
+       (persisted; its jobs go on and the next pull re-adopts them)
 73/74  the journal's storage is unsafe / unavailable (the claim is intact)
 75     temporary: cluster unavailable or invalid response (claim kept, retried
        with backoff), claim abandoned (reported, a new claim next cycle), inbox
@@ -61,11 +67,21 @@ A failure caused by the transport names its typed ``reason`` (``certificate_expi
 attempt counted toward the budget of 16 (False: it never reached the cluster);
 ``clusterCode`` is the cluster's ``{"code":...}`` of a non-200 answer.
     {"status":"busy","code":"already_owned"}
+    {"status":"released","pid":N|null}           (``--release``: the holder exited, or none)
     {"status":"aborted","signal":"SIGTERM"}
+
+A resident pull adds one line per record event
+(:class:`~qinglong_edge.worker.runner_state.RecordEvent`: ``{"event":..,"offerId":..,
+"runId":..,"attemptId":..,"state":..,...}``) and, at its end, one summary line
+(:class:`~qinglong_edge.worker.resident.ResidentSummary`: ``{"event":"summary",
+"residentMs":..,"events":..,"records":{state: count},"inFlight":..,"aborted"?:..,
+"exitStatus":..}``); the human output prints each event but the routine renewals.
+SIGUSR1 only wakes a resident pull (a forced ``inbox discard``).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from types import SimpleNamespace
@@ -83,6 +99,7 @@ _EXIT_BY_STATUS = {
     "replayed": 0,
     "idle": 0,
     "backoff": 0,
+    "no_slot": 0,
     "inbox_full": 75,
     "abandoned": 75,
     "unavailable": 75,
@@ -117,6 +134,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
     )
     parser.add_argument("--no-splay", action="store_true",
                         help="start at once instead of at this device's phase in the minute (worker.splayMaxMs)")
+    parser.add_argument("--release", action="store_true",
+                        help="no cycle: ask the pull that holds the journal to exit now (SIGTERM; a resident "
+                        "pull's jobs go on and the next pull re-adopts them) and wait for it; the package's "
+                        "prerm runs this before an upgrade or removal")
     parser.set_defaults(handler=_run)
 
 
@@ -124,7 +145,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
 #: ``pull``) and :func:`register`'s (after it). Any change to either must change this too
 #: (tests/cli/test_pull_plain_args.py compares the two parsers).
 _GLOBAL_OPTIONS = {"--config": "config", "--json": "json"}
-_PULL_OPTIONS = {"--duration": "duration", "--no-splay": "no_splay"}
+_PULL_OPTIONS = {"--duration": "duration", "--no-splay": "no_splay", "--release": "release"}
 _VALUE_OPTIONS = frozenset({"--config", "--duration"})
 
 
@@ -173,7 +194,7 @@ def plain_args(argv: Sequence[str]) -> argparse.Namespace | None:
     if not command:
         return None
     namespace = SimpleNamespace(config=None, json=False, command="pull", duration=None, no_splay=False,
-                                handler=_run)
+                                release=False, handler=_run)
     namespace.__dict__.update(values)
     return namespace  # type: ignore[return-value]  # duck-typed: the handler reads attributes only
 
@@ -227,6 +248,8 @@ def _describe(report: object, device: dict[str, str | None]) -> str:
         if result.reason == "no_match" and device["supportTier"] not in (None, "tier1"):
             text += (f" (this device is {device['architecture']}, support tier {device['supportTier']}: only tasks "
                      f"whose placement lists {device['supportTier']} in supportTiers get offers)")
+    elif status == "no_slot":
+        text = "every slot is busy (worker.maxConcurrentRuns): no offer pulled"
     elif status == "backoff":
         text = f"backoff: claim {result.offer_id} is due at {_iso(result.next_attempt_at_ms)}"
     elif status == "inbox_full":
@@ -302,6 +325,76 @@ def _splay(worker: object, abort: object, no_splay: bool) -> None:
         time.sleep(delay / 1000)
 
 
+#: Record events a human line leaves out (``--json`` has them all): the routine renewals.
+_QUIET_EVENTS = frozenset({"renewed"})
+
+
+def _busy(args: argparse.Namespace) -> int:
+    if args.json:
+        print_json({"status": "busy", "code": "already_owned"})
+    else:
+        print("pull: another pull holds the journal; nothing to do", flush=True)
+    return 0
+
+
+def _resident_owner(worker: object) -> bool:
+    """Whether a live process owns the journal (a resident pull): then this cron run
+    exits at once, before its splay (spec README "One resident owner"). Read-only: a
+    non-blocking flock probe of the owner lock (dropped at once), nothing written."""
+    from qinglong_edge.config import WorkerConfig
+    from qinglong_edge.worker.ownerlock import lock_holder
+
+    assert isinstance(worker, WorkerConfig)
+    if not os.path.isdir(worker.journal_directory):
+        return False
+    held, _ = lock_holder(worker.journal_directory)
+    return held
+
+
+def _release(args: argparse.Namespace, worker: object) -> int:
+    """``pull --release``: SIGTERM to the journal's holder, then wait for the lock to be free.
+
+    A resident pull persists what it holds and exits 0, its jobs left running under
+    their wrappers (the next pull re-adopts them by their identity); a pull cycle keeps
+    its claim and exits 75. Run as root by the package's ``prerm`` before opkg replaces
+    or removes the code a resident pull would import lazily: nothing is created or
+    written (the owner record is read as it is, whoever owns it), and a recycled pid is
+    never signalled (pidfd checked against the record's start time). Exit 0 when no pull
+    holds the journal or it exited within the wait (the request timeout + 10 s), 75
+    ``already_owned`` otherwise.
+    """
+    import time
+
+    from qinglong_edge.commands._output import emit
+    from qinglong_edge.config import WorkerConfig
+    from qinglong_edge.errors import EdgeError
+    from qinglong_edge.worker.discard import peek_owner, signal_owner
+    from qinglong_edge.worker.ownerlock import lock_holder
+
+    assert isinstance(worker, WorkerConfig)
+    root = worker.journal_directory
+    if not (os.path.isdir(root) and lock_holder(root)[0]):
+        emit(args.json, "pull: no pull holds the journal; nothing to release", {"status": "released", "pid": None})
+        return 0
+    owner = peek_owner(worker.runtime_directory, root)
+    if owner is None or not signal_owner(owner, signal.SIGTERM):
+        if not lock_holder(root)[0]:
+            emit(args.json, "pull: the pull that held the journal has exited", {"status": "released", "pid": None})
+            return 0
+        raise EdgeError(f"a process holds {root} but its owner record cannot be read or names another process: "
+                        "nothing was signalled", code="already_owned")
+    wait_s = worker.request_timeout_ms / 1000 + 10
+    deadline = time.monotonic() + wait_s
+    while lock_holder(root)[0]:
+        if time.monotonic() >= deadline:
+            raise EdgeError(f"the pull that holds the journal (pid {owner.pid}) did not exit within {wait_s:.0f} s "
+                            "of SIGTERM", code="already_owned")
+        time.sleep(0.05)
+    emit(args.json, f"pull: released: the pull that held the journal (pid {owner.pid}) exited; jobs it ran go on "
+         "and the next pull re-adopts them", {"status": "released", "pid": owner.pid})
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     from qinglong_edge.config import load_config
     from qinglong_edge.errors import ConfigError, JournalError, UsageError
@@ -314,6 +407,8 @@ def _run(args: argparse.Namespace) -> int:
     worker = config.worker
     if worker is None:
         raise ConfigError("$.worker: the Remote Worker role is not configured", path="$.worker")
+    if getattr(args, "release", False):
+        return _release(args, worker)
     machine, architecture, tier = platform_architecture()
     if architecture is None:
         return _unsupported(args, worker, machine)
@@ -329,17 +424,31 @@ def _run(args: argparse.Namespace) -> int:
         print(f"pull: warning: {line}", file=sys.stderr, flush=True)
 
     previous = {sig: signal.signal(sig, _abort) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # SIGUSR1 only wakes a resident pull (a forced `inbox discard`); its default would kill.
+    previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda _signum, _frame: None)
     status = 0
     try:
+        if _resident_owner(worker):
+            return _busy(args)
         _splay(worker, abort, args.no_splay)
-        from qinglong_edge.worker.cycle import run_pull
+        from qinglong_edge.worker.cycle import CycleReport, run_pull
 
-        for report in run_pull(worker, duration_s=args.duration, abort=abort, notice=_notice):
-            status = _exit_status(report)
+        for item in run_pull(worker, duration_s=args.duration, abort=abort, notice=_notice, config=config):
+            if isinstance(item, CycleReport):
+                status = _exit_status(item)
+                if args.json:
+                    print_json({"device": device, **_with_remedy(item.to_json())})
+                else:
+                    print(_describe(item, device), flush=True)
+                continue
+            # A record event or the resident summary (worker/runner_state.py, worker/resident.py).
+            summary = getattr(item, "resident_ms", None) is not None
+            if summary and getattr(item, "aborted", None) is not None:
+                status = 0  # SIGTERM to a resident pull: persisted, jobs left running, exit 0
             if args.json:
-                print_json({"device": device, **_with_remedy(report.to_json())})
-            else:
-                print(_describe(report, device), flush=True)
+                print_json({**item.to_json(), "exitStatus": status} if summary else item.to_json())
+            elif summary or getattr(item, "event", "") not in _QUIET_EVENTS:
+                print(item.describe(), flush=True)
     except PullAborted as exc:
         name = str(exc.signal_name)
         if args.json:
@@ -351,11 +460,7 @@ def _run(args: argparse.Namespace) -> int:
     except JournalError as exc:
         if exc.code != "already_owned":
             raise
-        if args.json:
-            print_json({"status": "busy", "code": exc.code})
-        else:
-            print("pull: another pull holds the journal; nothing to do", flush=True)
-        return 0
+        return _busy(args)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

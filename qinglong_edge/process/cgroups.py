@@ -36,8 +36,8 @@ import re
 import signal
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 
+from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.contracts.digest import random_hex
 from qinglong_edge.errors import ExecutionError
 from qinglong_edge.process.identity import read_proc_stat
@@ -60,8 +60,7 @@ _FREEZE_WAIT_MS = 1000
 _POLL_S = 0.005
 
 
-@dataclass(frozen=True, slots=True)
-class Hierarchy:
+class Hierarchy(Frozen):
     """One mounted cgroup hierarchy we may use.
 
     Attributes:
@@ -71,9 +70,16 @@ class Hierarchy:
             mount point itself when empty).
     """
 
+    __slots__ = ("kind", "mount", "base")  # noqa: RUF023 (field order)
+
     kind: str
     mount: str
-    base: str = ""
+    base: str
+
+    def __init__(self, kind: str, mount: str, base: str = "") -> None:
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "mount", mount)
+        object.__setattr__(self, "base", base)
 
     @property
     def parent(self) -> str:
@@ -207,7 +213,6 @@ def signal_pids(
                 os.close(fd)
 
 
-@dataclass
 class RunCgroup:
     """The cgroup directories of one Run attempt, one per usable hierarchy.
 
@@ -216,8 +221,22 @@ class RunCgroup:
         paths: hierarchy kind -> directory.
     """
 
-    name: str
-    paths: dict[str, str] = field(default_factory=dict)
+    __slots__ = ("name", "paths")
+
+    def __init__(self, name: str, paths: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.paths: dict[str, str] = {} if paths is None else paths
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, RunCgroup)
+        return (self.name, self.paths) == (other.name, other.paths)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass was
+
+    def __repr__(self) -> str:
+        return f"RunCgroup(name={self.name!r}, paths={self.paths!r})"
 
     def procs_files(self) -> list[str]:
         """The ``cgroup.procs`` files the launched process must write its pid into."""

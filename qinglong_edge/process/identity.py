@@ -27,9 +27,8 @@ import enum
 import os
 import re
 import sys
-from dataclasses import dataclass
-from typing import Literal
 
+from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.contracts.strictjson import StrictJsonError, dumps, loads
 from qinglong_edge.errors import ExecutionError
 
@@ -70,8 +69,7 @@ _MAX_SAFE_INTEGER = 2**53 - 1
 _NOT_RUNNING_STATES = frozenset({"Z", "X", "x"})
 
 
-@dataclass(frozen=True, slots=True)
-class ProcStat:
+class ProcStat(Frozen):
     """The identity-relevant fields of one ``/proc/<pid>/stat`` line.
 
     Attributes:
@@ -82,7 +80,12 @@ class ProcStat:
         ppid, pgrp, session: fields 4, 5, 6 (0 for kernel threads).
         start_time: field 22, clock ticks since boot, as the decimal text the kernel
             wrote (compared as text, like the reference).
+
+    Frozen value classes without :mod:`dataclasses` (its import costs a resident
+    ``pull`` ~1.4 MiB: :class:`~qinglong_edge.contracts._shape.Frozen`).
     """
+
+    __slots__ = ("pid", "comm", "state", "ppid", "pgrp", "session", "start_time")  # noqa: RUF023 (field order)
 
     pid: int
     comm: str
@@ -92,32 +95,56 @@ class ProcStat:
     session: int
     start_time: str
 
+    def __init__(self, pid: int, comm: str, state: str, ppid: int, pgrp: int, session: int,  # noqa: PLR0917
+                 start_time: str) -> None:
+        _set = object.__setattr__
+        _set(self, "pid", pid)
+        _set(self, "comm", comm)
+        _set(self, "state", state)
+        _set(self, "ppid", ppid)
+        _set(self, "pgrp", pgrp)
+        _set(self, "session", session)
+        _set(self, "start_time", start_time)
+
     @property
     def exited(self) -> bool:
         """True for a zombie or dead entry (state ``Z``/``X``/``x``)."""
         return self.state in _NOT_RUNNING_STATES
 
 
-@dataclass(frozen=True, slots=True)
-class ProcessIdentity:
+class ProcessIdentity(Frozen):
     """Boot id, pid, process group id and start time of one process (local-api.md 7.3)."""
+
+    __slots__ = ("boot_id", "pid", "pgid", "start_time")  # noqa: RUF023 (field order)
 
     boot_id: str
     pid: int
     pgid: int
     start_time: str
 
+    def __init__(self, boot_id: str, pid: int, pgid: int, start_time: str) -> None:
+        _set = object.__setattr__
+        _set(self, "boot_id", boot_id)
+        _set(self, "pid", pid)
+        _set(self, "pgid", pgid)
+        _set(self, "start_time", start_time)
+
     def matches(self, stat: ProcStat) -> bool:
         """True if ``stat`` (read on this boot) is this very process."""
         return stat.pid == self.pid and stat.pgrp == self.pgid and stat.start_time == self.start_time
 
 
-@dataclass(frozen=True, slots=True)
-class DurableHandle:
+class DurableHandle(Frozen):
     """A decoded ``ql3lp1.`` handle: the handle id (a UUID we generate) and the identity."""
+
+    __slots__ = ("handle_id", "identity")
 
     handle_id: str
     identity: ProcessIdentity
+
+    def __init__(self, handle_id: str, identity: ProcessIdentity) -> None:
+        object.__setattr__(self, "handle_id", handle_id)
+        object.__setattr__(self, "identity", identity)
 
 
 class Liveness(enum.Enum):
@@ -135,8 +162,7 @@ class Liveness(enum.Enum):
     REUSED = "reused"
 
 
-@dataclass(frozen=True, slots=True)
-class Inspection:
+class Inspection(Frozen):
     """Result of :func:`inspect` (local-api.md 7.3).
 
     Attributes:
@@ -146,9 +172,16 @@ class Inspection:
         liveness: the finer :class:`Liveness` when status is not ``unknown``.
     """
 
-    status: Literal["running", "not_running", "unknown"]
-    reason: str | None = None
-    liveness: Liveness | None = None
+    __slots__ = ("status", "reason", "liveness")  # noqa: RUF023 (field order)
+
+    status: str
+    reason: str | None
+    liveness: Liveness | None
+
+    def __init__(self, status: str, reason: str | None = None, liveness: Liveness | None = None) -> None:
+        object.__setattr__(self, "status", status)
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "liveness", liveness)
 
 
 def _positive_int(text: bytes) -> int | None:
@@ -329,7 +362,7 @@ def inspect(handle: str | DurableHandle | ProcessIdentity) -> Inspection:
         liveness, _ = probe(identity)
     except ExecutionError:
         return Inspection("unknown", "provider_unavailable")
-    status: Literal["running", "not_running"] = "running" if liveness is Liveness.RUNNING else "not_running"
+    status = "running" if liveness is Liveness.RUNNING else "not_running"
     return Inspection(status, None, liveness)
 
 

@@ -34,11 +34,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import sys
 import time
-from dataclasses import dataclass
 
+from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.errors import EdgeError
 from qinglong_edge.process.spawn import Isolation, JobSpec, start_job
 
@@ -60,8 +59,7 @@ print("cwd-writable")
 """
 
 
-@dataclass(frozen=True, slots=True)
-class IsolationProbe:
+class IsolationProbe(Frozen):
     """What :func:`probe_isolation` found.
 
     Attributes:
@@ -73,11 +71,22 @@ class IsolationProbe:
         remedy: what to do about it (``""`` when available or unknown).
     """
 
+    __slots__ = ("available", "mechanism", "via", "reason", "remedy")  # noqa: RUF023 (field order)
+
     available: bool
     mechanism: str
     via: str
     reason: str
-    remedy: str = ""
+    remedy: str
+
+    def __init__(self, available: bool, mechanism: str, via: str, reason: str,
+                 remedy: str = "") -> None:
+        _set = object.__setattr__
+        _set(self, "available", available)
+        _set(self, "mechanism", mechanism)
+        _set(self, "via", via)
+        _set(self, "reason", reason)
+        _set(self, "remedy", remedy)
 
 
 def _read(path: str) -> str | None:
@@ -177,4 +186,6 @@ def probe_isolation(work_directory: str | None = None, *, timeout_s: float = 30.
         return IsolationProbe(False, "none", "", f"the probe job ended with {code}: {output[:200]!r}")
     finally:
         with contextlib.suppress(OSError):
+            import shutil  # not at the top: a resident pull probes once per boot and needs no more
+
             shutil.rmtree(root)

@@ -94,6 +94,7 @@ __all__ = [
     "Publication",
     "encode_spec",
     "job_environment",
+    "remember_wrapper_bytecode",
     "resolve_executable",
     "start_job",
     "wrapper_argv",
@@ -170,6 +171,19 @@ def wrapper_bytecode(python: str) -> bytes:
         data = b""
     _bytecode[python] = data
     return data
+
+
+def remember_wrapper_bytecode(python: str, data: bytes) -> bool:
+    """Use ``data`` as the wrapper compiled by ``python`` (a ``.pyc`` image a caller kept,
+    e.g. in its runtime directory, from an earlier :func:`wrapper_bytecode`), so this
+    process need not run the compiler. Only an image that starts with this interpreter's
+    magic number is taken (True), and only for ``sys.executable``; the caller keys its
+    cache by the interpreter and the source's digest."""
+    magic = getattr(sys.modules.get("_frozen_importlib_external"), "MAGIC_NUMBER", None)
+    if python != sys.executable or not isinstance(magic, bytes) or len(data) <= 16 or not data.startswith(magic):
+        return False
+    _bytecode[python] = data
+    return True
 
 
 def wrapper_argv(source_fd: int, label: str = "", python: str | None = None) -> list[str]:

@@ -59,9 +59,8 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
 
+from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.errors import ExecutionError
 from qinglong_edge.process.cgroups import RunCgroup, signal_pids
 from qinglong_edge.process.identity import (
@@ -79,8 +78,7 @@ __all__ = ["MAX_GRACE_MS", "StopResult", "stop"]
 MAX_GRACE_MS = 30_000
 
 
-@dataclass(frozen=True, slots=True)
-class StopResult:
+class StopResult(Frozen):
     """Outcome of :func:`stop` (local-api.md 7.3).
 
     Attributes:
@@ -88,11 +86,21 @@ class StopResult:
         signal: for ``stopped``: ``SIGTERM`` or ``SIGKILL`` (the last one needed).
         reason: for ``unknown``: ``invalid_handle``, ``unsupported_platform``,
             ``provider_unavailable`` or ``signal_failed``.
+
+    A :class:`~qinglong_edge.contracts._shape.Frozen` value, not a dataclass: a resident
+    ``pull`` imports this module, and :mod:`dataclasses` would cost it ~1.4 MiB.
     """
 
-    status: Literal["stopped", "already_exited", "timed_out", "unknown"]
-    signal: Literal["SIGTERM", "SIGKILL"] | None = None
-    reason: str | None = None
+    __slots__ = ("status", "signal", "reason")  # noqa: RUF023 (field order)
+
+    status: str
+    signal: str | None
+    reason: str | None
+
+    def __init__(self, status: str, signal: str | None = None, reason: str | None = None) -> None:
+        object.__setattr__(self, "status", status)
+        object.__setattr__(self, "signal", signal)
+        object.__setattr__(self, "reason", reason)
 
     @property
     def conclusive(self) -> bool:

@@ -33,6 +33,9 @@ Point names are ``<operation>.<step>``. Operations (see :mod:`qinglong_edge.work
                     session record now lives in the runtime directory)
 ``runtime_write``   a file of the runtime directory (RUNTIME_STEPS below)
 ``pull``            the step boundaries of one offer pull (PULL_STEPS below)
+``runner``          the state boundaries of executing one inbox record (RUNNER_STEPS below)
+``session``         ``heartbeat_answered`` (the cluster committed a heartbeat, the answer
+                    arrived, the session record not yet saved: a lost answer)
 ``store_prune``     Run pruning (:mod:`qinglong_edge.local.retention`):
                     ``rows_deleted`` (inside the transaction, not committed),
                     ``rows_committed`` (rows gone, log files not yet removed),
@@ -63,6 +66,21 @@ attempt is in the runtime directory, nothing sent),
 ``response_received`` (a 200 body arrived, nothing parsed or written),
 ``inbox_published`` (the inbox record is durable, the claim not yet cleared),
 ``claim_cleared`` (the claim is removed, the result not yet reported).
+
+Steps of executing a record (:data:`RUNNER_STEPS`, :mod:`qinglong_edge.worker.runner`),
+each just after what it names and before the next durable write: ``starting_answered``
+(T1's 200 arrived, nothing written), ``starting_acknowledged`` (T1 written),
+``replay_answered`` (T2's answer, no token yet), ``secrets_received`` (T3: the secrets
+in memory, nothing written), ``launching`` (T5, the pre-spawn barrier, written),
+``held`` (the wrapper started and waits at the start barrier, T7 not written),
+``started`` (T7 written, the job not released), ``released`` (the command runs),
+``running_answered`` / ``running_acknowledged`` (T8), ``renewal_answered`` (a
+lease-control answer arrived, not persisted: the lost renewal of G2) / ``renewed``,
+``stopped`` (a stop returned), ``exited`` (the job is gone and its outcome known,
+nothing uploaded), ``uploaded`` (the log is stored, completion not sent),
+``completion_answered`` / ``completion_acknowledged`` (T10 written, files not yet
+removed), ``files_removed``, ``start_failed``, ``start_failure_answered`` /
+``start_failure_acknowledged`` (T9), ``recovery_required``.
 """
 
 from __future__ import annotations
@@ -77,6 +95,7 @@ __all__ = [
     "POINTS",
     "PULL_STEPS",
     "REMOVAL_STEPS",
+    "RUNNER_STEPS",
     "RUNTIME_STEPS",
     "UPDATE_STEPS",
     "armed",
@@ -92,6 +111,12 @@ UPDATE_STEPS = ("begin", "tmp_created", "tmp_partial", "tmp_written", "tmp_synce
 REMOVAL_STEPS = ("begin", "unlinked", "dir_synced")
 RUNTIME_STEPS = ("begin", "tmp_written", "renamed")
 PULL_STEPS = ("attempt_counted", "attempt_marked", "response_received", "inbox_published", "claim_cleared")
+RUNNER_STEPS = (
+    "starting_answered", "starting_acknowledged", "replay_answered", "secrets_received", "launching", "held",
+    "started", "released", "running_answered", "running_acknowledged", "renewal_answered", "renewed", "stopped",
+    "exited", "uploaded", "completion_answered", "completion_acknowledged", "files_removed", "start_failed",
+    "start_failure_answered", "start_failure_acknowledged", "recovery_required",
+)
 
 #: operation -> its steps, in order.
 OPERATIONS: dict[str, tuple[str, ...]] = {
@@ -106,6 +131,8 @@ OPERATIONS: dict[str, tuple[str, ...]] = {
     "session_clear": REMOVAL_STEPS,
     "runtime_write": RUNTIME_STEPS,
     "pull": PULL_STEPS,
+    "runner": RUNNER_STEPS,
+    "session": ("heartbeat_answered",),
     "store_prune": ("rows_deleted", "rows_committed", "files_removed"),
     "log_prune": ("rows_updated", "rows_committed"),
 }

@@ -31,22 +31,34 @@ heartbeat, the attempt marker (see :mod:`qinglong_edge.worker.pull`).
 
 from __future__ import annotations
 
+import os
 import random as _random
 import time
 from collections.abc import Callable, Iterator
 
-from qinglong_edge.config import WorkerConfig
+from qinglong_edge.config import EdgeConfig, WorkerConfig
 from qinglong_edge.contracts._shape import Frozen
-from qinglong_edge.errors import SessionError
+from qinglong_edge.errors import JournalError, SessionError
 from qinglong_edge.worker.expiry import daily_expiry_warning
 from qinglong_edge.worker.ingress_http import DEFAULT_MAX_REQUEST_BYTES
 from qinglong_edge.worker.journal import Journal, JournalOptions
 from qinglong_edge.worker.pull import AbortSignal, PullCoordinator, PullResult, SessionAuthority
+from qinglong_edge.worker.remote_files import (
+    in_flight,
+    outcome_name,
+    process_gone,
+    remove_job_files,
+    worker_record_files,
+)
 from qinglong_edge.worker.runtime import RuntimeDirectory
 from qinglong_edge.worker.session import SessionKeeper, SessionOutcome, local_capabilities, migrate_legacy_record
 from qinglong_edge.worker.transport import IngressTransport, TransportResponse
 
 __all__ = ["CLOCK_FLOOR_MS", "CycleReport", "run_pull", "wall_ms"]
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 #: 2020-01-01T00:00:00Z: a wall clock before this is "not set yet" (doctor's rule).
 CLOCK_FLOOR_MS = 1_577_836_800_000
@@ -119,25 +131,64 @@ class CycleReport(Frozen):
         return out
 
 
-def _slots(journal: Journal, max_runs: int) -> int:
-    free = journal.options.maximum_entries - len(journal.list_offers())
-    return max(0, min(max_runs, free))
-
-
 def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator, worker: WorkerConfig,
-           clock_ms: Callable[[], int]) -> CycleReport:
+           clock_ms: Callable[[], int], *, runtime: RuntimeDirectory) -> tuple[CycleReport, int]:
+    """One cycle; returns its report and the number of records in flight afterwards."""
     now = clock_ms()
     if now < CLOCK_FLOOR_MS:
-        return CycleReport(None, None, "clock_not_set", "the wall clock is before 2020: waiting for NTP")
-    journal.prune_inbox(now)
+        return CycleReport(None, None, "clock_not_set", "the wall clock is before 2020: waiting for NTP"), 0
+    kept: list[dict[str, Any]] = []
+    journal.prune_inbox(now, process_gone=process_gone, remove_files=lambda r: _remove_files(worker, runtime, r),
+                        kept=kept)
     journal.prune_abandoned()
+    busy = 0
+    for stored in kept:
+        if in_flight(stored, now):
+            busy += 1
+        elif stored["state"] == "completion_acknowledged":
+            _leftovers(worker, stored)  # a crash between T10 and the files' removal
+    # Spec README "Slots": records in flight hold slots; never more than free inbox entries.
+    free = journal.options.maximum_entries - len(kept)
+    slots = max(0, min(worker.max_concurrent_runs - busy, free))
     try:
-        session = keeper.ensure(_slots(journal, worker.max_concurrent_runs))
+        session = keeper.ensure(slots)
     except SessionError as exc:
-        return CycleReport(None, None, exc.code, exc.message, reason=exc.reason, remedy=exc.remedy)
+        return CycleReport(None, None, exc.code, exc.message, reason=exc.reason, remedy=exc.remedy), busy
     record = session.session
+    if busy and not slots:
+        coordinator.settle_claim()
+        return CycleReport(session, PullResult("no_slot", reason="slots_in_use")), busy
     result = coordinator.pull(SessionAuthority(record.worker_id, record.session_id, record.generation))
-    return CycleReport(session, result)
+    if result.status in ("accepted", "replayed"):
+        busy += 1  # executed by the resident loop at once (a replay of a finished one leaves it)
+    return CycleReport(session, result), busy
+
+
+def _leftovers(worker: WorkerConfig, record: dict[str, Any]) -> None:
+    """The files of an acknowledged completion are removed right after it; a crash in
+    between leaves them, found here (two ``lstat`` per such record, no write otherwise)."""
+    files = worker_record_files(worker, record)
+    if files is not None and (os.path.lexists(files.receipt_path) or os.path.lexists(files.log_path)):
+        remove_job_files(files)
+
+
+def _remove_files(worker: WorkerConfig, runtime: RuntimeDirectory, record: dict[str, Any]) -> None:
+    """A pruned record's log, receipt, truncation fact, scratch directory and outcome note."""
+    files = worker_record_files(worker, record)
+    if files is not None:
+        remove_job_files(files)
+    try:
+        runtime.remove(outcome_name(record["offer"]["offerId"]))
+    except JournalError:
+        pass
+
+
+def _discards_pending(runtime: RuntimeDirectory) -> bool:
+    """A forced ``inbox discard`` waits for an owner (names only: nothing is read)."""
+    try:
+        return any(name.startswith("discard.") and name.endswith(".request") for name in runtime.names())
+    except JournalError:
+        return False
 
 
 class _InterruptibleTransport:
@@ -155,6 +206,11 @@ class _InterruptibleTransport:
                 path, body, max_response_bytes=max_response_bytes, max_request_bytes=max_request_bytes
             )
 
+    def post_stream(self, path: str, prefix: bytes, source: object, length: int, *,
+                    max_response_bytes: int) -> TransportResponse:
+        with self._abort.interruptible():
+            return self._transport.post_stream(path, prefix, source, length, max_response_bytes=max_response_bytes)
+
 
 def run_pull(
     worker: WorkerConfig,
@@ -167,7 +223,8 @@ def run_pull(
     transport: IngressTransport | None = None,
     notice: Callable[[str], None] | None = None,
     runtime: RuntimeDirectory | None = None,
-) -> Iterator[CycleReport]:
+    config: EdgeConfig | None = None,
+) -> Iterator[CycleReport | Any]:
     """Run one cycle, or cycles at ``worker.pull_interval_ms`` for ``duration_s`` seconds.
 
     Yields each :class:`CycleReport` as it completes. Stops early after a
@@ -181,6 +238,17 @@ def run_pull(
         notice: called with a warning line (the certificate's expiry, once a day).
         runtime: the runtime directory, when the caller opened it already (it stays
             open); default: opened (and closed) here.
+        config: the whole configuration (what remote jobs must not see, their limits);
+            default: the worker section alone, with its journal's parent as the state
+            directory.
+
+    After a cycle that leaves a record in flight (an accepted offer, a job re-adopted),
+    the resident loop (:mod:`qinglong_edge.worker.resident`, imported only then) drives
+    every record to its end, yielding each
+    :class:`~qinglong_edge.worker.runner_state.RecordEvent` and notable
+    :class:`CycleReport` and finally one
+    :class:`~qinglong_edge.worker.resident.ResidentSummary`; ``--duration`` bounds only
+    the idle cycles.
 
     Raises:
         JournalError: ``already_owned`` (another pull holds the journal) and storage
@@ -200,7 +268,9 @@ def run_pull(
     runtime = runtime or RuntimeDirectory.open(worker.runtime_directory, worker.journal_directory)
     try:
         yield from _run_journal(worker, runtime, capabilities, duration_s=duration_s, abort=abort, pause=pause,
-                                clock_ms=clock_ms, random=random, transport=transport, notice=notice)
+                                clock_ms=clock_ms, random=random, transport=transport, notice=notice,
+                                config=config or EdgeConfig("edge", os.path.dirname(worker.journal_directory), worker,
+                                                            None, None))
     finally:
         if own_runtime:
             runtime.close()
@@ -218,7 +288,8 @@ def _run_journal(
     random: Callable[[], float],
     transport: IngressTransport | None,
     notice: Callable[[str], None] | None,
-) -> Iterator[CycleReport]:
+    config: EdgeConfig,
+) -> Iterator[CycleReport | Any]:
     journal = Journal.open(worker.journal_directory, JournalOptions.from_config(worker), runtime=runtime)
     try:
         migrate_legacy_record(journal.take_legacy_session_record(), runtime)
@@ -247,9 +318,17 @@ def _run_journal(
             started = time.monotonic()
             while True:
                 abort.check()
-                report = _cycle(journal, keeper, coordinator, worker, clock_ms)
+                report, busy = _cycle(journal, keeper, coordinator, worker, clock_ms, runtime=runtime)
                 yield report
                 abort.check()
+                if busy or _discards_pending(runtime):
+                    from qinglong_edge.worker.resident import Resident
+
+                    yield from Resident(config=config, worker=worker, journal=journal, runtime=runtime, wire=wire,
+                                        keeper=keeper, coordinator=coordinator, abort=abort, clock_ms=clock_ms,
+                                        random=random).run()
+                    if abort.tripped:
+                        return
                 if report.error == "credential_rejected" or (
                     report.result is not None and report.result.status == "credential_rejected"
                 ):

@@ -39,7 +39,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
 
 from qinglong_edge.config import WorkerConfig
@@ -56,6 +56,7 @@ from qinglong_edge.contracts.journal_records import (
     parse_abandoned_record,
 )
 from qinglong_edge.contracts.offer import normalize_internal_offer, same_offer_authority
+from qinglong_edge.contracts.residency import lease_expired_locally, needs_local_action
 from qinglong_edge.errors import JournalError
 from qinglong_edge.worker import files
 from qinglong_edge.worker.journal_view import (
@@ -547,24 +548,54 @@ class Journal(RecordReads):
         with self._owned():
             return self._remove(self._offers_fd, files.record_file_name(offer_id), "offer_discard")
 
-    def prune_inbox(self, now_ms: int) -> list[str]:
-        """Remove terminal records (``start_failure_acknowledged``,
-        ``completion_acknowledged``) whose ``updatedAtMs`` is older than
-        ``now_ms - retention_ms`` (spec README: inbox retention). Returns their ids.
+    def prune_inbox(
+        self,
+        now_ms: int,
+        *,
+        process_gone: Callable[[InboxRecord], bool] | None = None,
+        remove_files: Callable[[InboxRecord], object] | None = None,
+        kept: list[InboxRecord] | None = None,
+    ) -> list[str]:
+        """Remove the records that are terminal for residency and pruning and whose
+        ``updatedAtMs`` is older than ``now_ms - retention_ms`` (spec README "Terminal for
+        residency and pruning": :func:`~qinglong_edge.contracts.residency.needs_local_action`
+        is False -- ``completion_acknowledged``, ``start_failure_acknowledged``, and
+        ``recovery_required`` once no local action remains). Returns their ids.
 
-        A wall clock that is behind (router booted at 1970) prunes nothing.
+        Args:
+            process_gone: whether a ``lease_lost_local_execution_unverified`` record's
+                process is verified gone (default: never: such a record is kept).
+            remove_files: called with each record before it is removed (its log, receipt
+                and truncation fact go first: a crash in between leaves a record whose
+                files are gone, pruned again next time, never a file without its record).
+            kept: when given, every record read and not pruned is appended to it (so a
+                caller that needs them all reads each file once a cycle).
+
+        A wall clock that is behind (router booted at 1970) prunes nothing; a record
+        that does not parse is left for the operator (``inbox show``/``discard``).
         """
         with self._owned():
             pruned = []
             for offer_id in self._list_offers():
                 record = self._read_offer(offer_id)
-                if (
-                    record is not None
-                    and record["state"] in TERMINAL_STATES
-                    and record["updatedAtMs"] < now_ms - self.options.retention_ms
-                ):
-                    self._remove(self._offers_fd, files.record_file_name(offer_id), "offer_discard")
-                    pruned.append(offer_id)
+                if record is None:
+                    continue
+                if record["updatedAtMs"] >= now_ms - self.options.retention_ms:
+                    if kept is not None:
+                        kept.append(record)
+                    continue
+                gone = bool(process_gone(record)) if (
+                    process_gone is not None and record.get("recoveryReason") == "lease_lost_local_execution_unverified"
+                ) else False
+                if needs_local_action(record, process_gone=gone,
+                                      lease_expired=lease_expired_locally(record["offer"]["lease"], now_ms)):
+                    if kept is not None:
+                        kept.append(record)
+                    continue
+                if remove_files is not None:
+                    remove_files(record)
+                self._remove(self._offers_fd, files.record_file_name(offer_id), "offer_discard")
+                pruned.append(offer_id)
             return pruned
 
     # -- a Worker Session record left by an older version -----------------------------------

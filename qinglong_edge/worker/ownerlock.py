@@ -69,6 +69,7 @@ __all__ = [
     "OwnerLock",
     "OwnerRecord",
     "boot_id",
+    "lock_holder",
     "parse_owner_record",
     "parse_proc_stat_start_ticks",
     "process_start_ticks",
@@ -272,6 +273,27 @@ def read_owner_record(root: str, runtime: RuntimeDirectory | None = None) -> Own
         return None
     finally:
         os.close(fd)
+
+
+def lock_holder(root: str, runtime: RuntimeDirectory | None = None) -> tuple[bool, OwnerRecord | None]:
+    """``(held, record)``: whether a process holds ``root``'s owner lock right now, and its
+    owner record when held and readable. Nothing is created or written: the lock file
+    is opened read-only and, when free, locked and unlocked at once (the record alone
+    proves nothing: a released lock leaves its last record behind).
+    """
+    try:
+        fd = os.open(os.path.join(root, LOCK_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False, None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in _CONTENTION:
+            return True, read_owner_record(root, runtime)
+        return False, None
+    finally:
+        os.close(fd)  # drops a lock this probe took
+    return False, None
 
 
 class OwnerLock:

@@ -39,6 +39,7 @@ __all__ = [
     "SPLAY_PERIOD_MS",
     "backoff_delay_ms",
     "claim_due",
+    "heartbeat_due_ms",
     "honoured_retry_after_ms",
     "retry_after_window",
     "retry_delay_ms",
@@ -143,6 +144,14 @@ def waiting(window: tuple[int, int] | None, now_ms: int) -> bool:
     return window is not None and window[0] <= now_ms < window[1]
 
 
+def heartbeat_due_ms(lease_expires_at_ms: int, heartbeat_at_ms: int, heartbeat_interval_ms: int) -> int:
+    """When the next heartbeat is due: ``heartbeat_interval_ms`` after the last one, or
+    halfway to the (margin-reduced) session lease when the cluster granted less than
+    asked, so a resident ``pull`` never lets a session it relies on run out."""
+    usable = max(0, lease_expires_at_ms - LEASE_MARGIN_MS - heartbeat_at_ms)
+    return heartbeat_at_ms + min(heartbeat_interval_ms, usable // 2)
+
+
 def session_step(
     lease_expires_at_ms: int | None,
     heartbeat_at_ms: int | None,
@@ -163,8 +172,8 @@ def session_step(
         forbids registering).
     """
     running = lease_expires_at_ms is not None and lease_expires_at_ms - LEASE_MARGIN_MS > now_ms
-    if running and heartbeat_at_ms is not None:
-        if heartbeat_at_ms <= now_ms < heartbeat_at_ms + heartbeat_interval_ms:
+    if running and heartbeat_at_ms is not None and lease_expires_at_ms is not None:
+        if heartbeat_at_ms <= now_ms < heartbeat_due_ms(lease_expires_at_ms, heartbeat_at_ms, heartbeat_interval_ms):
             return "current"
         return "wait_stale" if waiting(window, now_ms) else "heartbeat"
     return "wait_unavailable" if waiting(window, now_ms) else "register"

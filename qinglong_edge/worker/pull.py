@@ -110,6 +110,8 @@ if TYPE_CHECKING:
 
         def accept_offer(self, offer: dict[str, Any], now_ms: int) -> tuple[str, dict[str, Any]]: ...
 
+        def read_offer(self, offer_id: str) -> dict[str, Any] | None: ...
+
         def has_capacity(self) -> bool: ...
 
     class _Runtime(Protocol):  # qinglong_edge.worker.runtime.RuntimeDirectory
@@ -312,7 +314,7 @@ class PullCoordinator:
             PullAborted: unchanged, from a signal handler; the claim is kept.
         """
         now = self._clock_ms()
-        claim = self._settle_marker(self._journal.read_claim(), now)
+        claim = self.settle_claim(self._settle_marker(self._journal.read_claim(), now))
         if claim is not None:
             if (claim.worker_id, claim.worker_session_id, claim.worker_generation) != (
                 session.worker_id,
@@ -348,6 +350,20 @@ class PullCoordinator:
         self._runtime.write(MARKER_NAME, _marker_bytes(claim, now))
         crashpoint("pull.attempt_marked")
         return self._exchange(claim)
+
+    def settle_claim(self, claim: PendingClaim | None = None) -> PendingClaim | None:
+        """A claim whose offer is already in the inbox (the process died after the inbox
+        publication, before the claim was cleared) is cleared without being sent again:
+        the offer is the inbox's now, and may be executing or done (a replay would meet a
+        completed lease: 409). Returns the claim left, or None. Called by every cycle,
+        also when no slot is free (nothing is pulled then)."""
+        if claim is None:
+            claim = self._journal.read_claim()
+        if claim is None or self._journal.read_offer(claim.offer_id) is None:
+            return claim
+        self._journal.clear_claim(claim.offer_id, claim.revision)
+        self._runtime.remove(MARKER_NAME)
+        return None
 
     def _settle_marker(self, claim: PendingClaim | None, now: int) -> PendingClaim | None:
         """A marker left by a process that died with a request in flight counts as an

@@ -167,8 +167,9 @@ class RuntimeDirectory:
 
     # -- files --------------------------------------------------------------------------------
 
-    def read(self, name: str) -> bytes | None:
-        """The file's bytes, or None when absent (journal read rules, 2..16 384 bytes).
+    def read(self, name: str, *, max_bytes: int = MAX_RUNTIME_FILE_BYTES) -> bytes | None:
+        """The file's bytes, or None when absent (journal read rules, 2..``max_bytes``,
+        default 16 384; the cached job wrapper program is larger).
 
         Raises:
             JournalError: ``unsafe_storage`` for a symlink, a foreign or loose file, a bad
@@ -176,11 +177,20 @@ class RuntimeDirectory:
         """
         what = os.path.join(self.path, _check_name(name))
         data = files.read_record(self._dir(), name, what)
-        if data is not None and len(data) > MAX_RUNTIME_FILE_BYTES:
-            raise JournalError(f"{what}: larger than {MAX_RUNTIME_FILE_BYTES} bytes", code="unsafe_storage")
+        if data is not None and len(data) > max_bytes:
+            raise JournalError(f"{what}: larger than {max_bytes} bytes", code="unsafe_storage")
         return data
 
-    def write(self, name: str, data: bytes) -> None:
+    def names(self) -> list[str]:
+        """The names of the files in the directory (temp files excluded), sorted."""
+        try:
+            with os.scandir(self._dir()) as entries:
+                found = [e.name for e in entries if _NAME.fullmatch(e.name) and e.is_file(follow_symlinks=False)]
+        except OSError as exc:
+            raise files.journal_error(exc, f"{self.path}: list") from None
+        return sorted(found)
+
+    def write(self, name: str, data: bytes, *, max_bytes: int = MAX_RUNTIME_FILE_BYTES) -> None:
         """Replace ``name`` with ``data`` (temp file + rename, no fsync).
 
         Raises:
@@ -188,8 +198,8 @@ class RuntimeDirectory:
                 old file is intact on every failure.
         """
         what = os.path.join(self.path, _check_name(name))
-        if not 2 <= len(data) <= MAX_RUNTIME_FILE_BYTES:
-            raise JournalError(f"{what}: {len(data)} bytes is outside 2..{MAX_RUNTIME_FILE_BYTES}",
+        if not 2 <= len(data) <= max_bytes:
+            raise JournalError(f"{what}: {len(data)} bytes is outside 2..{max_bytes}",
                                code="unsafe_storage")
         dir_fd = self._dir()
         crashpoint("runtime_write.begin")

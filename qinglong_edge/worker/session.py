@@ -46,9 +46,12 @@ Failure handling (5.1 "Worker status handling", and our reporting):
   then meets the same network on its own terms).
 
 A heartbeat whose response is lost after the cluster committed it leaves our stored
-``version`` one behind; the next heartbeat is then fenced (409) and a new session is
-registered, as the reference worker does (it fails the session closed on 409). A
-pending claim of the old session is abandoned by the pull coordinator.
+``version`` one behind; the next heartbeat is then fenced (409). Spec README "Lease
+clocks": it is sent once more with ``expectedVersion + 1`` (the cluster's version if
+the lost answer was the only thing lost); only when that is fenced too is a new session
+registered, as the reference worker does on every 409 (a re-registration replaces the
+cluster's session row, which fences every lease of the old one: jobs in flight would
+lose theirs). A pending claim of the old session is abandoned by the pull coordinator.
 
 Cadence: ``pull`` runs from cron once a minute, so with the default 10 s interval every
 cron cycle heartbeats; ``pull --duration`` cycles faster than the interval do not.
@@ -80,7 +83,8 @@ from qinglong_edge.contracts.session import (
 )
 from qinglong_edge.contracts.strictjson import dumps_bytes, loads
 from qinglong_edge.errors import SessionError, TransportError
-from qinglong_edge.worker.pacing import LEASE_MARGIN_MS, retry_after_window, session_step
+from qinglong_edge.worker.crashpoints import crashpoint
+from qinglong_edge.worker.pacing import LEASE_MARGIN_MS, heartbeat_due_ms, retry_after_window, session_step, waiting
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
@@ -393,6 +397,8 @@ class SessionKeeper:
         self._random_bytes = random_bytes
         caps = local_capabilities() if capabilities is None else capabilities
         self._capabilities_json, self._capabilities_hash = capabilities_snapshot(caps)
+        #: ``availableSlots`` of this process's last successful register or heartbeat.
+        self.announced_slots: int | None = None
         # (set at, not before) in wall ms from a 429/503 Retry-After of a session call;
         # kept in the state file, never trusted across a clock step back (pacing.waiting).
         self._retry_after: tuple[int, int] | None = None
@@ -427,15 +433,34 @@ class SessionKeeper:
             self._store.write(STATE_NAME, state.to_bytes())
             self._saved = state
 
+    def next_call_ms(self, now_ms: int) -> int:
+        """When :meth:`ensure` would next call the cluster (wall ms; ``now_ms`` when due):
+        the stored session's next heartbeat, or now (register), never inside a
+        Retry-After window. For a resident ``pull``, which keeps no other timer."""
+        state = self._load()
+        record = self._usable(state.record)
+        due = now_ms if record is None else heartbeat_due_ms(record.lease_expires_at_ms, record.heartbeat_at_ms,
+                                                              self._heartbeat_ms)
+        if record is not None and record.lease_expires_at_ms - LEASE_MARGIN_MS <= now_ms:
+            due = now_ms
+        window = state.retry_after
+        if waiting(window, now_ms) and window is not None:
+            due = max(due, window[1])
+        return due
+
     def current(self) -> SessionRecord | None:
         """The stored session record, or None (absent, unreadable or another worker's)."""
         return self._usable(self._load().record)
 
-    def ensure(self, available_slots: int) -> SessionOutcome:
+    def ensure(self, available_slots: int, *, announce: bool = False) -> SessionOutcome:
         """Make sure an online session with a running lease exists (see module docstring).
 
         Args:
             available_slots: 0..max_concurrent_runs; what the cluster may place here.
+            announce: heartbeat now (unless Retry-After forbids it) when ``available_slots``
+                is more than this process last announced: a resident ``pull`` whose job
+                ended frees its slot at the cluster before it pulls (the cluster answers
+                ``idle worker_unavailable`` to a session that announced none free).
 
         Raises:
             SessionError: ``credential_rejected``, ``credentials_unavailable``,
@@ -452,6 +477,9 @@ class SessionKeeper:
         step = session_step(None if record is None else record.lease_expires_at_ms,
                             None if record is None else record.heartbeat_at_ms,
                             now, self._heartbeat_ms, self._retry_after)
+        if (record is not None and step == "current" and announce and self.announced_slots is not None
+                and slots > self.announced_slots):
+            step = "heartbeat"
         if record is not None and step == "current":
             return SessionOutcome(record, "current")
         if record is not None and step == "wait_stale":  # README: never sooner than Retry-After
@@ -460,6 +488,17 @@ class SessionKeeper:
             try:
                 beat = self._heartbeat(record, slots)
             except SessionError as exc:
+                if exc.code == "session_fenced":
+                    # Spec README "Lease clocks": a heartbeat whose answer was lost left the
+                    # stored version one behind the cluster's; try once with
+                    # expectedVersion + 1 before the session counts as fenced, so a lost
+                    # answer never fences in-flight work.
+                    try:
+                        beat = self._heartbeat(record, slots, expected_version=record.version + 1)
+                    except SessionError as again:
+                        exc = again
+                    else:
+                        return SessionOutcome(beat, "heartbeat", detail="version_resynced")
                 if exc.code == "session_fenced":
                     self._save(None)  # the session failed closed
                     return SessionOutcome(self._register(slots), "registered", replaced=True, detail=exc.code)
@@ -524,24 +563,27 @@ class SessionKeeper:
         record = self._record(projection, registered_at_ms=now, heartbeat_at_ms=now)
         self._retry_after = None
         self._save(record)
+        self.announced_slots = slots
         return record
 
-    def _heartbeat(self, record: SessionRecord, slots: int) -> SessionRecord:
+    def _heartbeat(self, record: SessionRecord, slots: int, expected_version: int | None = None) -> SessionRecord:
         now = self._clock_ms()
+        expected = record.version if expected_version is None else expected_version
         body = heartbeat_request_body(
             generation=record.generation,
-            expected_version=record.version,
+            expected_version=expected,
             available_slots=slots,
             lease_duration_ms=self._lease_ms,
         )
         raw = self._post(record.session_id, "heartbeat", body)
+        crashpoint("session.heartbeat_answered")
         try:
             projection = parse_heartbeat_response(
                 raw,
                 worker_id=self._worker_id,
                 session_id=record.session_id,
                 generation=record.generation,
-                expected_version=record.version,
+                expected_version=expected,
             )
         except ContractError as exc:
             raise SessionError(f"heartbeat: response rejected ({exc.code} at {exc.path})",
@@ -549,6 +591,7 @@ class SessionKeeper:
         updated = self._record(projection, registered_at_ms=record.registered_at_ms, heartbeat_at_ms=now)
         self._retry_after = None
         self._save(updated)
+        self.announced_slots = slots
         return updated
 
     def _record(self, projection: SessionProjection, *, registered_at_ms: int, heartbeat_at_ms: int) -> SessionRecord:

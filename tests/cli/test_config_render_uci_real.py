@@ -98,6 +98,7 @@ def test_readme_sequence_then_lists_quotes_and_spaces(uci: RealUci, tmp_path: pa
             "trustAnchorFiles": ["/etc/qinglong-edge/cluster-ca.pem", "/etc/qinglong-edge/ca two.pem",
                                  "/etc/qinglong-edge/o'neil ca.pem"],
             "runtimeDirectory": "/var/run/qinglong-edge",  # the shipped UCI default (RAM)
+            "logDirectory": "/tmp/qinglong-edge/remote-logs",  # the shipped UCI default (RAM)
             "requestTimeoutMs": 20000,
         },
         "localApi": {"listener": {"host": "127.0.0.1", "port": 5701}},

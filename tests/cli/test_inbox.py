@@ -52,15 +52,18 @@ def test_list_shows_id_state_run_and_acceptance(config: pathlib.Path, journal_ro
     _accept(journal_root, "offer-b", "offer-a")
     result = run_cli("--config", str(config), "inbox", "list", "--json")
     assert result.status == 0, result.stderr
+    none = {"exitCode": None, "logPath": None, "logBytes": None}  # not run yet: no exit code, no log
     assert result.json()["offers"] == [
-        {"offerId": "offer-a", "state": "accepted", "runId": "run-1", "acceptedAtMs": 1001},
-        {"offerId": "offer-b", "state": "accepted", "runId": "run-1", "acceptedAtMs": 1001},
+        {"offerId": "offer-a", "state": "accepted", "runId": "run-1", "attemptId": "attempt-1", "acceptedAtMs": 1001,
+         **none},
+        {"offerId": "offer-b", "state": "accepted", "runId": "run-1", "attemptId": "attempt-1", "acceptedAtMs": 1001,
+         **none},
     ]
     human = run_cli("--config", str(config), "inbox", "list")
     assert human.status == 0
     lines = human.stdout.splitlines()
-    assert lines[0].split() == ["OFFER_ID", "STATE", "RUN_ID", "ACCEPTED_AT_MS"]
-    assert lines[1].split() == ["offer-a", "accepted", "run-1", "1001"]
+    assert lines[0].split() == ["OFFER_ID", "STATE", "RUN_ID", "ATTEMPT_ID", "EXIT", "LOG_BYTES", "LOG"]
+    assert lines[1].split() == ["offer-a", "accepted", "run-1", "attempt-1", "-", "-", "-"]
 
 
 def test_list_works_while_a_pull_owns_the_journal(config: pathlib.Path, journal_root: pathlib.Path) -> None:
@@ -77,7 +80,16 @@ def test_show_redacts_the_lease_token(config: pathlib.Path, journal_root: pathli
     result = run_cli("--config", str(config), "inbox", "show", "offer-1", *(["--json"] if json_mode else []))
     assert result.status == 0, result.stderr
     assert vectors.LEASE_TOKEN not in result.stdout + result.stderr
-    record = result.json()["record"] if json_mode else json.loads(result.stdout)
+    if json_mode:
+        record = result.json()["record"]
+        local = result.json()["local"]
+        assert local["logPath"].endswith("/68/wlog-68cd94391d043410683fabcde45b2a.log")  # where it goes (4.3)
+        assert {k: v for k, v in local.items() if k != "logPath"} == {
+            "exitCode": None, "outcomeSource": None, "logBytes": None, "inFlight": True}
+    else:
+        document, _, local = result.stdout.rpartition("\n# ")
+        record = json.loads(document)
+        assert local.startswith("exit code: none yet; log: none; in flight: yes")
     assert record["offer"]["leaseToken"] == "[redacted]"
     expected = json.loads(vectors.OFFER_RECORD_T1001)
     expected["offer"]["leaseToken"] = "[redacted]"

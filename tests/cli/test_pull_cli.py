@@ -47,7 +47,9 @@ def env(tmp_path: pathlib.Path, cluster: ClusterDouble) -> PullEnv:
 
 def _accepted_once(env: PullEnv) -> tuple[str, dict[str, Any]]:
     """Exactly one inbox record, exactly one lease on the cluster, and no pending claim
-    the cluster holds a lease for (a claim answered idle is kept for the next cycle)."""
+    the cluster holds a lease for (a claim answered idle is kept for the next cycle). The
+    pull executes what it accepts: the record is completed, and the cluster saw exactly
+    one completion of that attempt (nothing lost, nothing run twice)."""
     inbox = env.inbox()
     assert len(inbox) == 1, inbox.keys()
     leases = env.cluster.state.leases_by_offer()
@@ -55,8 +57,11 @@ def _accepted_once(env: PullEnv) -> tuple[str, dict[str, Any]]:
     assert claim is None or claim["offerId"] not in leases
     assert list(leases) == list(inbox)
     ((offer_id, record),) = inbox.items()
-    assert record["state"] == "accepted"
-    assert record["offer"]["candidate"]["runId"] == leases[offer_id].run_id
+    assert record["state"] == "completion_acknowledged", record["state"]
+    run_id = record["offer"]["candidate"]["runId"]
+    assert run_id == leases[offer_id].run_id
+    assert env.cluster.completion(run_id)["status"] == "succeeded"
+    assert [e.type for e in env.cluster.events(run_id)].count("attempt.running") == 1
     return offer_id, record
 
 
@@ -77,17 +82,23 @@ def test_first_cycle_registers_and_accepts_an_offer_with_a_real_digest(env: Pull
     assert line["offerId"] == offer_id
     revision = record["offer"]["executionRevision"]
     assert record["offer"]["executionDigest"] == revision["contentDigest"]
-    register, offers = env.cluster.exchanges
+    register, offers, *execution = env.cluster.exchanges
     assert (register.op, register.status, offers.op, offers.status) == ("register", 200, "offers", 200)
     assert register.json()["availableSlots"] == 1
+    # then the execution of what was accepted (remote-execution.md 2.2), one call each
+    assert [x.op for x in execution] == ["starting", "starting", "running", "artifacts", "completion"]
 
 
-def test_human_output_is_one_line_per_cycle(env: PullEnv) -> None:
+def test_human_output_is_one_line_per_cycle_and_per_record_event(env: PullEnv) -> None:
     outcome = env.pull()
     assert outcome.status == 0
-    assert outcome.stdout.count("\n") == 1 and "accepted offer" in outcome.stdout
+    lines = outcome.stdout.splitlines()
+    assert "accepted offer" in lines[0]
+    run_id = env.cluster.attempt().run_id
+    assert all(line.startswith(f"pull: run {run_id}: ") for line in lines[1:-1]), lines
+    assert "completion acknowledged" in lines[-2] and lines[-1].startswith("pull: resident ")
     idle = env.pull()
-    assert idle.status == 0 and "idle (no_candidates)" in idle.stdout
+    assert idle.status == 0 and idle.stdout.count("\n") == 1 and "idle (no_candidates)" in idle.stdout
 
 
 def test_idle_cycles_keep_their_claim_unchanged_and_send_it_again(env: PullEnv) -> None:
@@ -210,7 +221,8 @@ def test_sigkill_at_a_step_boundary_converges_to_one_inbox_record(env: PullEnv, 
     outcomes = env.pull_until_settled()
     assert outcomes[-1].status == 0, outcomes[-1].stdout + outcomes[-1].stderr
     if point in ("pull.claim_cleared", "claim_clear.unlinked"):
-        assert outcomes[0].last()["status"] == "idle"  # the offer was already in the inbox
+        # the offer was already in the inbox: executed first (it holds the only slot)
+        assert outcomes[0].last()["status"] == "no_slot"
     _accepted_once(env)
     assert not [name for name in (env.journal).iterdir() if name.name.endswith(".tmp")]
 
@@ -443,6 +455,7 @@ def test_claim_of_an_expired_session_is_abandoned_as_stale(env: PullEnv) -> None
                                                                            "stale_session")
     assert line["offerId"] == kept.last()["offerId"]
     env.cluster.state.session_lease_cap_ms = None
+    time.sleep(0.2)  # the short session (2.1 s, less the 2 s margin) is over: the next cycle re-registers
     assert env.pull("--json").last()["status"] == "accepted"
 
 
@@ -484,9 +497,10 @@ def test_duration_loops_at_the_cadence_and_exits_at_the_end(env: PullEnv) -> Non
     outcome = env.pull("--duration", "1.2", "--json")
     elapsed = time.monotonic() - started
     assert outcome.status == 0, outcome.stderr
-    lines = outcome.lines()
+    lines = outcome.cycles()
     assert [line["status"] for line in lines[:4]] == ["accepted", "accepted", "accepted", "idle"]
-    assert 4 <= len(lines) <= 8  # 200 ms cadence over 1.2 s
+    assert 4 <= len(lines) <= 8  # 200 ms cadence over 1.2 s (each accepted offer executed at once)
+    assert len(outcome.events("completion_acknowledged")) == 3
     assert lines[0]["session"]["action"] == "registered"
     assert all(line["session"]["action"] == "current" for line in lines[1:])
     assert elapsed < 4
@@ -501,7 +515,7 @@ def test_sigterm_during_duration_sleep_stops_the_loop(env: PullEnv) -> None:
     kill(proc, signal.SIGTERM)
     outcome = env.finish(proc, timeout=10)
     assert outcome.status == 75
-    assert [line["status"] for line in outcome.lines()] == ["accepted", "aborted"]
+    assert [line["status"] for line in outcome.cycles()] == ["accepted", "aborted"]
     _accepted_once(env)
 
 

@@ -95,6 +95,6 @@ def test_the_first_cycle_and_an_offer_do_write_durably(env: PullEnv, tmp_path: p
     before = snapshot(env.state_dir)
     proc, writes = trace_cycle(env.argv("--json"), env.state_dir, tmp_path / "offer.txt",
                                env=env.entry.environment(None), cwd=env.entry.cwd)
-    assert json.loads(proc.stdout.decode().splitlines()[-1])["status"] == "accepted"
+    assert json.loads(proc.stdout.decode().splitlines()[0])["status"] == "accepted"
     assert writes.fsyncs >= 3 and writes.bytes_written > 0 and writes.mutations
     assert snapshot(env.state_dir) != before

@@ -32,11 +32,24 @@ IMPORT_COST = ("dataclasses", "inspect", "ast", "dis", "tokenize", "typing", "ar
 
 PROBE = """
 import json, sys
+import qinglong_edge.worker.crashpoints as crashpoints
+published = []
+_crashpoint = crashpoints.crashpoint
+def _hook(name):
+    if name == "pull.claim_cleared" and not published:
+        published.append(sorted(sys.modules))
+    _crashpoint(name)
+crashpoints.crashpoint = _hook  # bound by name by every module imported from here on
 from qinglong_edge.cli import main
 status = main(sys.argv[1:])
+sys.stderr.write("\\nPUBLISHED=" + json.dumps(published[0] if published else None) + "\\n")
 sys.stderr.write("\\nMODULES=" + json.dumps(sorted(sys.modules)) + "\\n")
 sys.exit(status)
 """
+#: What the execution after the inbox publication imports (lazily, only then): the
+#: resident loop, the runner, the seven calls, the process core and what it needs.
+EXECUTION = ("qinglong_edge.worker.resident", "qinglong_edge.worker.runner", "qinglong_edge.worker.calls",
+             "qinglong_edge.process.spawn", "qinglong_edge.process.stop", "subprocess")
 
 
 @pytest.fixture
@@ -45,21 +58,35 @@ def env(tmp_path: pathlib.Path) -> Iterator[PullEnv]:
         yield PullEnv(tmp_path, cluster)
 
 
-def _modules(env: PullEnv, *extra: str) -> tuple[int, set[str]]:
+def _probe(env: PullEnv, *extra: str) -> tuple[int, set[str], set[str] | None]:
     proc = subprocess.run([sys.executable, "-S", "-c", PROBE, "pull", "--config", str(env.config_path),
                            "--no-splay", "--json", *extra],
                           capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=30, check=False)
-    line = [text for text in proc.stderr.splitlines() if text.startswith("MODULES=")][-1]
-    return proc.returncode, set(json.loads(line[len("MODULES="):]))
+    lines = {text.partition("=")[0]: json.loads(text.partition("=")[2]) for text in proc.stderr.splitlines()
+             if text.startswith(("MODULES=", "PUBLISHED="))}
+    published = lines["PUBLISHED"]
+    return proc.returncode, set(lines["MODULES"]), None if published is None else set(published)
 
 
-def test_an_accepting_cycle_imports_nothing_it_does_not_need(env: PullEnv) -> None:
-    status, modules = _modules(env)
+def _modules(env: PullEnv, *extra: str) -> tuple[int, set[str]]:
+    status, modules, _ = _probe(env, *extra)
+    return status, modules
+
+
+def test_an_accepting_cycle_imports_nothing_it_does_not_need_up_to_the_inbox(env: PullEnv) -> None:
+    """Spec README "Layers": up to the inbox publication (the claim cleared) an accepting
+    cycle loads today's pinned set; the execution that follows imports the rest lazily."""
+    status, modules, published = _probe(env)
     assert status == 0
-    assert {"ssl", "http.client", "fcntl", "threading"} <= modules  # the probe sees real imports
-    assert sorted(set(FORBIDDEN) & modules) == []
-    assert sorted(set(IMPORT_COST) & modules) == []
-    assert len(env.inbox()) == 1
+    assert published is not None, "the probe did not see the claim cleared"
+    assert {"ssl", "http.client", "fcntl", "threading"} <= published  # the probe sees real imports
+    assert sorted(set(FORBIDDEN) & published) == []
+    assert sorted(set(IMPORT_COST) & published) == []
+    assert sorted(set(EXECUTION) & published) == []  # nothing of the execution before it is needed
+    assert set(EXECUTION) <= modules  # then the offer was executed: those came after
+    assert sorted({"sqlite3", "_sqlite3", "http.server", "asyncio", "multiprocessing"} & modules) == []
+    ((_, record),) = env.inbox().items()
+    assert record["state"] == "completion_acknowledged"
 
 
 def test_an_idle_cron_cycle_imports_nothing_it_does_not_need(tmp_path: pathlib.Path) -> None:

@@ -80,6 +80,12 @@ class Device:
         self.log = root / "stub.log"
         self.python = write_logging_stub(root / "stub/python3", self.log, "python3", f'exec {sys.executable} "$@"')
         self.cron = write_logging_stub(root / "etc/init.d/cron", self.log, "cron")
+        # The agent's own `pull --release` is tested for real (tests/cli/test_pull_release.py);
+        # here only that prerm-pkg calls it, after switching the cron pull off.
+        rundir = root / "var/etc/qinglong-edge"
+        self.agent = write_logging_stub(
+            root / "stub/qinglong-edge", self.log, "qinglong-edge",
+            f'[ -e "{rundir}/pull.enabled" ] && echo "pull.enabled still there" >> "{self.log}"; exit 0')
 
     def env(self, *, instroot: bool, upgrade: bool = False) -> dict[str, str]:
         env = {
@@ -93,7 +99,8 @@ class Device:
         else:
             # The live-device case: the scripts' OpenWrt paths, redirected into the root.
             env.update(QLE_LIBDIR=str(self.root / LIB), QLE_PYTHON=str(self.python),
-                       QLE_CRON_INIT=str(self.cron), QLE_RUNDIR=str(self.root / "var/etc/qinglong-edge"))
+                       QLE_CRON_INIT=str(self.cron), QLE_RUNDIR=str(self.root / "var/etc/qinglong-edge"),
+                       QLE_BIN=str(self.agent))
         return env
 
     def run_script(self, busybox: str, script: str, *args: str, instroot: bool,
@@ -177,7 +184,8 @@ def test_prerm_on_removal_drops_bytecode_and_the_rendered_config(busybox: str, d
     assert result.returncode == 0, result.stderr
     assert device.caches() == []
     assert not rundir.exists()  # a kept, modified crontab now does nothing
-    assert read_log(device.log) == ["/etc/init.d/qinglong-edge disable", "/etc/init.d/qinglong-edge stop"]
+    assert read_log(device.log) == [f"qinglong-edge --config {rundir}/config.json pull --release",
+                                    "/etc/init.d/qinglong-edge disable", "/etc/init.d/qinglong-edge stop"]
 
 
 def test_prerm_on_upgrade_keeps_the_rendered_config(busybox: str, device: Device) -> None:
@@ -188,6 +196,30 @@ def test_prerm_on_upgrade_keeps_the_rendered_config(busybox: str, device: Device
     assert result.returncode == 0, result.stderr
     assert (rundir / "pull.enabled").exists()
     assert read_log(device.log) == ["/etc/init.d/qinglong-edge stop"]
+
+
+def test_prerm_on_upgrade_releases_a_resident_pull_after_switching_cron_off(busybox: str, device: Device) -> None:
+    rundir = device.root / "var/etc/qinglong-edge"
+    rundir.mkdir(parents=True)
+    (rundir / "config.json").write_text("{}")
+    (rundir / "pull.enabled").touch()
+    result = device.run_default(busybox, "default_prerm", "upgrade", "0.2.0-1", upgrade=True)
+    assert result.returncode == 0, result.stderr
+    assert (rundir / "config.json").exists() and not (rundir / "pull.enabled").exists()  # start makes it again
+    assert read_log(device.log) == [f"qinglong-edge --config {rundir}/config.json pull --release",
+                                    "/etc/init.d/qinglong-edge stop"]
+
+
+def test_prerm_goes_on_when_the_release_fails(busybox: str, device: Device) -> None:
+    rundir = device.root / "var/etc/qinglong-edge"
+    rundir.mkdir(parents=True)
+    (rundir / "config.json").write_text("{}")
+    (rundir / "pull.enabled").touch()
+    write_logging_stub(device.agent, device.log, "qinglong-edge", "exit 75")
+    result = device.run_default(busybox, "default_prerm", "remove")
+    assert result.returncode == 0, result.stderr
+    assert "the resident pull was not released" in result.stderr
+    assert not rundir.exists() and device.caches() == []
 
 
 def test_prerm_building_an_image_touches_nothing(busybox: str, device: Device) -> None:

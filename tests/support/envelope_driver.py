@@ -328,7 +328,8 @@ class Scenario:
         phases: dict[str, Any] = {"load": load.phase("reads", clients=3)}
         self.report["phases"] = phases
         self.snapshot("load")
-        cycles = [json.loads(line) for line in pull_out.lines if line.startswith("{")]
+        lines = [json.loads(line) for line in pull_out.lines if line.startswith("{")]
+        cycles = [line for line in lines if "event" not in line]  # record events and summaries aside
         self.report["pull"] = {"exit": pull_status, "maxrss_kib": pull_rss, "cycles": len(cycles),
                                "statuses": _count(c.get("status", "?") for c in cycles),
                                "stderr_tail": pull_err.lines[-5:], "cluster_requests": len(self.cluster.exchanges)}

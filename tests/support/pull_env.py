@@ -60,9 +60,24 @@ class Outcome:
         return [json.loads(line) for line in self.stdout.splitlines() if line.strip()]
 
     def last(self) -> dict[str, Any]:
-        lines = self.lines()
+        """The last cycle's line (a resident pull also prints record events and a summary)."""
+        lines = self.cycles()
         assert lines, f"no JSON output; stderr: {self.stderr}"
         return lines[-1]
+
+    def cycles(self) -> list[dict[str, Any]]:
+        """The lines of the cycles (``status``), without record events and the summary."""
+        return [line for line in self.lines() if "event" not in line]
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        """The record event lines (``event``), optionally only those named ``name``."""
+        return [line for line in self.lines()
+                if "event" in line and line["event"] != "summary" and (name is None or line["event"] == name)]
+
+    def summary(self) -> dict[str, Any] | None:
+        """The resident pull's summary line, or None (nothing was in flight)."""
+        found = [line for line in self.lines() if line.get("event") == "summary"]
+        return found[-1] if found else None
 
 
 class PullEnv:

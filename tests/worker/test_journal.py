@@ -371,6 +371,39 @@ def test_retention_prunes_only_old_terminal_records(root: pathlib.Path) -> None:
         assert journal.list_offers() == ["open"]
 
 
+def test_retention_prunes_by_the_residency_rule_files_first(root: pathlib.Path) -> None:
+    """Spec README "Terminal for residency and pruning": a recovery_required record is
+    pruned once no local action remains; its files go before the record."""
+    from qinglong_edge.contracts.inbox import to_recovery_required
+
+    def recover(journal: Journal, offer_id: str, reason: str) -> None:
+        record = _advance(journal, offer_id, ["starting_acknowledged"], 100)
+        journal.replace_offer(to_recovery_required(record, 100, reason), record["revision"])
+
+    with Journal.open(str(root), JournalOptions(retention_ms=1000)) as journal:
+        for offer_id, reason in (("terminal", "control_plane_terminal"),
+                                 ("unverified", "lease_lost_local_execution_unverified"),
+                                 ("stopped", "lease_lost_local_execution_stopped")):
+            journal.accept_offer(_offer(offer_id), 10)
+            recover(journal, offer_id, reason)
+        removed: list[str] = []
+        gone: dict[str, bool] = {"unverified": False}
+
+        def remove_files(record: dict[str, Any]) -> None:
+            assert journal.read_offer(record["offer"]["offerId"]) is not None  # the record is still there
+            removed.append(record["offer"]["offerId"])
+
+        kept: list[dict[str, Any]] = []
+        pruned = journal.prune_inbox(5000, process_gone=lambda r: gone[r["offer"]["offerId"]],
+                                     remove_files=remove_files, kept=kept)
+        assert sorted(pruned) == ["stopped", "terminal"] and sorted(removed) == ["stopped", "terminal"]
+        assert [r["offer"]["offerId"] for r in kept] == ["unverified"]  # its process may still run
+        assert journal.prune_inbox(5000) == []  # by default a stop is never taken as verified
+        gone["unverified"] = True
+        assert journal.prune_inbox(5000, process_gone=lambda r: gone[r["offer"]["offerId"]]) == ["unverified"]
+        assert journal.list_offers() == []
+
+
 def test_discard_offer_is_durable_and_idempotent(journal: Journal, root: pathlib.Path) -> None:
     journal.accept_offer(vectors.offer(), 1001)
     assert journal.discard_offer("offer-1") is True

@@ -100,7 +100,9 @@ def test_retry_after_windows() -> None:
 @pytest.mark.parametrize(("lease", "beat", "now", "window", "step"), [
     (None, None, 100, None, "register"),
     (None, None, 100, (50, 150), "wait_unavailable"),
-    (100_000, 90_000, 95_000, None, "current"),
+    (100_000, 90_000, 93_000, None, "current"),
+    (100_000, 90_000, 95_000, None, "heartbeat"),           # halfway to a lease shorter than the interval
+    (400_000, 90_000, 99_999, None, "current"),             # a long lease: the interval decides
     (100_000, 90_000, 100_000, None, "register"),           # the lease is over by our clock
     (100_000, 80_000, 100_000 - LEASE_MARGIN_MS - 1, None, "heartbeat"),
     (100_000, 80_000, 95_000, (94_000, 99_000), "wait_stale"),

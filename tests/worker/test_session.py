@@ -142,7 +142,29 @@ def test_fenced_heartbeat_registers_a_new_session(store: RuntimeDirectory, ingre
     assert (outcome.action, outcome.replaced, outcome.detail) == ("registered", True, "session_fenced")
     assert outcome.session.generation == old.generation + 1
     assert outcome.session.session_id != old.session_id
-    assert _ops(ingress) == ["register", "heartbeat", "register"]
+    # the fenced heartbeat is tried once more with expectedVersion + 1 (a lost answer), then
+    # the session is given up
+    assert _ops(ingress) == ["register", "heartbeat", "heartbeat", "register"]
+
+
+def test_a_lost_heartbeat_answer_is_resynced_with_expected_version_plus_one(
+    store: RuntimeDirectory, ingress: DirectIngress, clock: Clock
+) -> None:
+    """Spec README "Lease clocks": the cluster committed a heartbeat whose answer was lost;
+    the next one is fenced (version_mismatch), retried once with expectedVersion + 1 and
+    accepted: the same session goes on (nothing in flight is fenced by a re-registration)."""
+    keeper = _keeper(store, ingress, clock)
+    first = keeper.ensure(1).session
+    clock.now += HEARTBEAT_MS
+    ingress.script.append("commit_then_lose")
+    assert keeper.ensure(1).action == "stale"  # the answer was lost: the stored version is one behind
+    clock.now += HEARTBEAT_MS
+    outcome = keeper.ensure(1)
+    assert (outcome.action, outcome.detail, outcome.replaced) == ("heartbeat", "version_resynced", False)
+    assert (outcome.session.session_id, outcome.session.version) == (first.session_id, first.version + 2)
+    bodies = [json.loads(body) for path, body in ingress.calls if path.endswith("/heartbeat")]
+    assert [b["expectedVersion"] for b in bodies] == [0, 0, 1]
+    assert _ops(ingress) == ["register", "heartbeat", "heartbeat", "heartbeat"]
 
 
 def test_lease_over_by_our_clock_registers_without_a_heartbeat(store: RuntimeDirectory, ingress: DirectIngress,

@@ -1,0 +1,417 @@
+"""A remote run's process: launch under the job wrapper, re-adopt, observe, stop, outcome.
+
+The same process core as Local Runs (:mod:`qinglong_edge.process.spawn` ``start_job``, the
+job wrapper, :mod:`qinglong_edge.process.stop`, per-run cgroups with the PID cap), with the
+remote rules of remote-execution.md 4 and the spec README decisions:
+
+* **Log** (4.3; "Logs"): raw head up to ``worker.maxLogBytes`` (bytes already in the file
+  count), no notice line; the truncation fact records whether output was cut. Before
+  ``launching`` the log root must have ``cap + worker.logMinimumFreeBytes`` free
+  (``statvfs``), else the start fails (T3).
+* **Receipt** (4.2; "The job wrapper"): the wrapper publishes
+  ``<journal>/receipts/<attemptId[0:2]>/<attemptId>.json`` with the callback token when
+  the command ends; :func:`read_outcome` authenticates it against the record.
+* **No receipt**: a job verified gone without one completes with what was observed:
+  the status reaped as its parent, else 143/137 when we signalled SIGTERM/SIGKILL last,
+  else 255 ("outcome lost").
+* **Isolation** ("Isolation"): where :func:`isolation_available` (a real isolated job,
+  run once per boot and remembered in the runtime directory) says it works, the command
+  runs in a private user + mount namespace hiding ``RemoteLimits.hidden``.
+* **Cgroup** per job, ``remote-<attemptId>`` under the agent's ``qinglong-edge/``
+  (a Local Run's cgroup is named by its UUID attempt id, so the names never meet), with
+  ``pids.max`` = the PID cap on the v1 pids hierarchy, exactly as Local Runs.
+* **The wrapper's program** is compiled once per boot and interpreter: the ``.pyc`` image
+  is kept in the runtime directory under a name keyed by the interpreter, its version
+  and the source's digest (:func:`prime_wrapper`), so a cron ``pull`` that launches a job
+  does not pay a compiler start-up.
+
+Errors: :class:`LaunchFailure` (a ``start_failed`` reason: the job never ran) and
+:class:`~qinglong_edge.errors.ExecutionError` from the process core.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import subprocess
+import sys
+
+from qinglong_edge.contracts.digest import sha256_hex
+from qinglong_edge.contracts.errors import ContractError
+from qinglong_edge.contracts.launch import Environment, LaunchPlan
+from qinglong_edge.contracts.receipt import (
+    CallbackToken,
+    authenticate_receipt,
+    parse_receipt,
+    parse_truncation_fact,
+    receipt_prefix,
+    truncation_fact_prefix,
+)
+from qinglong_edge.contracts.strictjson import dumps_bytes, loads
+from qinglong_edge.errors import EdgeError, ExecutionError, JournalError
+from qinglong_edge.process.cgroups import CgroupManager, RunCgroup
+from qinglong_edge.process.identity import Liveness, ProcessIdentity, decode_handle, probe
+from qinglong_edge.process.logs import read_receipt, read_truncation_fact
+from qinglong_edge.process.spawn import (
+    HeldJob,
+    Isolation,
+    JobSpec,
+    Publication,
+    remember_wrapper_bytecode,
+    start_job,
+    wrapper_bytecode,
+    wrapper_source,
+)
+from qinglong_edge.process.stop import StopResult, stop
+from qinglong_edge.worker.remote_files import JobFiles, RemoteLimits
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from qinglong_edge.worker.runtime import RuntimeDirectory
+
+__all__ = ["LaunchFailure", "Outcome", "RemoteJob", "adopt", "allocate_log", "cgroup_name", "isolation_available",
+           "launch", "open_log", "prime_wrapper", "read_outcome", "read_truncated", "stop_job"]
+
+#: Exit statuses of "No receipt" (spec README): killed by our SIGTERM / SIGKILL, or lost.
+OBSERVED_TERM, OBSERVED_KILL, OUTCOME_LOST = 143, 137, 255
+_ISOLATION_NAME = "isolation.json"
+_DIR_MODE = 0o700
+
+
+class LaunchFailure(EdgeError):
+    """The job could not be prepared or started; it never ran (T3/T4/T6: ``start_failed``).
+
+    Codes: ``log_unavailable`` (the log root, its space, its directory), ``work_unavailable``
+    (the scratch working directory), and the process core's launch codes (``spawn_failed``,
+    ``cgroup_unavailable``, ``log_unavailable``, ``already_published``,
+    ``identity_unavailable``, ``invalid_input``).
+    """
+
+    code = "launch_failed"
+
+
+class Outcome:
+    """How a job ended: ``exit_code`` 0-255, ``finished_at_ms``, ``source`` (``receipt``,
+    ``reaped``, ``signalled`` or ``lost``) and why a receipt was not used (``note``)."""
+
+    __slots__ = ("exit_code", "finished_at_ms", "note", "source")
+
+    def __init__(self, exit_code: int, finished_at_ms: int, source: str, note: str = "") -> None:
+        self.exit_code = exit_code
+        self.finished_at_ms = finished_at_ms
+        self.source = source
+        self.note = note
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"exitCode": self.exit_code, "finishedAtMs": self.finished_at_ms,
+                                  "source": self.source}
+        if self.note:
+            out["note"] = self.note
+        return out
+
+
+def cgroup_name(attempt_id: str) -> str:
+    """The job's cgroup directory name (never a Local Run's: those are UUIDs)."""
+    return f"remote-{attempt_id}"
+
+
+# -- the log ---------------------------------------------------------------------------------
+
+def _private_dir(path: str) -> None:
+    """``path`` as a 0700 directory of ours (created with its parents), never a symlink."""
+    try:
+        os.makedirs(path, _DIR_MODE, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as exc:
+        raise LaunchFailure(f"{path}: {exc.strerror}", code="log_unavailable") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise LaunchFailure(f"{path}: not a private directory of the agent's user (0700)", code="log_unavailable")
+
+
+def allocate_log(limits: RemoteLimits, files: JobFiles) -> int:
+    """Prepare the attempt's log (T3): the root and shard exist (0700), and the file
+    system has ``maxLogBytes + logMinimumFreeBytes`` available. Returns the bytes the log
+    already holds (they count toward the cap).
+
+    Raises:
+        LaunchFailure: ``log_unavailable``.
+    """
+    _private_dir(limits.log_directory)
+    _private_dir(os.path.dirname(files.log_path))
+    try:
+        vfs = os.statvfs(limits.log_directory)
+    except OSError as exc:
+        raise LaunchFailure(f"{limits.log_directory}: {exc.strerror}", code="log_unavailable") from None
+    free = vfs.f_bavail * vfs.f_frsize
+    needed = limits.max_log_bytes + limits.minimum_free_bytes
+    if free < needed:
+        raise LaunchFailure(f"{limits.log_directory}: {free} bytes free, {needed} needed (worker.maxLogBytes + "
+                            "worker.logMinimumFreeBytes)", code="log_unavailable")
+    try:
+        return os.lstat(files.log_path).st_size
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        raise LaunchFailure(f"{files.log_path}: {exc.strerror}", code="log_unavailable") from None
+
+
+def open_log(files: JobFiles) -> int:
+    """A read descriptor of the attempt's log for the upload; an empty log is created
+    (0600) when there is none (lost at a reboot in RAM, or never written)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(files.log_path, flags)
+    except FileNotFoundError:
+        with contextlib.suppress(OSError):
+            os.makedirs(os.path.dirname(files.log_path), _DIR_MODE, exist_ok=True)
+        return os.open(files.log_path, flags | os.O_CREAT, 0o600)
+
+
+def read_truncated(files: JobFiles, record: dict[str, Any], maximum_bytes: int) -> bool | None:
+    """The truncation fact's ``quotaReached``, or None without a valid fact (4.3)."""
+    candidate = record["offer"]["candidate"]
+    try:
+        data = read_truncation_fact(files.fact_path)
+        if data is None:
+            return None
+        return parse_truncation_fact(data, run_id=candidate["runId"], attempt_id=candidate["attemptId"],
+                                     log_artifact_id=files.log_id, maximum_bytes=maximum_bytes)
+    except (ExecutionError, ContractError):
+        return None
+
+
+# -- the job ---------------------------------------------------------------------------------
+
+class RemoteJob:
+    """A remote job we launched (``process`` set: our child) or re-adopted after a restart.
+
+    Attributes:
+        handle: the durable ``ql3lp1.`` handle; identity: the wrapper's.
+        process: the wrapper's Popen, or None when adopted (not our child).
+        cgroup: its cgroup, or None.
+        pidfd: readable once the wrapper exits (-1 where unavailable).
+        last_signal: ``SIGTERM``/``SIGKILL`` when our stop signalled it last.
+    """
+
+    __slots__ = ("cgroup", "handle", "identity", "last_signal", "pidfd", "process")
+
+    def __init__(self, handle: str, identity: ProcessIdentity, process: subprocess.Popen[bytes] | None,
+                 cgroup: RunCgroup | None) -> None:
+        self.handle = handle
+        self.identity = identity
+        self.process = process
+        self.cgroup = cgroup
+        self.last_signal: str | None = None
+        self.pidfd = -1
+        try:
+            fd = os.pidfd_open(identity.pid)
+        except (AttributeError, OSError):
+            return
+        if process is None and probe(identity)[0] is not Liveness.RUNNING:
+            os.close(fd)  # opened after it exited (or a recycled pid): nothing to wait for
+            return
+        self.pidfd = fd
+
+    def reaped_status(self) -> int | None:
+        """Our child's exit status without reaping it (``WNOWAIT``: its pid keeps the group
+        pinned until leftovers are stopped), 128 + N for death by signal N; None while
+        it runs or for an adopted job."""
+        if self.process is None:
+            return None
+        if self.process.returncode is not None:
+            code = self.process.returncode
+            return code if code >= 0 else 128 - code
+        try:
+            info = os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return None
+        if info is None or info.si_pid == 0:
+            return None
+        return info.si_status if info.si_code == os.CLD_EXITED else 128 + info.si_status
+
+    def running(self) -> bool:
+        """Whether the wrapper (the job's leader) still runs."""
+        if self.process is not None:
+            return self.reaped_status() is None
+        return probe(self.identity)[0] is Liveness.RUNNING
+
+    def finish(self) -> None:
+        """After the outcome is known: stop leftovers (a daemonized grandchild keeps the
+        group or cgroup), reap our child, remove the cgroup, close the pidfd."""
+        if self.process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+                self.process.wait(timeout=5)
+        if self.cgroup is not None:
+            with contextlib.suppress(EdgeError):
+                if self.cgroup.live_members():
+                    self.cgroup.kill()
+            self.cgroup.remove()
+        self.close()
+
+    def close(self) -> None:
+        if self.pidfd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.pidfd)
+            self.pidfd = -1
+
+
+def adopt(handle: str, cgroups: CgroupManager | None, attempt_id: str) -> RemoteJob | None:
+    """Re-adopt a job by its durable handle after a restart (spec README "Never twice"):
+    None when the handle does not decode; the job may be gone already (``running()``)."""
+    try:
+        identity = decode_handle(handle).identity
+    except ExecutionError:
+        return None
+    cgroup = cgroups.open(cgroup_name(attempt_id)) if cgroups is not None else None
+    return RemoteJob(handle, identity, None, cgroup)
+
+
+def stop_job(job: RemoteJob, limits: RemoteLimits) -> StopResult:
+    """The verified stop of :mod:`qinglong_edge.process.stop` (TERM, grace, KILL, cgroup
+    kill); remembers the last signal it needed for "No receipt"."""
+    result = stop(job.handle, job.cgroup, terminate_grace_ms=limits.terminate_grace_ms,
+                  kill_grace_ms=limits.kill_grace_ms, poll_ms=min(25, limits.terminate_grace_ms,
+                                                                  limits.kill_grace_ms))
+    if result.status == "stopped":
+        job.last_signal = result.signal
+    elif result.status == "timed_out":
+        job.last_signal = "SIGKILL"
+    return result
+
+
+def launch(
+    record: dict[str, Any],
+    files: JobFiles,
+    *,
+    plan: LaunchPlan,
+    environment: Environment,
+    token: CallbackToken,
+    limits: RemoteLimits,
+    cgroups: CgroupManager | None,
+    isolate: bool,
+) -> tuple[HeldJob, RunCgroup | None]:
+    """T6: start the job held at the start barrier (``record`` is ``launching``).
+
+    The caller records the handle (T7), then releases it. The receipt and truncation
+    fact prefixes are built here and zeroed once the wrapper has them; the environment
+    and the token are the caller's to wipe.
+
+    Raises:
+        LaunchFailure: the job never ran (the wrapper is reaped, the cgroup removed).
+    """
+    candidate = record["offer"]["candidate"]
+    started_at = record["executorStartedAtMs"]
+    cwd = plan.working_directory
+    if cwd is None:
+        cwd = files.work_path
+        try:
+            _private_dir(os.path.dirname(cwd))
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(cwd, _DIR_MODE)
+        except (OSError, LaunchFailure) as exc:
+            raise LaunchFailure(f"{cwd}: cannot make the working directory ({exc})", code="work_unavailable") from None
+    prefix = receipt_prefix(run_id=candidate["runId"], attempt_id=candidate["attemptId"],
+                            callback_sequence=record["completionReceiptCallbackSequence"], token=token,
+                            started_at_ms=started_at)
+    fact = truncation_fact_prefix(run_id=candidate["runId"], attempt_id=candidate["attemptId"],
+                                  log_artifact_id=files.log_id, maximum_bytes=limits.max_log_bytes)
+    cgroup: RunCgroup | None = None
+    try:
+        if cgroups is not None:
+            cgroup = cgroups.create(cgroup_name(candidate["attemptId"]))
+        spec = JobSpec(plan.argv, dict(zip(environment.names, environment.values, strict=True)), cwd,
+                       files.log_path, limits.max_log_bytes, truncation_fact=Publication(files.fact_path, fact),
+                       receipt=Publication(files.receipt_path, prefix), started_at_ms=started_at,
+                       isolation=Isolation(hide=limits.hidden) if isolate else None, label=candidate["attemptId"])
+        held = start_job(spec, cgroup=cgroup)
+    except ExecutionError as exc:
+        if cgroup is not None:
+            cgroup.remove()
+        raise LaunchFailure(exc.message, code=exc.code) from None
+    finally:
+        prefix[:] = bytes(len(prefix))
+    return held, cgroup
+
+
+# -- the outcome -------------------------------------------------------------------------------
+
+def read_outcome(record: dict[str, Any], files: JobFiles, job: RemoteJob | None, now_ms: int) -> Outcome:
+    """How a job that is gone ended: its authenticated receipt, else what was observed
+    ("No receipt": reaped as its parent, else 143/137 after our signal, else 255)."""
+    started = int(record.get("executorStartedAtMs", now_ms))
+    note = ""
+    try:
+        data = read_receipt(files.receipt_path)
+        if data is not None:
+            receipt = authenticate_receipt(parse_receipt(data), record, now_ms)
+            return Outcome(receipt.exit_code, receipt.finished_at_ms, "receipt")
+        note = "no receipt"
+    except (ExecutionError, ContractError) as exc:
+        note = f"receipt not used: {exc.code}"  # no content: the receipt holds the callback token
+    finished = max(started, now_ms)
+    reaped = job.reaped_status() if job is not None else None
+    if reaped is not None:
+        return Outcome(min(255, reaped), finished, "reaped", note)
+    signal_sent = job.last_signal if job is not None else None
+    if signal_sent is not None:
+        return Outcome(OBSERVED_KILL if signal_sent == "SIGKILL" else OBSERVED_TERM, finished, "signalled", note)
+    return Outcome(OUTCOME_LOST, finished, "lost", note)
+
+
+# -- caches in the runtime directory -------------------------------------------------------------
+
+def prime_wrapper(runtime: RuntimeDirectory | None) -> None:
+    """Load the compiled job wrapper from the runtime directory, or compile it once and
+    keep it there (keyed by interpreter, version and the source's digest)."""
+    python = sys.executable
+    try:
+        st = os.stat(python)
+        key = sha256_hex(f"{python}\0{sys.version}\0{st.st_size}\0{st.st_mtime_ns}\0".encode("utf-8", "replace")
+                         + bytes.fromhex(sha256_hex(wrapper_source())))[:16]
+    except (OSError, ExecutionError):
+        return
+    name = f"wrapper-{key}.pyc"
+    if runtime is not None:
+        try:
+            data = runtime.read(name, max_bytes=1 << 20)
+        except JournalError:
+            data = None
+        if data is not None and remember_wrapper_bytecode(python, data):
+            return
+    data = wrapper_bytecode(python)
+    if data and runtime is not None:
+        with contextlib.suppress(JournalError):
+            for old in runtime.names():
+                if old.startswith("wrapper-") and old != name:
+                    runtime.remove(old)
+            runtime.write(name, data, max_bytes=1 << 20)
+
+
+def isolation_available(runtime: RuntimeDirectory | None, work_directory: str, boot_id: str) -> tuple[bool, str]:
+    """``(available, reason)``: whether a remote job runs isolated here. A real isolated
+    job decides it once per boot (:func:`qinglong_edge.process.isolation.probe_isolation`,
+    two interpreter start-ups); the answer is kept in the runtime directory."""
+    if runtime is not None:
+        with contextlib.suppress(JournalError, ContractError):
+            data = runtime.read(_ISOLATION_NAME)
+            if data is not None:
+                value = loads(data, max_bytes=4096, min_bytes=2)
+                if isinstance(value, dict) and value.get("bootId") == boot_id and isinstance(value.get("available"),
+                                                                                              bool):
+                    return bool(value["available"]), str(value.get("reason", ""))
+    from qinglong_edge.process.isolation import probe_isolation
+
+    found = probe_isolation(work_directory if os.path.isdir(work_directory) else None)
+    if runtime is not None:
+        with contextlib.suppress(JournalError):
+            runtime.write(_ISOLATION_NAME, dumps_bytes({"bootId": boot_id, "available": found.available,
+                                                        "reason": found.reason[:500]}) + b"\n")
+    return found.available, found.reason
+
+
+def is_enospc(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT)

@@ -1,0 +1,429 @@
+"""``pull`` executes what it accepts (issue 15): the real CLI in child processes, real job
+wrappers and signals, the real journal, the TLS cluster double with short leases.
+
+Each test ends with the invariants of "Never twice": a job started at most once (its
+trace file), at most one completion accepted by the cluster, the record terminal, and
+the job's files gone once its completion is acknowledged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.cluster_double import ClusterDouble, Fault
+from tests.support.remote_env import RemoteEnv, dump, event_names, remote_cluster, wait_until
+
+SECRET = "s3cr3t-value-never-on-disk"
+
+
+@pytest.fixture(scope="module")
+def shared_cluster() -> Iterator[ClusterDouble]:
+    with remote_cluster() as double:
+        yield double
+
+
+@pytest.fixture
+def cluster(shared_cluster: ClusterDouble) -> ClusterDouble:
+    shared_cluster.reset()
+    return shared_cluster
+
+
+@pytest.fixture
+def env(tmp_path: pathlib.Path, cluster: ClusterDouble) -> RemoteEnv:
+    return RemoteEnv(tmp_path, cluster)
+
+
+def _completions(cluster: ClusterDouble, run_id: str) -> int:
+    """How many times the cluster applied a terminal outcome to the run (replays do not)."""
+    terminal = {"run.succeeded", "run.failed", "run.cancelled", "run.timed_out"}
+    return sum(1 for event in cluster.events(run_id) if event.type in terminal)
+
+
+# -- the happy path ----------------------------------------------------------------------------------------
+
+def test_a_job_runs_once_its_output_and_exit_code_reach_the_cluster_and_its_files_go(env: RemoteEnv) -> None:
+    task = env.quick_job("job", exit_code=3, output="hello $GREETING from $BUNDLED",
+                         env={"GREETING": "hi"}, secrets={"API_KEY": SECRET}, bundle={"BUNDLED": "the-bundle"})
+    run_id = task.candidate["runId"]
+    outcome = env.run_to_end()
+    assert outcome.status == 0, dump(outcome)
+    assert outcome.cycles()[0]["status"] == "accepted"
+    assert event_names(outcome) == ["starting_acknowledged", "launching", "started", "running_acknowledged",
+                                    "exited", "uploaded", "completion_acknowledged"]
+    exited = outcome.events("exited")[0]
+    assert (exited["exitCode"], exited["source"]) == (3, "receipt")
+    summary = outcome.summary()
+    assert summary is not None and summary["records"] == {"completion_acknowledged": 1}
+    assert (summary["inFlight"], summary["exitStatus"]) == (0, 0)
+    # the cluster: one execution, the log as the job wrote it, its outcome mapping
+    completion = env.cluster.completion(run_id)
+    assert completion is not None and (completion["status"], completion["result"]["exitCode"]) == ("failed", 3)
+    artifact = env.cluster.artifact(run_id)
+    assert artifact is not None and artifact.data == b"hello hi from the-bundle\n" and artifact.truncated is False
+    assert env.starts("job") == 1 and _completions(env.cluster, run_id) == 1
+    # the device: the record acknowledged, its log, receipt and truncation fact gone
+    assert env.record()["state"] == "completion_acknowledged"
+    assert env.remote_logs() == [] and env.receipts() == []
+    listing = env.cli("inbox", "list", "--json").lines()[0]["offers"][0]
+    assert (listing["exitCode"], listing["logBytes"], listing["attemptId"]) == (3, None, task.candidate["attemptId"])
+
+
+def test_a_secret_is_never_on_disk_in_output_or_in_inbox_show(env: RemoteEnv) -> None:
+    """Spec README "Secrets": in memory and the job's environment only (the job proves it
+    had it by its digest, never printing it)."""
+    env.quick_job("job", output="$(printf %s \"$API_KEY\" | sha256sum | cut -c1-16)", secrets={"API_KEY": SECRET})
+    outcome = env.run_to_end()
+    assert outcome.status == 0, dump(outcome)
+    (stored,) = [env.cluster.artifact(r) for r in env.cluster.executions()]
+    import hashlib
+
+    assert stored is not None and stored.data.decode().strip() == hashlib.sha256(SECRET.encode()).hexdigest()[:16]
+    shown = env.cli("inbox", "show", next(iter(env.inbox())), "--json")
+    for text in (outcome.stdout, outcome.stderr, shown.stdout, shown.stderr):
+        assert SECRET not in text
+    for path in env.files_under():
+        assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_the_argv_form_runs_in_its_working_directory(env: RemoteEnv, tmp_path: pathlib.Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    task = env.cluster.add_command_task(["/bin/sh", "-c", 'pwd; echo "$0 $1" > marker', "argv0", "one"],
+                                        working_directory=str(work))
+    outcome = env.run_to_end()
+    assert outcome.status == 0, dump(outcome)
+    artifact = env.cluster.artifact(task.candidate["runId"])
+    assert artifact is not None and artifact.data == f"{work}\n".encode()
+    assert (work / "marker").read_text() == "argv0 one\n"
+    assert env.cluster.completion(task.candidate["runId"])["status"] == "succeeded"
+
+
+def test_output_beyond_the_cap_keeps_the_head_and_reports_truncation(env: RemoteEnv) -> None:
+    env.write_config(maxLogBytes=1024)
+    task = env.cluster.add_command_task("i=0; while [ $i -lt 400 ]; do printf 'line %04d\\n' $i; i=$((i+1)); done")
+    outcome = env.run_to_end()
+    assert outcome.status == 0, dump(outcome)
+    artifact = env.cluster.artifact(task.candidate["runId"])
+    assert artifact is not None and len(artifact.data) == 1024 and artifact.truncated is True
+    assert artifact.data.startswith(b"line 0000\nline 0001\n")  # the head, raw, no notice line
+    assert outcome.events("uploaded")[0]["truncated"] is True
+
+
+# -- stops -------------------------------------------------------------------------------------------------
+
+def test_a_cluster_side_cancel_stops_the_job_and_completes_it_cancelled(env: RemoteEnv) -> None:
+    task = env.gated_job("job")
+    run_id = task.candidate["runId"]
+    proc = env.spawn_json()
+    env.wait_state("running_acknowledged")
+    wait_until(lambda: env.starts("job") == 1)
+    assert env.cluster.request_cancel(run_id) == "accepted"
+    outcome = env.finish(proc, timeout=30)
+    assert outcome.status == 0, dump(outcome)
+    stop = outcome.events("stop_requested")[0]
+    assert stop["reason"] == "user"
+    stopped = outcome.events("stopped")[0]
+    assert (stopped["result"], stopped["signal"]) == ("stopped", "SIGTERM")
+    assert outcome.events("exited")[0]["exitCode"] == 143
+    assert env.cluster.completion(run_id)["status"] == "cancelled"
+    assert env.record()["state"] == "completion_acknowledged" and env.starts("job") == 1
+
+
+def test_the_local_deadline_stops_the_job_and_the_cluster_records_timed_out(env: RemoteEnv) -> None:
+    task = env.gated_job("job", timeout_ms=1000)
+    outcome = env.run_to_end()
+    assert outcome.status == 0, dump(outcome)
+    assert outcome.events("stopped")[0]["reason"] == "timeout"
+    assert outcome.events("exited")[0]["exitCode"] == 143
+    # one lease-control after the kill, so the cluster records the timeout
+    assert env.cluster.completion(task.candidate["runId"])["status"] == "timed_out"
+
+
+# -- start failures -----------------------------------------------------------------------------------------
+
+def test_a_failed_secrets_call_is_a_start_failure_and_the_job_never_runs(env: RemoteEnv) -> None:
+    task = env.quick_job("job", secrets={"API_KEY": SECRET})
+    env.cluster.push_fault(Fault.error_500("secrets"))
+    outcome = env.run_to_end()
+    assert outcome.status == 0, dump(outcome)
+    failed = outcome.events("start_failed")[0]
+    assert (failed["code"], failed["operation"]) == ("secrets_failed", "secrets")
+    assert outcome.events("start_failure_acknowledged")
+    attempt = env.cluster.attempt(task.candidate["runId"])
+    assert (attempt.status, attempt.error_code) == ("failed", "EXECUTOR_START_FAILED")
+    assert env.starts("job") == 0 and env.record()["state"] == "start_failure_acknowledged"
+
+
+def test_a_missing_working_directory_is_a_start_failure(env: RemoteEnv, tmp_path: pathlib.Path) -> None:
+    env.quick_job("job", working_directory=str(tmp_path / "missing"))
+    outcome = env.run_to_end()
+    assert outcome.status == 0, dump(outcome)
+    assert outcome.events("start_failed")[0]["code"] == "spawn_failed"
+    record = env.record()
+    assert record["state"] == "start_failure_acknowledged" and "logArtifactId" in record  # it got to launching
+    assert env.starts("job") == 0
+
+
+# -- the agent's lifetime -----------------------------------------------------------------------------------
+
+def test_sigterm_leaves_the_job_running_and_the_next_pull_adopts_it(env: RemoteEnv) -> None:
+    task = env.gated_job("job")
+    proc = env.spawn_json()
+    env.wait_state("running_acknowledged")
+    outcome = env.stop(proc, signal.SIGTERM)
+    assert outcome.status == 0, dump(outcome)
+    summary = outcome.summary()
+    assert summary is not None and (summary["aborted"], summary["inFlight"]) == ("SIGTERM", 1)
+    assert env.record()["state"] == "running_acknowledged"
+    env.release("job")  # the job was left running: it ends now, with nobody watching
+    again = env.run_to_end()
+    assert again.status == 0, dump(again)
+    adopted = again.events("adopted")[0]
+    assert adopted["pid"] == outcome.events("started")[0]["pid"]
+    assert again.events("exited")[0]["source"] == "receipt"
+    assert env.cluster.completion(task.candidate["runId"])["status"] == "succeeded"
+    assert env.starts("job") == 1
+
+
+def test_sigkill_while_the_job_runs_converges_to_one_completion(env: RemoteEnv) -> None:
+    task = env.gated_job("job", exit_code=4)
+    proc = env.spawn_json()
+    env.wait_state("running_acknowledged")
+    outcome = env.stop(proc, signal.SIGKILL)
+    assert outcome.status == -signal.SIGKILL
+    again = env.spawn_json()
+    wait_until(lambda: env.cluster.lease_version(task.candidate["runId"]) >= 2)  # re-adopted: renewed at once
+    env.release("job")
+    final = env.finish(again, timeout=30)
+    assert final.status == 0, dump(final)
+    assert env.cluster.completion(task.candidate["runId"])["result"]["exitCode"] == 4
+    assert env.starts("job") == 1 and _completions(env.cluster, task.candidate["runId"]) == 1
+
+
+def test_a_cron_pull_finding_a_resident_owner_exits_at_once(env: RemoteEnv) -> None:
+    env.gated_job("job")
+    resident = env.spawn_json()
+    env.wait_state("running_acknowledged")
+    env.write_config(splayMaxMs=60_000)
+    started = time.monotonic()
+    cron = env.pull("--json", timeout=20)  # with its splay: still at once (the owner is checked first)
+    # (the resident pull keeps its config: it read it at start)
+    assert (cron.status, cron.last()) == (0, {"status": "busy", "code": "already_owned"})
+    assert time.monotonic() - started < 5
+    env.release("job")
+    assert env.finish(resident).status == 0
+
+
+def test_a_lost_renewal_answer_does_not_fence_the_job(env: RemoteEnv) -> None:
+    task = env.gated_job("job")
+    env.cluster.push_fault(Fault.drop("lease-control"))
+    proc = env.spawn_json()
+    run_id = task.candidate["runId"]
+    # the renewal committed (version 2), its answer lost; the next one is fenced and resynced
+
+    def resynced() -> bool:
+        try:
+            return env.cluster.lease_version(run_id) >= 3
+        except KeyError:  # not claimed yet
+            return False
+
+    wait_until(resynced, timeout=30)
+    env.release("job")
+    outcome = env.finish(proc, timeout=30)
+    assert outcome.status == 0, dump(outcome)
+    assert any(e.get("resynced") for e in outcome.events("renewed"))
+    assert env.cluster.completion(run_id)["status"] == "succeeded"
+    assert [e["operation"] for e in outcome.events("call_failed")][:1] == ["lease-control"]
+
+
+def test_a_lost_lease_stops_the_job(env: RemoteEnv) -> None:
+    task = env.gated_job("job")
+    proc = env.spawn_json()
+    record = env.wait_state("running_acknowledged")
+    env.cluster.state.expire_lease(record["offer"]["offerId"])
+    outcome = env.finish(proc, timeout=30)
+    assert outcome.status == 0, dump(outcome)
+    assert outcome.events("stopped")[0]["reason"] == "lease_lost"
+    final = env.record()
+    assert (final["state"], final["recoveryReason"]) == ("recovery_required", "lease_lost_local_execution_stopped")
+    assert env.cluster.completion(task.candidate["runId"]) is None and env.starts("job") == 1
+
+
+# -- operator commands while resident -------------------------------------------------------------------------
+
+def test_inbox_commands_while_resident(env: RemoteEnv) -> None:
+    task = env.gated_job("job")
+    proc = env.spawn_json()
+    record = env.wait_state("running_acknowledged")
+    offer_id = record["offer"]["offerId"]
+    listing = env.cli("inbox", "list", "--json")
+    (row,) = listing.lines()[0]["offers"]
+    assert (row["state"], row["exitCode"]) == ("running_acknowledged", None)
+    assert row["logPath"].endswith(".log") and row["logBytes"] == len("hello\n")
+    refused = env.cli("inbox", "discard", offer_id, "--yes", "--json")
+    assert (refused.status, refused.lines()[0]["code"]) == (75, "in_flight")
+    forced = env.cli("inbox", "discard", offer_id, "--yes", "--force", "--json")
+    assert forced.status == 0, forced.stdout + forced.stderr
+    answer = forced.lines()[0]
+    assert (answer["by"], answer["state"], answer["exitCode"]) == ("resident", "completion_acknowledged", 143)
+    outcome = env.finish(proc, timeout=30)
+    assert outcome.status == 0, dump(outcome)
+    assert outcome.events("discarded") and env.inbox() == {}
+    assert env.cluster.completion(task.candidate["runId"])["result"]["exitCode"] == 143
+    assert env.remote_logs() == [] and env.receipts() == []
+
+
+# -- SIGKILL at the runner's crash points -----------------------------------------------------------------------
+
+CRASH_POINTS = {
+    # point: (what the next pull ends with, whether the command ran)
+    "runner.launching": ("start_failure_acknowledged", False),
+    "runner.started": ("completion_acknowledged", False),
+    "runner.released": ("completion_acknowledged", True),
+    "runner.running_acknowledged": ("completion_acknowledged", True),
+    "runner.exited": ("completion_acknowledged", True),
+    "runner.uploaded": ("completion_acknowledged", True),
+    "runner.completion_answered": ("completion_acknowledged", True),
+    "runner.completion_acknowledged": ("completion_acknowledged", True),
+}
+
+
+@pytest.mark.parametrize("point", sorted(CRASH_POINTS))
+def test_sigkill_at_a_runner_crash_point_converges(env: RemoteEnv, point: str) -> None:
+    final_state, ran = CRASH_POINTS[point]
+    task = env.quick_job("job")
+    run_id = task.candidate["runId"]
+    crashed = env.pull("--json", env={"QINGLONG_EDGE_CRASHPOINT": point})
+    assert crashed.status == 137, dump(crashed)
+    if point in ("runner.launching", "runner.started"):
+        time.sleep(0.2)  # the wrapper, if any, reads end of file on its barrier and exits 125
+    outcome = env.run_to_end()
+    assert outcome.status == 0, dump(outcome)
+    assert env.record()["state"] == final_state
+    wait_until(lambda: env.starts("job") == (1 if ran else 0), timeout=5)
+    attempt = env.cluster.attempt(run_id)
+    if final_state == "completion_acknowledged":
+        expected = "succeeded" if ran else "failed"  # never released: the wrapper exited 125, no receipt
+        assert attempt.completion is not None and attempt.completion["status"] == expected
+        accepted = [x for x in env.cluster.exchanges_for("completion") if x.status == 200]
+        assert {x.json()["callbackSequence"] for x in accepted} == {1}  # one completion, replayed at most
+    else:
+        assert (attempt.status, attempt.error_code) == ("failed", "EXECUTOR_START_FAILED")
+    assert env.remote_logs() == [] and env.receipts() == []
+
+
+def test_the_journal_holds_no_half_written_record_after_any_of_them(env: RemoteEnv) -> None:
+    env.quick_job("job")
+    env.pull("--json", env={"QINGLONG_EDGE_CRASHPOINT": "offer_update.tmp_partial"})
+    assert env.run_to_end().status == 0
+    assert not [p for p in env.journal.iterdir() if p.name.endswith(".tmp")]
+    assert json.loads((env.journal / "offers" / f"{next(iter(env.inbox()))}.json").read_bytes())["state"] == \
+        "completion_acknowledged"
+
+
+# -- isolation -------------------------------------------------------------------------------------------------
+
+def test_an_isolated_job_cannot_read_the_credential_or_the_journal(env: RemoteEnv) -> None:
+    from qinglong_edge.process.isolation import probe_isolation
+
+    probe = probe_isolation()
+    if not probe.available:
+        pytest.skip(f"no isolation here: {probe.reason}")
+    credential = env.files["credentialFile"]
+    task = env.cluster.add_command_task(
+        f"cat {credential} 2>/dev/null && echo READ; ls {env.journal}/offers 2>/dev/null | wc -l; echo done")
+    outcome = env.run_to_end()
+    assert outcome.status == 0, dump(outcome)
+    assert outcome.events("started")[0]["isolated"] is True
+    artifact = env.cluster.artifact(task.candidate["runId"])
+    assert artifact is not None and artifact.data == b"0\ndone\n"
+    assert env.cluster.token.encode() not in artifact.data
+    assert os.path.exists(credential)
+
+
+# -- every runner crash point (the slower tier) ---------------------------------------------------------------
+
+def _sweep_params() -> list[object]:
+    from qinglong_edge.worker.crashpoints import RUNNER_STEPS
+
+    points = [f"runner.{step}" for step in RUNNER_STEPS] + ["session.heartbeat_answered"]
+    return [pytest.param(point, marks=() if point in CRASH_POINTS else (pytest.mark.matrix,)) for point in points]
+
+
+@pytest.mark.parametrize("point", _sweep_params())
+def test_sigkill_at_every_crash_point_converges(env: RemoteEnv, point: str, tmp_path: pathlib.Path) -> None:
+    """Each named boundary (worker/crashpoints.py RUNNER_STEPS): killed there, the next pull
+    converges; the job ran at most once and the cluster applied at most one outcome."""
+    step = point.split(".", 1)[1]
+    if point == "session.heartbeat_answered":
+        assert env.run_to_end().status == 0  # registers
+        session = env.session()
+        assert session is not None
+        state = json.loads((env.runtime / "session.json").read_bytes())
+        state["session"]["heartbeatAtMs"] -= 60_000  # a heartbeat due, as at every cron minute
+        (env.runtime / "session.json").write_text(json.dumps(state))
+        assert env.pull("--json", env={"QINGLONG_EDGE_CRASHPOINT": point}).status == 137
+        state = json.loads((env.runtime / "session.json").read_bytes())
+        state["session"]["heartbeatAtMs"] -= 60_000
+        (env.runtime / "session.json").write_text(json.dumps(state))
+        again = env.run_to_end()
+        assert again.status == 0, dump(again)
+        # the lost answer was resynced with expectedVersion + 1: the same session goes on
+        assert again.last()["session"]["action"] == "heartbeat"
+        assert env.session()["sessionId"] == session["sessionId"]
+        return
+    if step.startswith("start_failure") or step == "start_failed":
+        task = env.quick_job("job", working_directory=str(tmp_path / "missing"))
+        expected = "start_failure_acknowledged"
+    elif step == "recovery_required":
+        task = env.gated_job("job")
+        proc = env.spawn_json(env={"QINGLONG_EDGE_CRASHPOINT": point})
+        record = env.wait_state("running_acknowledged")
+        env.cluster.state.expire_lease(record["offer"]["offerId"])
+        assert env.finish(proc).status == 137
+        assert env.run_to_end().status == 0
+        final = env.record()
+        assert (final["state"], final["recoveryReason"]) == ("recovery_required", "lease_lost_local_execution_stopped")
+        assert env.starts("job") == 1 and env.cluster.completion(task.candidate["runId"]) is None
+        return
+    elif step == "stopped":
+        task = env.gated_job("job", timeout_ms=1000)
+        expected = "completion_acknowledged"
+    else:
+        task = env.quick_job("job", secrets={"API_KEY": SECRET})
+        # killed at the barrier (written, or the wrapper held): the command never ran
+        expected = "start_failure_acknowledged" if step in ("launching", "held") else "completion_acknowledged"
+    crashed = env.pull("--json", env={"QINGLONG_EDGE_CRASHPOINT": point})
+    assert crashed.status == 137, dump(crashed)
+    outcome = env.run_to_end()
+    assert outcome.status == 0, dump(outcome)
+    assert env.record()["state"] == expected
+    run_id = task.candidate["runId"]
+    assert _completions(env.cluster, run_id) == 1
+    assert env.starts("job") <= 1
+    assert env.remote_logs() == [] and env.receipts() == []
+
+
+@pytest.mark.matrix
+def test_a_failing_session_call_backs_off_while_resident(env: RemoteEnv) -> None:
+    """No busy loop: heartbeats refused (503 without Retry-After) while a job runs are tried
+    again with backoff, and the job is still supervised to its end."""
+    env.write_config(heartbeatIntervalMs=5000, sessionLeaseDurationMs=60_000)
+    task = env.gated_job("job")
+    proc = env.spawn_json()
+    env.wait_state("running_acknowledged")
+    env.cluster.push_fault(*[Fault.status_answer(503, "not_ready", op="heartbeat") for _ in range(200)])
+    time.sleep(9)  # past the 5 s interval: a few refused heartbeats, each followed by a backoff
+    refused = [x for x in env.cluster.exchanges_for("heartbeat") if x.fault == "status"]
+    assert 1 <= len(refused) <= 10, len(refused)
+    env.release("job")
+    outcome = env.finish(proc, timeout=30)
+    assert outcome.status == 0, dump(outcome)  # a refused heartbeat while the session lease runs: "stale"
+    assert env.cluster.completion(task.candidate["runId"])["status"] == "succeeded"
