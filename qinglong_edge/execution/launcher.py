@@ -81,7 +81,7 @@ from qinglong_edge.local.tasks import resolve_revision_ref
 from qinglong_edge.process.cgroups import CgroupManager, RunCgroup
 from qinglong_edge.process.identity import ProcessIdentity
 from qinglong_edge.process.logs import TRUNCATION_NOTICE
-from qinglong_edge.process.spawn import JobSpec, job_environment, resolve_executable, start_job
+from qinglong_edge.process.spawn import JobSpec, exit_status_unreaped, job_environment, resolve_executable, start_job
 
 __all__ = [
     "ActiveRun",
@@ -307,18 +307,7 @@ class ActiveRun:
         checked and signalled safely. Death by signal N is reported as 128 + N. Always
         ``None`` for an adopted process.
         """
-        if self.process is None:
-            return None
-        if self.process.returncode is not None:
-            code = self.process.returncode
-            return code if code >= 0 else 128 - code
-        try:
-            info = os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return None
-        if info is None or info.si_pid == 0:
-            return None
-        return info.si_status if info.si_code == os.CLD_EXITED else 128 + info.si_status
+        return exit_status_unreaped(self.process)
 
     def reap(self) -> None:
         """Reap our child (after its stop or completion is recorded)."""

@@ -93,6 +93,7 @@ __all__ = [
     "JobSpec",
     "Publication",
     "encode_spec",
+    "exit_status_unreaped",
     "job_environment",
     "remember_wrapper_bytecode",
     "resolve_executable",
@@ -101,6 +102,28 @@ __all__ = [
     "wrapper_bytecode",
     "wrapper_source",
 ]
+
+def exit_status_unreaped(process: subprocess.Popen[bytes] | None) -> int | None:
+    """Our child's exit status without reaping it (``waitid`` with ``WNOWAIT``), or None
+    while it runs, when it is not our child (``process`` None: an adopted job) or gone.
+
+    A zombie leader keeps its pid and group number pinned, so the group can still be
+    checked and signalled safely until the caller reaps it. Death by signal N is 128 + N.
+    The one reading of an exit that Local Runs and remote runs share.
+    """
+    if process is None:
+        return None
+    if process.returncode is not None:
+        code = process.returncode
+        return code if code >= 0 else 128 - code
+    try:
+        info = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return None
+    if info is None or info.si_pid == 0:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else 128 + info.si_status
+
 
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

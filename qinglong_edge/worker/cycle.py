@@ -43,13 +43,6 @@ from qinglong_edge.worker.expiry import daily_expiry_warning
 from qinglong_edge.worker.ingress_http import DEFAULT_MAX_REQUEST_BYTES
 from qinglong_edge.worker.journal import Journal, JournalOptions
 from qinglong_edge.worker.pull import AbortSignal, PullCoordinator, PullResult, SessionAuthority
-from qinglong_edge.worker.remote_files import (
-    in_flight,
-    outcome_name,
-    process_gone,
-    remove_job_files,
-    worker_record_files,
-)
 from qinglong_edge.worker.runtime import RuntimeDirectory
 from qinglong_edge.worker.session import SessionKeeper, SessionOutcome, local_capabilities, migrate_legacy_record
 from qinglong_edge.worker.transport import IngressTransport, TransportResponse
@@ -138,10 +131,14 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
     if now < CLOCK_FLOOR_MS:
         return CycleReport(None, None, "clock_not_set", "the wall clock is before 2020: waiting for NTP"), 0
     kept: list[dict[str, Any]] = []
-    journal.prune_inbox(now, process_gone=process_gone, remove_files=lambda r: _remove_files(worker, runtime, r),
+    journal.prune_inbox(now, process_gone=_process_gone, remove_files=lambda r: _remove_files(worker, runtime, r),
                         kept=kept)
     journal.prune_abandoned()
     busy = 0
+    if kept:
+        # Imported only with records in the inbox: an idle cycle on an empty inbox does
+        # not load the job files' names (contracts.receipt, launch, ingress).
+        from qinglong_edge.worker.remote_files import in_flight
     for stored in kept:
         if in_flight(stored, now):
             busy += 1
@@ -164,9 +161,17 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
     return CycleReport(session, result), busy
 
 
+def _process_gone(record: dict[str, Any]) -> bool:
+    from qinglong_edge.worker.remote_files import process_gone
+
+    return process_gone(record)
+
+
 def _leftovers(worker: WorkerConfig, record: dict[str, Any]) -> None:
     """The files of an acknowledged completion are removed right after it; a crash in
     between leaves them, found here (two ``lstat`` per such record, no write otherwise)."""
+    from qinglong_edge.worker.remote_files import remove_job_files, worker_record_files
+
     files = worker_record_files(worker, record)
     if files is not None and (os.path.lexists(files.receipt_path) or os.path.lexists(files.log_path)):
         remove_job_files(files)
@@ -174,6 +179,8 @@ def _leftovers(worker: WorkerConfig, record: dict[str, Any]) -> None:
 
 def _remove_files(worker: WorkerConfig, runtime: RuntimeDirectory, record: dict[str, Any]) -> None:
     """A pruned record's log, receipt, truncation fact, scratch directory and outcome note."""
+    from qinglong_edge.worker.remote_files import outcome_name, remove_job_files, worker_record_files
+
     files = worker_record_files(worker, record)
     if files is not None:
         remove_job_files(files)

@@ -59,6 +59,7 @@ from qinglong_edge.process.spawn import (
     Isolation,
     JobSpec,
     Publication,
+    exit_status_unreaped,
     remember_wrapper_bytecode,
     start_job,
     wrapper_bytecode,
@@ -220,18 +221,7 @@ class RemoteJob:
         """Our child's exit status without reaping it (``WNOWAIT``: its pid keeps the group
         pinned until leftovers are stopped), 128 + N for death by signal N; None while
         it runs or for an adopted job."""
-        if self.process is None:
-            return None
-        if self.process.returncode is not None:
-            code = self.process.returncode
-            return code if code >= 0 else 128 - code
-        try:
-            info = os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return None
-        if info is None or info.si_pid == 0:
-            return None
-        return info.si_status if info.si_code == os.CLD_EXITED else 128 + info.si_status
+        return exit_status_unreaped(self.process)
 
     def running(self) -> bool:
         """Whether the wrapper (the job's leader) still runs."""

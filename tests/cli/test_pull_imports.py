@@ -101,6 +101,10 @@ def test_an_idle_cron_cycle_imports_nothing_it_does_not_need(tmp_path: pathlib.P
     modules = set(json.loads(line[len("MODULES="):]))
     assert {"ssl", "http.client", "email.utils", "datetime"} <= modules  # what the baseline pays too
     assert sorted((set(FORBIDDEN) | set(IMPORT_COST)) & modules) == []
+    # An empty inbox has no job files to name: those modules wait for a record (0.2 MiB).
+    assert sorted({"qinglong_edge.worker.remote_files", "qinglong_edge.contracts.receipt",
+                   "qinglong_edge.contracts.launch"} & modules) == []
+    assert sorted(set(EXECUTION) & modules) == []
 
 
 def test_the_probe_sees_the_argparse_path(env: PullEnv) -> None:
