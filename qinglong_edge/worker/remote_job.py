@@ -239,10 +239,25 @@ class RemoteJob:
             return self.reaped_status() is None
         return probe(self.identity)[0] is Liveness.RUNNING
 
-    def finish(self) -> None:
-        """After the outcome is known: stop leftovers (a daemonized grandchild keeps the
-        group or cgroup), reap our child, remove the cgroup, close the pidfd."""
+    def finish(self, limits: RemoteLimits) -> StopResult | None:
+        """After the outcome is known: stop leftovers (a background or daemonized child
+        keeps the group or the cgroup), reap our child, remove the cgroup, close the pidfd.
+
+        Our own child is reaped only after its group is stopped (the verified stop of
+        :func:`stop_job`, the graces of ``limits``): until then the unreaped leader pins
+        the group number, so the group signal reaches only the job's leftovers (as the
+        Local controller does). Without a cgroup that is the only way to reach them; a
+        ``setsid`` escapee stays out of reach (docs/packaging.md). An adopted leader that
+        is gone gives no group authority (process/stop.py): only its cgroup is emptied.
+
+        Returns:
+            The leftovers' stop (``stopped`` when there were some), or None when the job
+            is not our child.
+        """
+        result = None
         if self.process is not None:
+            if self.process.returncode is None and self.reaped_status() is not None:
+                result = _verified_stop(self, limits)
             with contextlib.suppress(subprocess.TimeoutExpired, OSError):
                 self.process.wait(timeout=5)
         if self.cgroup is not None:
@@ -251,6 +266,7 @@ class RemoteJob:
                     self.cgroup.kill()
             self.cgroup.remove()
         self.close()
+        return result
 
     def close(self) -> None:
         if self.pidfd >= 0:
@@ -270,12 +286,15 @@ def adopt(handle: str, cgroups: CgroupManager | None, attempt_id: str) -> Remote
     return RemoteJob(handle, identity, None, cgroup)
 
 
+def _verified_stop(job: RemoteJob, limits: RemoteLimits) -> StopResult:
+    return stop(job.handle, job.cgroup, terminate_grace_ms=limits.terminate_grace_ms,
+                kill_grace_ms=limits.kill_grace_ms, poll_ms=min(25, limits.terminate_grace_ms, limits.kill_grace_ms))
+
+
 def stop_job(job: RemoteJob, limits: RemoteLimits) -> StopResult:
     """The verified stop of :mod:`qinglong_edge.process.stop` (TERM, grace, KILL, cgroup
     kill); remembers the last signal it needed for "No receipt"."""
-    result = stop(job.handle, job.cgroup, terminate_grace_ms=limits.terminate_grace_ms,
-                  kill_grace_ms=limits.kill_grace_ms, poll_ms=min(25, limits.terminate_grace_ms,
-                                                                  limits.kill_grace_ms))
+    result = _verified_stop(job, limits)
     if result.status == "stopped":
         job.last_signal = result.signal
     elif result.status == "timed_out":

@@ -146,6 +146,39 @@ def test_the_local_deadline_stops_the_job_and_the_cluster_records_timed_out(env:
     assert env.cluster.completion(task.candidate["runId"])["status"] == "timed_out"
 
 
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its reaper does not)."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_job_that_exits_leaving_a_child_in_its_group_has_it_stopped_without_a_cgroup(env: RemoteEnv) -> None:
+    """Regression: with no cgroup (an unprivileged cron pull, the shipped OpenWrt state) a
+    background child the command left in its process group outlived the completion: the
+    leader was reaped without stopping its group. Its leftovers are stopped first, as
+    for Local Runs, while the unreaped leader still pins the group number."""
+    document = json.loads(env.config_path.read_text())
+    document["execution"] = {"cgroups": "off", "terminateGraceMs": 1000, "killGraceMs": 1000}
+    env.config_path.write_text(json.dumps(document))
+    pid_file = env.trace("leftover.pid")
+    task = env.cluster.add_command_task(f"sleep 300 & echo $! > {pid_file}; trap '' TERM; echo done")
+    outcome = env.run_to_end()
+    assert outcome.status == 0, dump(outcome)
+    assert env.record()["state"] == "completion_acknowledged"
+    leftover = int(pid_file.read_text())
+    try:
+        assert not _alive(leftover), "the job's background child outlived its completion"
+    finally:
+        if _alive(leftover):
+            os.kill(leftover, signal.SIGKILL)
+    assert [e["reason"] for e in outcome.events("stopped")] == ["leftovers"]
+    assert outcome.events("exited")[0]["exitCode"] == 0  # the command's own status, not the stop's
+    assert env.cluster.completion(task.candidate["runId"])["status"] == "succeeded"
+
+
 # -- start failures -----------------------------------------------------------------------------------------
 
 def test_a_failed_secrets_call_is_a_start_failure_and_the_job_never_runs(env: RemoteEnv) -> None:
