@@ -50,6 +50,7 @@ __all__ = [
     "record_files",
     "remote_limits",
     "remove_job_files",
+    "remove_tree",
     "worker_record_files",
 ]
 
@@ -178,12 +179,12 @@ def remove_job_files(files: JobFiles) -> list[str]:
         removed.append(path)
     if os.path.isdir(files.work_path) and not os.path.islink(files.work_path):
         with contextlib.suppress(OSError):
-            _remove_tree(files.work_path)
+            remove_tree(files.work_path)
             removed.append(files.work_path)
     return removed
 
 
-def _remove_tree(path: str) -> None:
+def remove_tree(path: str) -> None:
     """Remove a directory tree the job left, never following a symlink (each level is
     opened ``O_NOFOLLOW`` and emptied through its descriptor). Not :func:`shutil.rmtree`:
     importing :mod:`shutil` pulls the compression modules into a resident ``pull``."""

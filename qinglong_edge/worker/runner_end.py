@@ -91,6 +91,8 @@ class RunnerEnd(RunnerBase):
             try:
                 size = os.fstat(fd).st_size
                 truncated = read_truncated(files, t.record, self.limits.max_log_bytes)
+                if size > self.limits.max_log_bytes:  # the job appended to its log itself (no isolation)
+                    size, truncated = self.limits.max_log_bytes, True
                 try:
                     stored = self.calls.upload(offer, log_artifact_id=files.log_id, source=fd, byte_length=size,
                                                truncated=truncated)

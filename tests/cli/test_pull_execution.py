@@ -179,6 +179,55 @@ def test_a_job_that_exits_leaving_a_child_in_its_group_has_it_stopped_without_a_
     assert env.cluster.completion(task.candidate["runId"])["status"] == "succeeded"
 
 
+def _without_isolation(env: RemoteEnv) -> None:
+    """The device's remembered isolation answer says no (a kernel without unprivileged user
+    namespaces, Python without ctypes): remote jobs then run as the agent's user, seeing
+    its files (README "What a remote job can read")."""
+    from qinglong_edge.worker.runtime import boot_id
+
+    env.runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+    answer = env.runtime / "isolation.json"
+    answer.write_text(json.dumps({"bootId": boot_id(), "available": False, "reason": "test"}) + "\n")
+    answer.chmod(0o600)
+
+
+#: What a job that can see the log directory (no isolation) puts where its log was.
+PLANTED_LOGS = {
+    "symlink": 'rm -f "$f"; ln -s /etc/hostname "$f"',
+    "fifo": 'rm -f "$f"; mkfifo "$f"',
+    "directory": 'rm -f "$f"; mkdir "$f"',
+    "oversized": 'head -c 10000 /dev/zero >> "$f"',
+}
+
+
+@pytest.mark.parametrize("planted", sorted(PLANTED_LOGS))
+def test_a_job_that_replaces_its_own_log_still_completes(env: RemoteEnv, planted: str) -> None:
+    """Regression: the upload opened whatever stood at the log's path. A symlink was an
+    OSError out of the resident pull (``internal_error``, exit 70, at every later pull
+    too: the record never ended), a FIFO hung it forever, a directory or a file past the
+    cap (appended to by the job itself) was refused until the lease ran out, so the
+    outcome was never reported. Now only a private regular file of ours is uploaded,
+    at most ``maxLogBytes`` of it (``truncated``); anything else is replaced by an empty log."""
+    _without_isolation(env)
+    env.write_config(maxLogBytes=4096)
+    task = env.cluster.add_command_task(
+        f'echo hi; for f in ../../*/wlog-*.log; do {PLANTED_LOGS[planted]}; done; exit 3')
+    outcome = env.run_to_end(timeout=45)
+    assert outcome.status == 0, dump(outcome)
+    assert outcome.events("started")[0]["isolated"] is False
+    assert "Traceback" not in outcome.stderr
+    assert env.record()["state"] == "completion_acknowledged"
+    completion = env.cluster.completion(task.candidate["runId"])
+    assert completion is not None and completion["result"]["exitCode"] == 3
+    artifact = env.cluster.artifact(task.candidate["runId"])
+    assert artifact is not None
+    if planted == "oversized":
+        assert len(artifact.data) == 4096 and artifact.data.startswith(b"hi\n") and artifact.truncated is True
+    else:
+        assert artifact.data == b""  # not the symlink's target, nothing from a FIFO or a directory
+    assert env.remote_logs() == [] and env.receipts() == []
+
+
 # -- start failures -----------------------------------------------------------------------------------------
 
 def test_a_failed_secrets_call_is_a_start_failure_and_the_job_never_runs(env: RemoteEnv) -> None:
