@@ -12,6 +12,7 @@ import json
 import os
 import pathlib
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 
@@ -360,6 +361,27 @@ def test_inbox_commands_while_resident(env: RemoteEnv) -> None:
     assert outcome.events("discarded") and env.inbox() == {}
     assert env.cluster.completion(task.candidate["runId"])["result"]["exitCode"] == 143
     assert env.remote_logs() == [] and env.receipts() == []
+
+
+def test_two_forced_discards_at_once_both_get_an_answer(env: RemoteEnv) -> None:
+    """Regression: the second request replaced the first one's file (one name per offer),
+    so the first command waited out its whole budget and said exit 75 ``already_owned``
+    ("the request stays") although the record was discarded. The answer to either
+    request now answers both."""
+    env.gated_job("job")
+    proc = env.spawn_json()
+    offer_id = env.wait_state("running_acknowledged")["offer"]["offerId"]
+    argv = env.entry.argv("--config", str(env.config_path), "inbox", "discard", offer_id, "--yes", "--force", "--json")
+    started = time.monotonic()
+    commands = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 env=env.entry.environment(None), cwd=env.entry.cwd) for _ in range(2)]
+    answers = [(c.wait(timeout=60), c.communicate()[0].decode()) for c in commands]
+    assert time.monotonic() - started < 10, answers  # not the 15 s budget of an unanswered request
+    statuses = sorted(status for status, _ in answers)
+    assert statuses in ([0, 0], [0, 65]), answers  # 65: not_found, served after the other one
+    outcome = env.finish(proc, timeout=30)
+    assert outcome.status == 0, dump(outcome)
+    assert env.inbox() == {} and env.starts("job") == 1
 
 
 # -- SIGKILL at the runner's crash points -----------------------------------------------------------------------
