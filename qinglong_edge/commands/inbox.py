@@ -333,7 +333,7 @@ def _discard_here(config: Any, offer_id: str, busy: bool) -> str | None:
             if job is not None:
                 result = stop_job(job, limits)
                 stopped = result.status + (f" ({result.signal})" if result.signal else "")
-                job.finish()
+                job.finish(limits)
         files = record_files(limits, record)
         if files is not None:
             remove_job_files(files)

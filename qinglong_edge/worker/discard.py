@@ -152,11 +152,22 @@ def write_result(runtime: RuntimeDirectory, offer_id: str, request_id: str, resu
 
 
 def read_result(runtime: RuntimeDirectory, offer_id: str, request_id: str) -> dict[str, Any] | None:
-    """The owner's answer to this request, or None (not yet)."""
+    """The owner's answer to this request, or None (not yet).
+
+    Requests share one name per offer, so a second command's request replaces the first
+    one's (and removes an answer the first one had not read yet): once the file holds
+    another command's request (or none), the answer for the offer is this request's too
+    (``discarded``, or ``not_found`` when the other request was served after this one's);
+    otherwise the first command would wait out its budget for an answer that never
+    comes. A stale answer cannot be taken: :func:`write_request` removes it first."""
     value = _read(runtime, _key(offer_id) + ".result")
-    if value is None or value.get("requestId") != request_id:
+    if value is None or value.get("offerId") != offer_id:
         return None
-    return value
+    if value.get("requestId") == request_id:
+        return value
+    pending = _read(runtime, _key(offer_id) + ".request")
+    replaced = pending is None or pending.get("requestId") != request_id
+    return value if replaced else None
 
 
 def signal_owner(owner: OwnerRecord, signum: int = DISCARD_SIGNAL) -> bool:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 
 from qinglong_edge.config import DEFAULT_RUN_PIDS, EdgeConfig, WorkerConfig
 from qinglong_edge.contracts._shape import Frozen
@@ -50,6 +51,7 @@ __all__ = [
     "record_files",
     "remote_limits",
     "remove_job_files",
+    "remove_tree",
     "worker_record_files",
 ]
 
@@ -178,23 +180,31 @@ def remove_job_files(files: JobFiles) -> list[str]:
         removed.append(path)
     if os.path.isdir(files.work_path) and not os.path.islink(files.work_path):
         with contextlib.suppress(OSError):
-            _remove_tree(files.work_path)
+            remove_tree(files.work_path)
             removed.append(files.work_path)
     return removed
 
 
-def _remove_tree(path: str) -> None:
+def remove_tree(path: str) -> None:
     """Remove a directory tree the job left, never following a symlink (each level is
     opened ``O_NOFOLLOW`` and emptied through its descriptor). Not :func:`shutil.rmtree`:
-    importing :mod:`shutil` pulls the compression modules into a resident ``pull``."""
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    importing :mod:`shutil` pulls the compression modules into a resident ``pull``.
+
+    A directory of ours without the owner's ``rwx`` (a job's ``chmod 555`` module cache,
+    a ``chmod 0`` directory) is made so first, through an ``O_PATH`` descriptor of the
+    very directory (``/proc/self/fd``): an agent that is not root could neither scan nor
+    empty it, and the tree stayed behind for good.
+
+    Raises:
+        OSError: what could not be removed (the caller ignores it; the next pass tries again).
+    """
 
     def empty(fd: int) -> None:
         with os.scandir(fd) as entries:
             names = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
         for name, is_dir in names:
             if is_dir:
-                child = os.open(name, flags, dir_fd=fd)
+                child = _open_directory(name, fd)
                 try:
                     empty(child)
                 finally:
@@ -203,12 +213,30 @@ def _remove_tree(path: str) -> None:
             else:
                 os.unlink(name, dir_fd=fd)
 
-    top = os.open(path, flags)
+    top = _open_directory(path, None)
     try:
         empty(top)
     finally:
         os.close(top)
     os.rmdir(path)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_directory(name: str, dir_fd: int | None) -> int:
+    """A read descriptor of the directory ``name`` (never a symlink's target), with the
+    owner's ``rwx`` added when it is ours and lacks them (see :func:`remove_tree`)."""
+    handle = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        st = os.fstat(handle)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o700 == 0o700:
+            return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+        fixed = f"/proc/self/fd/{handle}"  # this inode, whatever its name points to now
+        os.chmod(fixed, stat.S_IMODE(st.st_mode) | 0o700)
+        return os.open(fixed, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    finally:
+        os.close(handle)
 
 
 def record_files(limits: RemoteLimits, record: dict[str, Any]) -> JobFiles | None:

@@ -66,7 +66,7 @@ from qinglong_edge.process.spawn import (
     wrapper_source,
 )
 from qinglong_edge.process.stop import StopResult, stop
-from qinglong_edge.worker.remote_files import JobFiles, RemoteLimits
+from qinglong_edge.worker.remote_files import JobFiles, RemoteLimits, remove_tree
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
@@ -161,15 +161,47 @@ def allocate_log(limits: RemoteLimits, files: JobFiles) -> int:
 
 
 def open_log(files: JobFiles) -> int:
-    """A read descriptor of the attempt's log for the upload; an empty log is created
-    (0600) when there is none (lost at a reboot in RAM, or never written)."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    """A read descriptor of the attempt's log for the upload: a private regular file of
+    the agent's user with one link. An empty log is created (0600) when there is none
+    (lost at a reboot in RAM, or never written), and in place of anything else found at
+    its path: a job that sees the log directory (no isolation) may have put a symlink
+    (never followed), a FIFO (never waited on: opened non-blocking), a directory or a
+    hard link there. Its upload is then empty; its outcome is still reported.
+
+    Raises:
+        JournalError: ``storage_unavailable``: no log can be opened or made there (the
+            runner tries again; the lease's expiry ends it).
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    path = files.log_path
     try:
-        return os.open(files.log_path, flags)
+        fd = os.open(path, flags)
     except FileNotFoundError:
-        with contextlib.suppress(OSError):
-            os.makedirs(os.path.dirname(files.log_path), _DIR_MODE, exist_ok=True)
-        return os.open(files.log_path, flags | os.O_CREAT, 0o600)
+        fd = -1
+    except OSError:  # ELOOP (a symlink), ENXIO... : not our log
+        fd = -2
+    if fd >= 0:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid():
+            return fd
+        os.close(fd)
+    try:
+        if fd == -1:
+            os.makedirs(os.path.dirname(path), _DIR_MODE, exist_ok=True)
+        else:
+            _remove_entry(path)
+        return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        raise JournalError(f"{path}: cannot open the log for the upload: {exc.strerror}",
+                           code="storage_unavailable") from None
+
+
+def _remove_entry(path: str) -> None:
+    """Remove what stands at ``path`` (a directory as a tree), never following a symlink."""
+    if stat.S_ISDIR(os.lstat(path).st_mode):
+        remove_tree(path)
+    else:
+        os.unlink(path)
 
 
 def read_truncated(files: JobFiles, record: dict[str, Any], maximum_bytes: int) -> bool | None:
@@ -229,10 +261,25 @@ class RemoteJob:
             return self.reaped_status() is None
         return probe(self.identity)[0] is Liveness.RUNNING
 
-    def finish(self) -> None:
-        """After the outcome is known: stop leftovers (a daemonized grandchild keeps the
-        group or cgroup), reap our child, remove the cgroup, close the pidfd."""
+    def finish(self, limits: RemoteLimits) -> StopResult | None:
+        """After the outcome is known: stop leftovers (a background or daemonized child
+        keeps the group or the cgroup), reap our child, remove the cgroup, close the pidfd.
+
+        Our own child is reaped only after its group is stopped (the verified stop of
+        :func:`stop_job`, the graces of ``limits``): until then the unreaped leader pins
+        the group number, so the group signal reaches only the job's leftovers (as the
+        Local controller does). Without a cgroup that is the only way to reach them; a
+        ``setsid`` escapee stays out of reach (docs/packaging.md). An adopted leader that
+        is gone gives no group authority (process/stop.py): only its cgroup is emptied.
+
+        Returns:
+            The leftovers' stop (``stopped`` when there were some), or None when the job
+            is not our child.
+        """
+        result = None
         if self.process is not None:
+            if self.process.returncode is None and self.reaped_status() is not None:
+                result = _verified_stop(self, limits)
             with contextlib.suppress(subprocess.TimeoutExpired, OSError):
                 self.process.wait(timeout=5)
         if self.cgroup is not None:
@@ -241,6 +288,7 @@ class RemoteJob:
                     self.cgroup.kill()
             self.cgroup.remove()
         self.close()
+        return result
 
     def close(self) -> None:
         if self.pidfd >= 0:
@@ -260,12 +308,15 @@ def adopt(handle: str, cgroups: CgroupManager | None, attempt_id: str) -> Remote
     return RemoteJob(handle, identity, None, cgroup)
 
 
+def _verified_stop(job: RemoteJob, limits: RemoteLimits) -> StopResult:
+    return stop(job.handle, job.cgroup, terminate_grace_ms=limits.terminate_grace_ms,
+                kill_grace_ms=limits.kill_grace_ms, poll_ms=min(25, limits.terminate_grace_ms, limits.kill_grace_ms))
+
+
 def stop_job(job: RemoteJob, limits: RemoteLimits) -> StopResult:
     """The verified stop of :mod:`qinglong_edge.process.stop` (TERM, grace, KILL, cgroup
     kill); remembers the last signal it needed for "No receipt"."""
-    result = stop(job.handle, job.cgroup, terminate_grace_ms=limits.terminate_grace_ms,
-                  kill_grace_ms=limits.kill_grace_ms, poll_ms=min(25, limits.terminate_grace_ms,
-                                                                  limits.kill_grace_ms))
+    result = _verified_stop(job, limits)
     if result.status == "stopped":
         job.last_signal = result.signal
     elif result.status == "timed_out":

@@ -45,12 +45,12 @@ class RunnerEnd(RunnerBase):
         """The job is gone (or there never was one to see): settle the record."""
         if t.lease_lost:
             if job is not None:
-                job.finish()
+                job.finish(self.limits)
             self._recover(t, "lease_lost_local_execution_stopped")
             return
         if t.cluster_terminal and (t.outcome is None or t.terminal_checked):
             if job is not None:
-                job.finish()
+                job.finish(self.limits)
             self._recover(t, "control_plane_terminal")
             return
         files = self.files(t)
@@ -63,8 +63,9 @@ class RunnerEnd(RunnerBase):
                     t.due_ms = self.expiry_ms(t)
                     return
             t.outcome = read_outcome(t.record, files, job, self.clock_ms())
-            if job is not None:
-                job.finish()
+            leftovers = job.finish(self.limits) if job is not None else None
+            if leftovers is not None and leftovers.status == "stopped":
+                self._event(t, "stopped", reason="leftovers", result=leftovers.status, signal=leftovers.signal)
             crashpoint("runner.exited")
             self._event(t, "exited", **t.outcome.to_json())
         if t.ask_after_timeout:
@@ -90,6 +91,8 @@ class RunnerEnd(RunnerBase):
             try:
                 size = os.fstat(fd).st_size
                 truncated = read_truncated(files, t.record, self.limits.max_log_bytes)
+                if size > self.limits.max_log_bytes:  # the job appended to its log itself (no isolation)
+                    size, truncated = self.limits.max_log_bytes, True
                 try:
                     stored = self.calls.upload(offer, log_artifact_id=files.log_id, source=fd, byte_length=size,
                                                truncated=truncated)
@@ -152,7 +155,7 @@ class RunnerEnd(RunnerBase):
         job = self._job(t)
         if job is None or not job.running():
             if job is not None:
-                job.finish()
+                job.finish(self.limits)
             self._event(t, "process_gone")
             t.done = True
             return

@@ -12,6 +12,7 @@ import json
 import os
 import pathlib
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 
@@ -146,6 +147,88 @@ def test_the_local_deadline_stops_the_job_and_the_cluster_records_timed_out(env:
     assert env.cluster.completion(task.candidate["runId"])["status"] == "timed_out"
 
 
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its reaper does not)."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_job_that_exits_leaving_a_child_in_its_group_has_it_stopped_without_a_cgroup(env: RemoteEnv) -> None:
+    """Regression: with no cgroup (an unprivileged cron pull, the shipped OpenWrt state) a
+    background child the command left in its process group outlived the completion: the
+    leader was reaped without stopping its group. Its leftovers are stopped first, as
+    for Local Runs, while the unreaped leader still pins the group number."""
+    document = json.loads(env.config_path.read_text())
+    document["execution"] = {"cgroups": "off", "terminateGraceMs": 1000, "killGraceMs": 1000}
+    env.config_path.write_text(json.dumps(document))
+    pid_file = env.trace("leftover.pid")
+    task = env.cluster.add_command_task(f"sleep 300 & echo $! > {pid_file}; trap '' TERM; echo done")
+    outcome = env.run_to_end()
+    assert outcome.status == 0, dump(outcome)
+    assert env.record()["state"] == "completion_acknowledged"
+    leftover = int(pid_file.read_text())
+    try:
+        assert not _alive(leftover), "the job's background child outlived its completion"
+    finally:
+        if _alive(leftover):
+            os.kill(leftover, signal.SIGKILL)
+    assert [e["reason"] for e in outcome.events("stopped")] == ["leftovers"]
+    assert outcome.events("exited")[0]["exitCode"] == 0  # the command's own status, not the stop's
+    assert env.cluster.completion(task.candidate["runId"])["status"] == "succeeded"
+
+
+def _without_isolation(env: RemoteEnv) -> None:
+    """The device's remembered isolation answer says no (a kernel without unprivileged user
+    namespaces, Python without ctypes): remote jobs then run as the agent's user, seeing
+    its files (README "What a remote job can read")."""
+    from qinglong_edge.worker.runtime import boot_id
+
+    env.runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+    answer = env.runtime / "isolation.json"
+    answer.write_text(json.dumps({"bootId": boot_id(), "available": False, "reason": "test"}) + "\n")
+    answer.chmod(0o600)
+
+
+#: What a job that can see the log directory (no isolation) puts where its log was.
+PLANTED_LOGS = {
+    "symlink": 'rm -f "$f"; ln -s /etc/hostname "$f"',
+    "fifo": 'rm -f "$f"; mkfifo "$f"',
+    "directory": 'rm -f "$f"; mkdir "$f"',
+    "oversized": 'head -c 10000 /dev/zero >> "$f"',
+}
+
+
+@pytest.mark.parametrize("planted", sorted(PLANTED_LOGS))
+def test_a_job_that_replaces_its_own_log_still_completes(env: RemoteEnv, planted: str) -> None:
+    """Regression: the upload opened whatever stood at the log's path. A symlink was an
+    OSError out of the resident pull (``internal_error``, exit 70, at every later pull
+    too: the record never ended), a FIFO hung it forever, a directory or a file past the
+    cap (appended to by the job itself) was refused until the lease ran out, so the
+    outcome was never reported. Now only a private regular file of ours is uploaded,
+    at most ``maxLogBytes`` of it (``truncated``); anything else is replaced by an empty log."""
+    _without_isolation(env)
+    env.write_config(maxLogBytes=4096)
+    task = env.cluster.add_command_task(
+        f'echo hi; for f in ../../*/wlog-*.log; do {PLANTED_LOGS[planted]}; done; exit 3')
+    outcome = env.run_to_end(timeout=45)
+    assert outcome.status == 0, dump(outcome)
+    assert outcome.events("started")[0]["isolated"] is False
+    assert "Traceback" not in outcome.stderr
+    assert env.record()["state"] == "completion_acknowledged"
+    completion = env.cluster.completion(task.candidate["runId"])
+    assert completion is not None and completion["result"]["exitCode"] == 3
+    artifact = env.cluster.artifact(task.candidate["runId"])
+    assert artifact is not None
+    if planted == "oversized":
+        assert len(artifact.data) == 4096 and artifact.data.startswith(b"hi\n") and artifact.truncated is True
+    else:
+        assert artifact.data == b""  # not the symlink's target, nothing from a FIFO or a directory
+    assert env.remote_logs() == [] and env.receipts() == []
+
+
 # -- start failures -----------------------------------------------------------------------------------------
 
 def test_a_failed_secrets_call_is_a_start_failure_and_the_job_never_runs(env: RemoteEnv) -> None:
@@ -278,6 +361,27 @@ def test_inbox_commands_while_resident(env: RemoteEnv) -> None:
     assert outcome.events("discarded") and env.inbox() == {}
     assert env.cluster.completion(task.candidate["runId"])["result"]["exitCode"] == 143
     assert env.remote_logs() == [] and env.receipts() == []
+
+
+def test_two_forced_discards_at_once_both_get_an_answer(env: RemoteEnv) -> None:
+    """Regression: the second request replaced the first one's file (one name per offer),
+    so the first command waited out its whole budget and said exit 75 ``already_owned``
+    ("the request stays") although the record was discarded. The answer to either
+    request now answers both."""
+    env.gated_job("job")
+    proc = env.spawn_json()
+    offer_id = env.wait_state("running_acknowledged")["offer"]["offerId"]
+    argv = env.entry.argv("--config", str(env.config_path), "inbox", "discard", offer_id, "--yes", "--force", "--json")
+    started = time.monotonic()
+    commands = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 env=env.entry.environment(None), cwd=env.entry.cwd) for _ in range(2)]
+    answers = [(c.wait(timeout=60), c.communicate()[0].decode()) for c in commands]
+    assert time.monotonic() - started < 10, answers  # not the 15 s budget of an unanswered request
+    statuses = sorted(status for status, _ in answers)
+    assert statuses in ([0, 0], [0, 65]), answers  # 65: not_found, served after the other one
+    outcome = env.finish(proc, timeout=30)
+    assert outcome.status == 0, dump(outcome)
+    assert env.inbox() == {} and env.starts("job") == 1
 
 
 # -- SIGKILL at the runner's crash points -----------------------------------------------------------------------
