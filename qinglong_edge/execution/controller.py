@@ -222,6 +222,7 @@ class ExecutionController:
             self.store, cgroups=self.cgroups, log_directory=self.config.log_directory,
             max_log_bytes=self.config.max_log_bytes, work_directory=self.work_directory, clock=self.clock,
             new_id=self.new_id, launch_attempts=self._launch_attempts, launch_backoff_s=self._launch_backoff_s,
+            terminate_grace_ms=self.config.terminate_grace_ms, kill_grace_ms=self.config.kill_grace_ms,
         )
         self._thread = threading.Thread(target=self._main, name="qinglong-edge-execution", daemon=True)
         self._thread.start()

@@ -80,6 +80,7 @@ from qinglong_edge.local.store import Store, write_transaction
 from qinglong_edge.local.tasks import resolve_revision_ref
 from qinglong_edge.process.cgroups import CgroupManager, RunCgroup
 from qinglong_edge.process.identity import ProcessIdentity
+from qinglong_edge.process.jobspec import DEFAULT_KILL_GRACE_MS, DEFAULT_TERMINATE_GRACE_MS
 from qinglong_edge.process.logs import TRUNCATION_NOTICE
 from qinglong_edge.process.spawn import JobSpec, exit_status_unreaped, job_environment, resolve_executable, start_job
 
@@ -354,6 +355,8 @@ class Launcher:
         launch_attempts: attempts a Run may use on storage failures (module docstring).
         launch_backoff_s: backoff before the second attempt, doubled for each later one
             (at most :data:`MAX_LAUNCH_BACKOFF_S`).
+        terminate_grace_ms, kill_grace_ms: the stop's graces, also given to each job's
+            wrapper for the descendants it ends (``JobSpec``).
     """
 
     def __init__(
@@ -368,6 +371,8 @@ class Launcher:
         new_id: Callable[[], str] = new_uuid4,
         launch_attempts: int = MAX_LAUNCH_ATTEMPTS,
         launch_backoff_s: float = LAUNCH_BACKOFF_S,
+        terminate_grace_ms: int = DEFAULT_TERMINATE_GRACE_MS,
+        kill_grace_ms: int = DEFAULT_KILL_GRACE_MS,
     ) -> None:
         self.store = store
         self.cgroups = cgroups
@@ -380,6 +385,8 @@ class Launcher:
         self.unrecorded: set[tuple[str, str, str]] = set()
         self.launch_attempts = max(1, launch_attempts)
         self.launch_backoff_s = launch_backoff_s
+        self.terminate_grace_ms = terminate_grace_ms
+        self.kill_grace_ms = kill_grace_ms
         #: Launches whose handle could not be recorded (or whose log could not be created:
         #: no handle), not yet requeued: attempt id -> (run id, the unrecorded handle).
         self.deferred: dict[str, tuple[str, str | None]] = {}
@@ -467,6 +474,7 @@ class Launcher:
             argv[0] = resolve_executable(argv[0], env, cwd)
             cgroup = self.cgroups.create(claim.attempt_id)
             spawned = start_job(JobSpec(argv, env, cwd, log_path, self.max_log_bytes, log_notice=TRUNCATION_NOTICE,
+                                        terminate_grace_ms=self.terminate_grace_ms, kill_grace_ms=self.kill_grace_ms,
                                         label=claim.attempt_id), cgroup=cgroup)
         except ExecutionError as exc:
             if cgroup is not None:

@@ -20,9 +20,12 @@ __all__ = [
     "CANNOT_EXECUTE",
     "DEFAULT_DRAIN_MS",
     "DEFAULT_FACT_KEYS",
+    "DEFAULT_KILL_GRACE_MS",
+    "DEFAULT_TERMINATE_GRACE_MS",
     "FACT_KEYS",
     "MAGIC",
     "MAX_DRAIN_MS",
+    "MAX_GRACE_MS",
     "MAX_PREFIX_BYTES",
     "MAX_SPEC_BYTES",
     "NOT_FOUND",
@@ -48,6 +51,11 @@ MAX_SPEC_BYTES = 4 * 1024 * 1024
 MAX_PREFIX_BYTES = 4000
 DEFAULT_DRAIN_MS = 2000
 MAX_DRAIN_MS = 600_000
+#: The wrapper's graces for the job's leftover descendants (ms; config.py's defaults and
+#: bound of ``execution.terminateGraceMs`` / ``killGraceMs``, as :mod:`.stop` uses).
+DEFAULT_TERMINATE_GRACE_MS = 5000
+DEFAULT_KILL_GRACE_MS = 1000
+MAX_GRACE_MS = 30_000
 FACT_KEYS = ("quotaReached", "observedAtMs", "keptBytes", "discardedBytes")
 DEFAULT_FACT_KEYS = ("quotaReached", "observedAtMs")
 #: What a ``label`` may hold (it is shown by ``ps``).
@@ -116,7 +124,13 @@ class JobSpec:
         log_notice: appended once when output is cut (Local: a notice line; remote:
             empty, the truncation goes only in the fact, remote-execution.md 4.3).
         drain_ms: how long output is still copied after the command exits (its
-            grandchildren may hold the pipe), 0..600000.
+            grandchildren may hold the pipe), 0..600000; with the wrapper a child
+            subreaper, counted from when the last descendant is gone.
+        terminate_grace_ms, kill_grace_ms: 1..30000, the stop's graces (the caller's
+            ``execution.terminateGraceMs`` / ``killGraceMs``): the wrapper, a child
+            subreaper, ends the job's descendants left when the command exits or when it
+            is stopped with SIGTERM, then SIGKILL after ``terminate_grace_ms``, and waits
+            up to ``kill_grace_ms`` more for them (:mod:`qinglong_edge.process.wrapper`).
         truncation_fact: published at the end when set; the wrapper appends
             ``fact_keys`` (``,"quotaReached":B,"observedAtMs":N`` by default) and ``}``.
         fact_keys: a subset of ``quotaReached``, ``observedAtMs``, ``keptBytes``,
@@ -130,8 +144,8 @@ class JobSpec:
             secret): 0..128 of ``[A-Za-z0-9._:/-]``.
     """
 
-    __slots__ = ("argv", "cwd", "drain_ms", "env", "fact_keys", "isolation", "label", "log_cap", "log_notice",
-                 "log_path", "receipt", "started_at_ms", "truncation_fact")
+    __slots__ = ("argv", "cwd", "drain_ms", "env", "fact_keys", "isolation", "kill_grace_ms", "label", "log_cap",
+                 "log_notice", "log_path", "receipt", "started_at_ms", "terminate_grace_ms", "truncation_fact")
 
     def __init__(
         self,
@@ -143,6 +157,8 @@ class JobSpec:
         *,
         log_notice: bytes = b"",
         drain_ms: int = DEFAULT_DRAIN_MS,
+        terminate_grace_ms: int = DEFAULT_TERMINATE_GRACE_MS,
+        kill_grace_ms: int = DEFAULT_KILL_GRACE_MS,
         truncation_fact: Publication | None = None,
         fact_keys: Sequence[str] = DEFAULT_FACT_KEYS,
         receipt: Publication | None = None,
@@ -157,6 +173,8 @@ class JobSpec:
         self.log_cap = log_cap
         self.log_notice = log_notice
         self.drain_ms = drain_ms
+        self.terminate_grace_ms = terminate_grace_ms
+        self.kill_grace_ms = kill_grace_ms
         self.truncation_fact = truncation_fact
         self.fact_keys = tuple(fact_keys)
         self.receipt = receipt
@@ -234,6 +252,11 @@ def encode_spec(spec: JobSpec, cgroup: RunCgroup | None = None) -> bytearray:
         if not isinstance(spec.drain_ms, int) or not 0 <= spec.drain_ms <= MAX_DRAIN_MS:
             raise _invalid(f"drain_ms must be 0..{MAX_DRAIN_MS}")
         _frame(buffer, b"drainms", str(spec.drain_ms).encode("ascii"))
+        for tag, name, grace in ((b"termgracems", "terminate_grace_ms", spec.terminate_grace_ms),
+                                 (b"killgracems", "kill_grace_ms", spec.kill_grace_ms)):
+            if isinstance(grace, bool) or not isinstance(grace, int) or not 1 <= grace <= MAX_GRACE_MS:
+                raise _invalid(f"{name} must be 1..{MAX_GRACE_MS} ms")
+            _frame(buffer, tag, str(grace).encode("ascii"))
         for tag, publication in ((b"fact", spec.truncation_fact), (b"receipt", spec.receipt)):
             if publication is None:
                 continue

@@ -14,14 +14,18 @@ SIGKILL, grace); the spec README and field-lessons.md 3-5 add what we do beyond 
    gets it too). Signalling the group as well would hand every member a second TERM,
    and tools that force-quit on a second TERM skip their graceful shutdown. When the
    leader has exited but still pins the group (an unreaped zombie, see below), nothing
-   forwards any more: the group is signalled directly. Then every member of the Run's
+   forwards any more: the group is signalled directly. (The wrapper, a child subreaper,
+   also passes the TERM on to its descendants outside the group, ends its leftovers itself
+   and reaps them before it exits: see its module.) Then every member of the Run's
    cgroup outside the group (``setsid`` escapees, which no ``killpg`` reaches). Those are
    pinned with a pidfd first and re-verified afterwards (still in the cgroup, still
    outside the group) before the signal goes through the pidfd, so a pid that exits and
    is recycled between enumeration and signal is never hit (ESRCH is tolerated). Poll
    every ``poll_ms`` until ``terminate_grace_ms``; all gone: ``stopped(SIGTERM)``.
-4. Re-verify the identity. All gone: ``stopped(SIGTERM)``. Else SIGKILL the group
-   (``killpg``, only while the leader still pins the group number) and the cgroup
+4. Re-verify the identity. All gone: ``stopped(SIGTERM)``. Else SIGKILL the descendants of
+   the still running wrapper outside its group (it is a child subreaper: a ``setsid``
+   escapee is below it, and would re-parent to init once the group SIGKILL ends it), the
+   group (``killpg``, only while the leader still pins the group number) and the cgroup
    (``cgroup.kill``, or freeze + SIGKILL + thaw on v1). Poll until ``kill_grace_ms``:
    all gone is ``stopped(SIGKILL)``, else ``timed_out``.
 5. Any other signal error is ``unknown(signal_failed)``; an unreadable ``/proc`` or
@@ -76,6 +80,8 @@ __all__ = ["MAX_GRACE_MS", "StopResult", "stop"]
 
 #: Upper bound of every grace and poll interval (local-api.md 7.3).
 MAX_GRACE_MS = 30_000
+#: SIGKILL passes over the running wrapper's descendants outside its group.
+_KILL_PASSES = 8
 
 
 class StopResult(Frozen):
@@ -220,8 +226,41 @@ class _Target:
 
         signal_pids(outside_group(cgroup.members()), signal.SIGTERM, lambda: outside_group(cgroup.members()))
 
+    def descendants_outside_group(self) -> set[int]:
+        """Live descendants of the running leader outside its group, by ppid (``/proc``).
+
+        The job wrapper is a child subreaper, so while it runs every process the job left
+        (a ``setsid`` escapee whose parent exited included) is below it."""
+        if self.leader() is not Liveness.RUNNING:
+            return set()
+        pgid = self.identity.pgid
+        children: dict[int, list[tuple[int, bool]]] = {}
+        for s in scan_processes():
+            children.setdefault(s.ppid, []).append((s.pid, s.pgrp != pgid and not s.exited))
+        found: set[int] = set()
+        seen = {self.identity.pid}
+        todo = [self.identity.pid]
+        while todo:
+            for pid, outside in children.get(todo.pop(), ()):
+                if pid not in seen:
+                    seen.add(pid)
+                    todo.append(pid)
+                    if outside:
+                        found.add(pid)
+        return found
+
     def kill(self) -> None:
-        """SIGKILL the whole group and the whole cgroup (``cgroup.kill`` where present)."""
+        """SIGKILL the whole group and the whole cgroup (``cgroup.kill`` where present).
+
+        First, while the wrapper still runs, its descendants outside the group: the SIGKILL
+        of the group ends the wrapper too, and what it had adopted would re-parent to init,
+        out of reach without a cgroup. A few passes: a SIGKILLed escapee's children
+        re-parent to the wrapper and are found by the next one."""
+        for _ in range(_KILL_PASSES):
+            escaped = self.descendants_outside_group()
+            if not escaped:
+                break
+            signal_pids(escaped, signal.SIGKILL, self.descendants_outside_group)
         self._signal_group(signal.SIGKILL)
         if self.cgroup is not None:
             self.cgroup.kill()

@@ -366,6 +366,7 @@ def launch(
             cgroup = cgroups.create(cgroup_name(candidate["attemptId"]))
         spec = JobSpec(plan.argv, dict(zip(environment.names, environment.values, strict=True)), cwd,
                        files.log_path, limits.max_log_bytes, truncation_fact=Publication(files.fact_path, fact),
+                       terminate_grace_ms=limits.terminate_grace_ms, kill_grace_ms=limits.kill_grace_ms,
                        receipt=Publication(files.receipt_path, prefix), started_at_ms=started_at,
                        isolation=Isolation(hide=limits.hidden) if isolate else None, label=candidate["attemptId"])
         held = start_job(spec, cgroup=cgroup)

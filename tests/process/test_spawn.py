@@ -191,6 +191,8 @@ def test_an_unwritable_cgroup_is_refused(tmp_path: pathlib.Path) -> None:
         ({"cap": 0}, "log_cap"),
         ({"cap": 4, "log_notice": b"12345"}, "log_cap"),
         ({"drain_ms": -1}, "drain_ms"),
+        ({"terminate_grace_ms": 0}, "terminate_grace_ms"),
+        ({"kill_grace_ms": 30_001}, "kill_grace_ms"),
         ({"receipt": Publication("/tmp/r.json", b"{")}, "started_at_ms"),
         ({"receipt": Publication("/tmp/r.json", b""), "started_at_ms": 1}, "prefix"),
         ({"truncation_fact": Publication("/tmp/f.json", b"{"), "fact_keys": ("bogus",)}, "fact_keys"),
@@ -198,7 +200,7 @@ def test_an_unwritable_cgroup_is_refused(tmp_path: pathlib.Path) -> None:
         ({"label": "has space"}, "label"),
     ],
     ids=["relative-argv0", "nul-arg", "env-name", "env-nul", "cwd", "log-root", "cap-zero", "notice-over-cap",
-         "drain", "receipt-no-start", "empty-prefix", "fact-keys", "hide-root", "label"],
+         "drain", "term-grace", "kill-grace", "receipt-no-start", "empty-prefix", "fact-keys", "hide-root", "label"],
 )
 def test_invalid_specs_are_refused_before_anything_starts(tmp_path: pathlib.Path, kwargs: dict[str, object],
                                                           what: str) -> None:
@@ -248,6 +250,10 @@ def test_protocol_constants_agree_with_the_wrapper_program() -> None:
     for name in ("MAGIC", "RELEASE", "READY", "NOT_STARTED", "CANNOT_EXECUTE", "NOT_FOUND", "MAX_SPEC_BYTES",
                  "MAX_PREFIX_BYTES", "DEFAULT_DRAIN_MS", "MAX_DRAIN_MS", "FACT_KEYS", "DEFAULT_FACT_KEYS"):
         assert getattr(spawn, name) == getattr(wrapper, name), name
+    from qinglong_edge.process import jobspec
+
+    for name in ("DEFAULT_TERMINATE_GRACE_MS", "DEFAULT_KILL_GRACE_MS", "MAX_GRACE_MS"):
+        assert getattr(jobspec, name) == getattr(wrapper, name), name
 
 
 def test_the_wrapper_runs_compiled_from_a_memfd(tmp_path: pathlib.Path) -> None:

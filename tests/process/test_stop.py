@@ -79,33 +79,53 @@ def test_setsid_and_double_fork_escapees_die_with_the_cgroup(run_cgroup: RunCgro
         kill_pids(descendants_by_marker(marker))
 
 
-def test_without_a_cgroup_the_group_dies_but_setsid_escapees_are_out_of_reach(tmp_path: object) -> None:
-    """What is verified where no cgroup exists: the double fork stays in the process group
-    and dies; a setsid escapee is in no group of ours and survives (the reason we use cgroups)."""
+def test_without_a_cgroup_the_group_and_setsid_escapees_die(tmp_path: object) -> None:
+    """Where no cgroup exists: the double fork stays in the process group and dies; a setsid
+    escapee is in no group of ours, but below the job wrapper (a child subreaper), which
+    passes the stop's TERM on to it and reaps it before it exits."""
     marker_grouped, marker_escaped = "100023.5", "100023.75"
     script = f"setsid sleep {marker_escaped} & ( sleep {marker_grouped} & ) & wait"
     job = start_job(script, str(tmp_path))
     try:
         assert wait_until(lambda: descendants_by_marker(marker_grouped) and descendants_by_marker(marker_escaped))
         result = stop(job.handle, None, **GRACE)
-        assert result.conclusive
+        assert result == StopResult("stopped", "SIGTERM")
         assert not descendants_by_marker(marker_grouped)
-        assert descendants_by_marker(marker_escaped)
+        assert not descendants_by_marker(marker_escaped)
+        assert job.process.wait(timeout=5) == 143
     finally:
         reap(job.process)
         kill_pids(descendants_by_marker(marker_escaped))
 
 
-def test_exited_leader_still_pins_its_group_and_leftovers_are_stopped(tmp_path: object) -> None:
-    marker = "100024.5"
-    job = start_job(f"sleep {marker} & exit 3", str(tmp_path))
+def test_a_setsid_escapee_ignoring_term_is_killed_after_the_grace_without_a_cgroup(tmp_path: object) -> None:
+    """The escapee ignores TERM: the stop's SIGKILL reaches it before the group's SIGKILL
+    ends the wrapper (after which it would re-parent to init, out of reach)."""
+    marker = "100023.875"
+    job = start_job(f"setsid sh -c \"trap '' TERM; exec sleep {marker}\" & trap '' TERM; wait; wait",
+                    str(tmp_path), terminate_grace_ms=30_000)  # the stop's grace ends first
     try:
-        assert wait_until(lambda: not alive(job.pid) and bool(descendants_by_marker(marker)))
-        # The leader is our unreaped zombie: its group number cannot be recycled.
+        assert wait_until(lambda: bool(descendants_by_marker(marker)))
+        assert stop(job.handle, None, **GRACE) == StopResult("stopped", "SIGKILL")
+        assert not descendants_by_marker(marker)
+    finally:
+        reap(job.process)
+        kill_pids(descendants_by_marker(marker))
+
+
+def test_exited_leader_still_pins_its_group_and_leftovers_are_stopped(tmp_path: object) -> None:
+    """The wrapper was killed alone (nothing ended its leftovers): the leader is our
+    unreaped zombie, so its group number cannot be recycled and the group is stopped."""
+    marker = "100024.5"
+    job = start_job(f"sleep {marker} & wait", str(tmp_path))
+    try:
+        assert wait_until(lambda: bool(descendants_by_marker(marker)))
+        os.kill(job.pid, 9)
+        assert wait_until(lambda: not alive(job.pid))
         result = stop(job.handle, **GRACE)
         assert result == StopResult("stopped", "SIGTERM")
         assert not descendants_by_marker(marker)
-        assert job.process.wait(timeout=5) == 3
+        assert job.process.wait(timeout=5) == -9
     finally:
         reap(job.process)
 

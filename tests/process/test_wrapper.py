@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -265,17 +266,16 @@ def test_a_trapped_term_lets_the_command_finish_its_way(tmp_path: pathlib.Path) 
     assert raw is not None and raw.endswith(b',"exitCode":5}')
 
 
-def test_a_term_to_the_wrapper_reaches_its_group_also_while_it_drains(tmp_path: pathlib.Path) -> None:
-    """The command has exited; a background child of it still holds the output pipe, so the
-    wrapper drains. A TERM to the wrapper still reaches that child (in the wrapper's
-    process group): stop() signals only the wrapper while it runs."""
+def test_leftovers_get_one_term_then_sigkill_also_when_a_stop_comes_meanwhile(tmp_path: pathlib.Path) -> None:
+    """The command has exited; a background child of it (in the wrapper's group) traps TERM
+    and goes on. The wrapper sends it one TERM, and SIGKILL after the grace; a stop's TERM
+    to the wrapper meanwhile adds no second TERM (the one-TERM-per-process rule)."""
     terms = tmp_path / "terms"
-    script = f"(trap 'echo TERM >> {terms}; exit 0' TERM; echo started; while :; do sleep 0.01; done) & exit 3"
-    job = start_job(_spec(tmp_path, ["/bin/sh", "-c", script], drain_ms=60_000))
+    script = f"(trap 'echo TERM >> {terms}' TERM; echo started; while :; do sleep 0.01; done) & exit 3"
+    job = start_job(_spec(tmp_path, ["/bin/sh", "-c", script], terminate_grace_ms=1000))
     try:
         job.release()
-        assert wait_until(lambda: b"started" in _log(tmp_path))
-        assert wait_until(lambda: not [s for s in scan_processes() if s.ppid == job.pid])  # the command is reaped
+        assert wait_until(lambda: terms.exists() and terms.read_text() == "TERM\n")
         os.kill(job.pid, signal.SIGTERM)
         assert job.process.wait(10) == 3  # the wrapper outlived it and kept the command's code
     finally:
@@ -393,22 +393,126 @@ def test_secrets_never_in_argv_environ_or_files(tmp_path: pathlib.Path) -> None:
 
 
 def test_drain_after_the_command_exits_is_bounded(tmp_path: pathlib.Path) -> None:
-    """A background grandchild keeps the output pipe open after the command exited: the
-    wrapper keeps its output for drain_ms, then exits; the grandchild is left to stop()."""
-    marker = "100057"
-    script = f"(sleep 0.05; echo late; exec sleep {marker}) & echo early; exit 3"
+    """A process that is no descendant of the job (here: this test, through
+    ``/proc/<command>/fd/1``) keeps the output pipe open after the command exited: the
+    wrapper keeps its output for drain_ms, then exits; the holder is not its to end."""
+    go = tmp_path / "go"
+    script = f"echo early; while [ ! -e {go} ]; do sleep 0.01; done; exit 3"
     job = start_job(_spec(tmp_path, ["/bin/sh", "-c", script], drain_ms=1000))
+    holder = -1
     try:
-        started = time.monotonic()
         job.release()
+        command = command_of(job.pid)
+        assert command is not None and wait_until(lambda: b"early" in _log(tmp_path))
+        holder = os.open(f"/proc/{command}/fd/1", os.O_WRONLY | os.O_CLOEXEC)
+        started = time.monotonic()
+        go.touch()
+        assert wait_until(lambda: not alive(command))
+        os.write(holder, b"late\n")
         assert job.process.wait(10) == 3
         elapsed = time.monotonic() - started
         assert 1.0 <= elapsed < 5.0  # the full drain was waited, then no longer
-        assert descendants_by_marker(marker)  # still holding the pipe: not ours to wait for
         assert _log(tmp_path) == b"early\nlate\n"
     finally:
+        if holder >= 0:
+            os.close(holder)
         reap(job.process)
-        kill_pids(descendants_by_marker(marker))
+
+
+# -- the child subreaper: what the job leaves behind is ended before the receipt --------------
+
+
+def _pid_in(path: pathlib.Path) -> int:
+    assert wait_until(lambda: path.exists() and path.read_text().strip().isdigit())
+    return int(path.read_text())
+
+
+def _gone(pid: int) -> bool:
+    """No such process any more (reaped, not a zombie waiting for a parent)."""
+    return not os.path.exists(f"/proc/{pid}")
+
+
+def test_the_wrapper_is_a_child_subreaper(tmp_path: pathlib.Path) -> None:
+    """An orphan of the job re-parents to the wrapper, not to init (and is reaped by it)."""
+    pid_file, go = tmp_path / "pid", tmp_path / "go"
+    script = f"(setsid sh -c 'echo $$ > {pid_file}; while [ ! -e {go} ]; do sleep 0.01; done' &); exec sleep 100058"
+    job = start_job(_spec(tmp_path, ["/bin/sh", "-c", script]))
+    try:
+        job.release()
+        orphan = _pid_in(pid_file)
+        stat = pathlib.Path(f"/proc/{orphan}/stat").read_bytes().rpartition(b")")[2].split()
+        assert wait_until(lambda: int(pathlib.Path(f"/proc/{orphan}/stat").read_bytes()
+                                      .rpartition(b")")[2].split()[1]) == job.pid)
+        assert int(stat[2]) != job.pid  # its own session and group: no killpg reaches it
+        go.touch()
+        assert wait_until(lambda: _gone(orphan))  # exited and reaped by the wrapper: no zombie left
+        os.kill(job.pid, signal.SIGTERM)
+        assert job.process.wait(10) == 143
+    finally:
+        reap(job.process)
+
+
+def test_a_setsid_escapee_is_ended_when_the_job_completes(tmp_path: pathlib.Path) -> None:
+    """(a) Regression: with no cgroup a ``setsid`` child outlived the job's completion."""
+    receipt, pid_file = _receipt(tmp_path), tmp_path / "pid"
+    job = start_job(_spec(tmp_path, ["/bin/sh", "-c", f"setsid sleep 300 & echo $! > {pid_file}; echo done"],
+                          receipt=receipt, started_at_ms=1))
+    escaped = 0
+    try:
+        job.release()
+        assert job.process.wait(10) == 0
+        escaped = _pid_in(pid_file)
+        assert _gone(escaped), "the escaped child outlived the job's receipt"
+    finally:
+        reap(job.process)
+        if not _gone(escaped):
+            os.kill(escaped, signal.SIGKILL)
+    raw = read_receipt(receipt.path)
+    assert raw is not None and raw.endswith(b',"exitCode":0}')  # the command's code, not the leftover's
+    assert _log(tmp_path) == b"done\n"
+
+
+def test_a_double_forked_setsid_escapee_ignoring_term_is_killed_after_the_grace(tmp_path: pathlib.Path) -> None:
+    """(c) A double fork, then setsid, then TERM ignored: SIGKILL after the wrapper's
+    grace, reaped, and only then the receipt (with the command's exit code)."""
+    receipt, pid_file = _receipt(tmp_path), tmp_path / "pid"
+    inner = f"trap '' TERM; echo $$ > {pid_file}; exec sleep 100059"
+    script = f"( setsid sh -c \"{inner}\" & ); while [ ! -s {pid_file} ]; do sleep 0.01; done; exit 4"
+    job = start_job(_spec(tmp_path, ["/bin/sh", "-c", script], receipt=receipt, started_at_ms=1,
+                          terminate_grace_ms=300, kill_grace_ms=1000))
+    try:
+        started = time.monotonic()
+        job.release()
+        assert job.process.wait(10) == 4
+        assert time.monotonic() - started >= 0.3  # the TERM was ignored: the grace was waited
+        escaped = _pid_in(pid_file)
+        assert _gone(escaped) and not descendants_by_marker("100059")
+    finally:
+        reap(job.process)
+        kill_pids(descendants_by_marker("100059"))
+    raw = read_receipt(receipt.path)
+    assert raw is not None and raw.endswith(b',"exitCode":4}')
+
+
+def test_a_stop_reaches_a_setsid_escapee_exactly_once(tmp_path: pathlib.Path) -> None:
+    """(b) A TERM to the wrapper (how stop() stops a job) reaches the escapee too, once;
+    the wrapper waits for it, then writes the receipt."""
+    from tests.process.test_stop import _PY_COUNTER, _terms
+
+    receipt, counted, ready = _receipt(tmp_path), tmp_path / "terms", tmp_path / "ready"
+    counter = shlex.join([sys.executable, "-I", "-S", "-c", _PY_COUNTER, str(counted), str(ready)])
+    job = start_job(_spec(tmp_path, ["/bin/sh", "-c", f"setsid {counter} & exec sleep 100060"],
+                          receipt=receipt, started_at_ms=1))
+    try:
+        job.release()
+        assert wait_until(ready.exists, timeout=30)
+        os.kill(job.pid, signal.SIGTERM)
+        assert job.process.wait(20) == 143
+        assert _terms(counted) == 1  # the counter exits 0.5 s after its first TERM
+    finally:
+        reap(job.process)
+    raw = read_receipt(receipt.path)
+    assert raw is not None and raw.endswith(b',"exitCode":143}')
 
 
 def test_the_wrapper_is_named_in_ps(tmp_path: pathlib.Path) -> None:

@@ -14,12 +14,16 @@ from qinglong_edge.process.spawn import start_job as start_held_job
 
 
 def start_job(script: str, cwd: str, *, cgroup: RunCgroup | None = None, release: bool = True,
-              log_path: str | None = None, drain_ms: int = 100) -> HeldJob:
+              log_path: str | None = None, drain_ms: int = 100, terminate_grace_ms: int = 5000,
+              kill_grace_ms: int = 1000) -> HeldJob:
     """Start ``/bin/sh -c script`` exactly as the launcher does (job wrapper, new session,
-    cgroup, start barrier); output goes to ``log_path`` (default ``<cwd>/job-<pid>.log``)."""
+    cgroup, start barrier); output goes to ``log_path`` (default ``<cwd>/job-<pid>.log``).
+    The graces are the wrapper's for the descendants it ends (``JobSpec``)."""
     env = job_environment({}, run_id="run-test", attempt_id="attempt-test", home=cwd)
     log = log_path or os.path.join(cwd, f"job-{os.urandom(6).hex()}.log")
-    job = start_held_job(JobSpec(["/bin/sh", "-c", script], env, cwd, log, 1 << 20, drain_ms=drain_ms), cgroup=cgroup)
+    job = start_held_job(JobSpec(["/bin/sh", "-c", script], env, cwd, log, 1 << 20, drain_ms=drain_ms,
+                                         terminate_grace_ms=terminate_grace_ms, kill_grace_ms=kill_grace_ms),
+                             cgroup=cgroup)
     if release:
         job.release()
     return job
