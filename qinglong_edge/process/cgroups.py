@@ -1,7 +1,9 @@
 """A cgroup per Run, so that processes which leave the process group still die with it.
 
 ``setsid`` and double-fork escape ``kill(-pgid)`` (field-lessons.md 3); a cgroup does
-not: every descendant of a process inside it stays inside. Where the agent can create
+not: every descendant of a process inside it stays inside. (Without a cgroup the job
+wrapper, a child subreaper, still finds and ends them: :mod:`.wrapper`; a cgroup also
+covers a wrapper killed alone, and carries the PID cap.) Where the agent can create
 cgroups, each attempt gets ``<base>/qinglong-edge/<attemptId>`` in every usable hierarchy,
 where ``<base>`` is the agent's own cgroup when it may create children there (systemd
 ``Delegate=yes``: the Runs then stay inside the service's ``TasksMax``/``MemoryMax``

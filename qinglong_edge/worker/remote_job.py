@@ -268,8 +268,11 @@ class RemoteJob:
         Our own child is reaped only after its group is stopped (the verified stop of
         :func:`stop_job`, the graces of ``limits``): until then the unreaped leader pins
         the group number, so the group signal reaches only the job's leftovers (as the
-        Local controller does). Without a cgroup that is the only way to reach them; a
-        ``setsid`` escapee stays out of reach (docs/packaging.md). An adopted leader that
+        Local controller does). The job wrapper, a child subreaper, has normally ended
+        them already (a ``setsid`` escapee included, also without a cgroup) before it
+        exited; this stop is for a wrapper killed alone or one that could not become a
+        subreaper (no ``_ctypes``), where a ``setsid`` escapee stays out of reach without
+        a cgroup (docs/packaging.md). An adopted leader that
         is gone gives no group authority (process/stop.py): only its cgroup is emptied.
 
         Returns:

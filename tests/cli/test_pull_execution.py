@@ -175,9 +175,71 @@ def test_a_job_that_exits_leaving_a_child_in_its_group_has_it_stopped_without_a_
     finally:
         if _alive(leftover):
             os.kill(leftover, signal.SIGKILL)
-    assert [e["reason"] for e in outcome.events("stopped")] == ["leftovers"]
+    # The job wrapper (a child subreaper) ended the leftover before its receipt, so the
+    # runner's own stop of the leftovers found nothing left to stop.
+    assert [e["reason"] for e in outcome.events("stopped")] == []
     assert outcome.events("exited")[0]["exitCode"] == 0  # the command's own status, not the stop's
     assert env.cluster.completion(task.candidate["runId"])["status"] == "succeeded"
+
+
+def _cgroups_off(env: RemoteEnv) -> None:
+    """The shipped OpenWrt state: a cron pull as ``qinglong`` that cannot create cgroups."""
+    document = json.loads(env.config_path.read_text())
+    document["execution"] = {"cgroups": "off", "terminateGraceMs": 1000, "killGraceMs": 1000}
+    env.config_path.write_text(json.dumps(document))
+
+
+def _read_pid(path: pathlib.Path) -> int:
+    assert wait_until(lambda: path.exists() and path.read_text().strip().isdigit())
+    return int(path.read_text())
+
+
+@pytest.mark.parametrize("escape", ["setsid", "double-fork"])
+def test_an_escaped_child_does_not_outlive_the_completion_without_a_cgroup(env: RemoteEnv, escape: str) -> None:
+    """(a), (c) Regression: a ``setsid`` child (or a double fork, then setsid) is in no group
+    of ours; without a cgroup it outlived the job's completion and its receipt."""
+    _cgroups_off(env)
+    pid_file = env.trace("escaped.pid")
+    script = {"setsid": f"setsid sleep 300 & echo $! > {pid_file}; echo done",
+              "double-fork": f"( setsid sh -c 'echo $$ > {pid_file}; exec sleep 300' & ); "
+                             f"while [ ! -s {pid_file} ]; do sleep 0.01; done; echo done"}[escape]
+    task = env.cluster.add_command_task(script)
+    outcome = env.run_to_end()
+    assert outcome.status == 0, dump(outcome)
+    escaped = _read_pid(pid_file)
+    try:
+        assert not _alive(escaped), "the escaped child outlived the job's completion"
+    finally:
+        if _alive(escaped):
+            os.kill(escaped, signal.SIGKILL)
+    assert outcome.events("exited")[0]["exitCode"] == 0
+    assert env.cluster.completion(task.candidate["runId"])["status"] == "succeeded"
+
+
+def test_a_cancelled_job_leaves_no_setsid_escapee_without_a_cgroup(env: RemoteEnv) -> None:
+    """(b) Regression: a cancel stopped the job's process group; its ``setsid`` child, in no
+    group of ours and without a cgroup, survived the stop."""
+    _cgroups_off(env)
+    pid_file = env.trace("escaped.pid")
+    task = env.cluster.add_command_task(f"setsid sleep 300 & echo $! > {pid_file}; "
+                                        "while :; do sleep 0.02; done")
+    run_id = task.candidate["runId"]
+    proc = env.spawn_json()
+    escaped = 0
+    try:
+        env.wait_state("running_acknowledged")
+        escaped = _read_pid(pid_file)
+        assert env.cluster.request_cancel(run_id) == "accepted"
+        outcome = env.finish(proc, timeout=30)
+        assert outcome.status == 0, dump(outcome)
+        assert not _alive(escaped), "the escaped child outlived the cancel"
+    finally:
+        if escaped and _alive(escaped):
+            os.kill(escaped, signal.SIGKILL)
+    stopped = outcome.events("stopped")[0]
+    assert (stopped["reason"], stopped["result"], stopped["signal"]) == ("user", "stopped", "SIGTERM")
+    assert outcome.events("exited")[0]["exitCode"] == 143
+    assert env.cluster.completion(run_id)["status"] == "cancelled"
 
 
 def _without_isolation(env: RemoteEnv) -> None:

@@ -139,14 +139,32 @@ def test_cancel_leaves_no_process_of_the_run(env: Env, use_cgroups: bool, reques
             controller.notify()
             assert env.wait_status(run_id, "cancelled") == "cancelled"
             assert not descendants_by_marker(marker)  # the double fork stayed in the group: gone
+            # setsid escapees: with a cgroup gone with it; without one, the job wrapper (a
+            # child subreaper) passed the TERM on to them and reaped them before it exited.
+            assert not descendants_by_marker(escaped)
             if use_cgroups:
-                assert not descendants_by_marker(escaped)  # setsid escapees: gone with the cgroup
                 assert not cgroups.owned_names() & {attempt_id}
-            else:
-                # Without a cgroup a setsid escapee is in no group of ours: out of reach.
-                assert len(descendants_by_marker(escaped)) == 2
     finally:
         kill_pids(descendants_by_marker(escaped))
+
+
+def test_a_setsid_escapee_does_not_outlive_a_completed_run_without_a_cgroup(env: Env, tmp_path: object) -> None:
+    """(a) Regression: with ``execution.cgroups: off`` a ``setsid`` child of the job was in
+    no group of ours and outlived the Run's completion. The job wrapper (a child subreaper)
+    ends it before it exits; the Run keeps the command's exit code."""
+    pid_file = os.path.join(str(tmp_path), "escaped.pid")
+    env.task("t-escape-done", f"setsid sleep 300 & echo $! > {pid_file}; echo done")
+    run_id, _ = env.start("t-escape-done")
+    escaped = 0
+    try:
+        with env.controller(cgroups=CgroupManager.detect("off")) as controller:
+            controller.notify()
+            assert env.wait_status(run_id, "succeeded") == "succeeded"
+            escaped = int(read_text(pid_file))
+            assert not os.path.exists(f"/proc/{escaped}"), "the escaped child outlived the Run"
+    finally:
+        if escaped and alive(escaped):
+            os.kill(escaped, 9)
 
 
 def test_job_ignoring_term_int_hup_is_killed_after_the_grace(env: Env) -> None:

@@ -21,7 +21,6 @@ import time
 import pytest
 
 from qinglong_edge.process import wrapper
-from qinglong_edge.process.identity import scan_processes
 from qinglong_edge.process.logs import read_receipt, read_truncation_fact
 from qinglong_edge.process.spawn import HeldJob, JobSpec, Publication, start_job
 from tests.support.jobs import alive, command_of, descendants_by_marker, kill_pids, reap, wait_until
