@@ -628,3 +628,20 @@ def test_a_remote_shaped_job_publishes_what_the_remote_contracts_accept(tmp_path
                                                                                                   1, 2)
     assert receipt.started_at_ms == started <= receipt.finished_at_ms
     assert os.stat(tmp_path / "receipts" / shard).st_mode & 0o777 == 0o700
+
+
+def test_without_ctypes_the_wrapper_is_no_subreaper_and_says_so_by_returning_false() -> None:
+    """No ``_ctypes`` (OpenWrt without python3-ctypes): :func:`become_subreaper` is False,
+    without an exception, and the wrapper goes on as before. In a child interpreter: the
+    prctl would make this test process a subreaper."""
+    script = ("import importlib.util, sys\n"
+              "sys.modules['_ctypes'] = None\n"
+              "spec = importlib.util.spec_from_file_location('w', sys.argv[1])\n"
+              "w = importlib.util.module_from_spec(spec); spec.loader.exec_module(w)\n"
+              "print(w.become_subreaper())\n")
+    source = str(REPO / "qinglong_edge" / "process" / "wrapper.py")
+    blocked = subprocess.run([sys.executable, "-I", "-S", "-c", script, source], capture_output=True, check=True)
+    assert blocked.stdout == b"False\n"
+    allowed = subprocess.run([sys.executable, "-I", "-S", "-c", script.replace("sys.modules['_ctypes'] = None\n", ""),
+                              source], capture_output=True, check=True)
+    assert allowed.stdout == b"True\n"
