@@ -259,7 +259,8 @@ PLANTED_LOGS = {
     "symlink": 'rm -f "$f"; ln -s /etc/hostname "$f"',
     "fifo": 'rm -f "$f"; mkfifo "$f"',
     "directory": 'rm -f "$f"; mkdir "$f"',
-    "oversized": 'head -c 10000 /dev/zero >> "$f"',
+    # After the wrapper has copied "hi" (the job's own append would race that copy).
+    "oversized": 'until grep -q hi "$f"; do sleep 0.02; done; head -c 10000 /dev/zero >> "$f"',
 }
 
 
