@@ -55,7 +55,16 @@ from qinglong_edge.contracts._shape import Frozen, child, exact_keys, int_value,
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.fields import MAX_INT32, dispatch_id, js_length, string
 from qinglong_edge.contracts.ids import HEX64, LEASE_TOKEN
-from qinglong_edge.contracts.ingress import CallError, Fence, echo, fence7, fence_of, guard, request_bytes
+from qinglong_edge.contracts.ingress import (
+    CallError,
+    Fence,
+    echo,
+    fence7,
+    fence_of,
+    guard,
+    request_bytes,
+    schema_document,
+)
 from qinglong_edge.contracts.strictjson import loads
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
@@ -300,10 +309,8 @@ def parse_activation_response(body: bytes, offer: dict[str, Any], *, operation: 
     with guard("activation_response_invalid"):
         if operation not in _OPERATIONS:
             raise ContractError("pattern", "$.operation", "not an activation call")
-        value = object_value(loads(body, max_bytes=ACTIVATION_RESPONSE_MAX_BYTES, min_bytes=2), "$")
-        exact_keys(value, ("schema", "status", "snapshot"), "$")
-        if value["schema"] != ACTIVATION_SCHEMA:
-            raise ContractError("schema", "$.schema", f"must be {ACTIVATION_SCHEMA}")
+        value = schema_document(body, max_bytes=ACTIVATION_RESPONSE_MAX_BYTES, schema=ACTIVATION_SCHEMA,
+                                keys=("schema", "status", "snapshot"))
         status = value["status"]
         if not isinstance(status, str) or status not in ACTIVATION_STATUSES:
             raise ContractError("status", "$.status", "not an activation status")

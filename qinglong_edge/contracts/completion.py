@@ -49,7 +49,15 @@ from qinglong_edge.contracts._shape import Frozen, child, exact_keys, int_value,
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.fields import MAX_INT32, dispatch_id, string
 from qinglong_edge.contracts.ids import HEX64, LEASE_TOKEN
-from qinglong_edge.contracts.ingress import echo, equal, execution_fence, fence_of, guard, request_bytes
+from qinglong_edge.contracts.ingress import (
+    echo,
+    equal,
+    execution_fence,
+    fence_of,
+    guard,
+    request_bytes,
+    schema_document,
+)
 from qinglong_edge.contracts.strictjson import dumps_bytes, loads
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
@@ -231,10 +239,8 @@ def parse_artifact_response(
         CallError: ``artifact_response_invalid``.
     """
     with guard("artifact_response_invalid"):
-        value = object_value(loads(body, max_bytes=ARTIFACT_RESPONSE_MAX_BYTES, min_bytes=2), "$")
-        exact_keys(value, _ARTIFACT_RESPONSE_KEYS, "$")
-        if value["schema"] != ARTIFACT_SCHEMA:
-            raise ContractError("schema", "$.schema", f"must be {ARTIFACT_SCHEMA}")
+        value = schema_document(body, max_bytes=ARTIFACT_RESPONSE_MAX_BYTES, schema=ARTIFACT_SCHEMA,
+                                keys=_ARTIFACT_RESPONSE_KEYS)
         received_truncated = _truncated(value["truncated"], "$.truncated")
         if value["status"] not in ("stored", "already_stored"):
             raise ContractError("status", "$.status", "must be stored or already_stored")
@@ -343,10 +349,8 @@ def parse_completion_request(body: bytes) -> dict[str, Any]:
         CallError: ``completion_request_invalid``.
     """
     with guard("completion_request_invalid"):
-        value = object_value(loads(body, max_bytes=COMPLETION_REQUEST_MAX_BYTES, min_bytes=2), "$")
-        exact_keys(value, _COMPLETION_KEYS, "$")
-        if value["schema"] != COMPLETION_SCHEMA:
-            raise ContractError("schema", "$.schema", f"must be {COMPLETION_SCHEMA}")
+        value = schema_document(body, max_bytes=COMPLETION_REQUEST_MAX_BYTES, schema=COMPLETION_SCHEMA,
+                                keys=_COMPLETION_KEYS)
         _check_completion(value)
         return value
 
@@ -371,10 +375,8 @@ def parse_completion_response(body: bytes, offer: dict[str, Any], *, callback_se
         CallError: ``completion_response_invalid``.
     """
     with guard("completion_response_invalid"):
-        value = object_value(loads(body, max_bytes=COMPLETION_RESPONSE_MAX_BYTES, min_bytes=2), "$")
-        exact_keys(value, ("schema", "status", "runId", "attemptId", "callbackSequence"), "$")
-        if value["schema"] != COMPLETION_SCHEMA:
-            raise ContractError("schema", "$.schema", f"must be {COMPLETION_SCHEMA}")
+        value = schema_document(body, max_bytes=COMPLETION_RESPONSE_MAX_BYTES, schema=COMPLETION_SCHEMA,
+                                keys=("schema", "status", "runId", "attemptId", "callbackSequence"))
         status = value["status"]
         if status not in ("applied", "already_completed", "already_terminal"):
             raise ContractError("status", "$.status", "not a completion status")

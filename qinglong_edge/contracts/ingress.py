@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import re
 
-from qinglong_edge.contracts._shape import Frozen, child, int_value, object_value
+from qinglong_edge.contracts._shape import Frozen, child, exact_keys, int_value, object_value
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.fields import MAX_INT32, dispatch_id, js_length, string
 from qinglong_edge.contracts.ids import LEASE_TOKEN, SESSION_ID, WORKER_ID
-from qinglong_edge.contracts.strictjson import dumps_bytes
+from qinglong_edge.contracts.strictjson import dumps_bytes, loads
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
+    from collections.abc import Collection
     from types import TracebackType
     from typing import Any
 
@@ -294,6 +295,17 @@ def execution_fence(schema: str, fence: Fence) -> dict[str, Any]:
         "leaseToken": fence.lease_token,
         "expectedLeaseVersion": fence.expected_lease_version,
     }
+
+
+def schema_document(body: bytes | bytearray, *, max_bytes: int, keys: Collection[str], schema: str) -> dict[str, Any]:
+    """The first checks every call document gets, in the spec's order: strict JSON of 2 to
+    ``max_bytes`` bytes, an object, exactly ``keys``, ``schema`` equal to ``schema``.
+    Raises ContractError (inside the caller's :class:`guard`, which names the call)."""
+    value = object_value(loads(body, max_bytes=max_bytes, min_bytes=2), "$")
+    exact_keys(value, keys, "$")
+    if value["schema"] != schema:
+        raise ContractError("schema", "$.schema", f"must be {schema}")
+    return value
 
 
 def request_bytes(body: dict[str, Any], limit: int) -> bytes:

@@ -41,8 +41,15 @@ from qinglong_edge.contracts._shape import Frozen, child, exact_keys, int_value,
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.fields import MAX_INT32, dispatch_id, string
 from qinglong_edge.contracts.ids import LEASE_TOKEN
-from qinglong_edge.contracts.ingress import Fence, echo, execution_fence, fence_of, guard, request_bytes
-from qinglong_edge.contracts.strictjson import loads
+from qinglong_edge.contracts.ingress import (
+    Fence,
+    echo,
+    execution_fence,
+    fence_of,
+    guard,
+    request_bytes,
+    schema_document,
+)
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
@@ -102,10 +109,8 @@ def parse_lease_control_request(body: bytes) -> dict[str, Any]:
         CallError: ``lease_control_request_invalid``.
     """
     with guard("lease_control_request_invalid"):
-        value = object_value(loads(body, max_bytes=LEASE_CONTROL_REQUEST_MAX_BYTES, min_bytes=2), "$")
-        exact_keys(value, _REQUEST_KEYS, "$")
-        if value["schema"] != LEASE_CONTROL_SCHEMA:
-            raise ContractError("schema", "$.schema", f"must be {LEASE_CONTROL_SCHEMA}")
+        value = schema_document(body, max_bytes=LEASE_CONTROL_REQUEST_MAX_BYTES, schema=LEASE_CONTROL_SCHEMA,
+                                keys=_REQUEST_KEYS)
         for key in ("runId", "attemptId", "offerId"):
             dispatch_id(value[key], child("$", key))
         string(value["leaseToken"], "$.leaseToken", min_length=32, max_length=128, pattern=LEASE_TOKEN)
@@ -225,10 +230,8 @@ def parse_lease_control_response(
         CallError: ``lease_control_response_invalid``.
     """
     with guard("lease_control_response_invalid"):
-        value = object_value(loads(body, max_bytes=LEASE_CONTROL_RESPONSE_MAX_BYTES, min_bytes=2), "$")
-        exact_keys(value, _RESPONSE_KEYS, "$")
-        if value["schema"] != LEASE_CONTROL_SCHEMA:
-            raise ContractError("schema", "$.schema", f"must be {LEASE_CONTROL_SCHEMA}")
+        value = schema_document(body, max_bytes=LEASE_CONTROL_RESPONSE_MAX_BYTES, schema=LEASE_CONTROL_SCHEMA,
+                                keys=_RESPONSE_KEYS)
         result = _result(value)
         fence = fence_of(offer, expected_lease_version=expected_lease_version)
         echo(value["projectId"], fence.project_id, "$.projectId")

@@ -48,8 +48,7 @@ from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.execution_revision import parse_secret_ref
 from qinglong_edge.contracts.fields import MAX_INT32, dispatch_id, string
 from qinglong_edge.contracts.ids import HEX64, LEASE_TOKEN
-from qinglong_edge.contracts.ingress import echo, fence_of, guard, member, request_bytes
-from qinglong_edge.contracts.strictjson import loads
+from qinglong_edge.contracts.ingress import echo, fence_of, guard, member, request_bytes, schema_document
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
@@ -242,10 +241,7 @@ def parse_secrets_request(body: bytes) -> dict[str, Any]:
         CallError: ``secrets_request_invalid``.
     """
     with guard("secrets_request_invalid", known_keys=_KNOWN_KEYS):
-        value = object_value(loads(body, max_bytes=SECRETS_REQUEST_MAX_BYTES, min_bytes=2), "$")
-        exact_keys(value, _REQUEST_KEYS, "$")
-        if value["schema"] != SECRETS_SCHEMA:
-            raise ContractError("schema", "$.schema", f"must be {SECRETS_SCHEMA}")
+        value = schema_document(body, max_bytes=SECRETS_REQUEST_MAX_BYTES, keys=_REQUEST_KEYS, schema=SECRETS_SCHEMA)
         _check_request(value)
         return value
 
@@ -324,10 +320,8 @@ def parse_secrets_response(body: bytes | bytearray, request: SecretsRequest) -> 
     pending: list[bytearray] = []  # zeroed unless handed over in the result
     try:
         with guard("secrets_response_invalid", known_keys=_KNOWN_KEYS):
-            value = object_value(loads(body, max_bytes=SECRETS_RESPONSE_MAX_BYTES, min_bytes=2), "$")
-            exact_keys(value, _RESPONSE_KEYS, "$")
-            if value["schema"] != SECRETS_SCHEMA:
-                raise ContractError("schema", "$.schema", f"must be {SECRETS_SCHEMA}")
+            value = schema_document(body, max_bytes=SECRETS_RESPONSE_MAX_BYTES, schema=SECRETS_SCHEMA,
+                                    keys=_RESPONSE_KEYS)
             run_id = _identifier(value["runId"], "$.runId", 36)
             attempt_id = _identifier(value["attemptId"], "$.attemptId", 36)
             offer_id = _identifier(value["offerId"], "$.offerId", 128)
