@@ -261,9 +261,12 @@ def _describe(report: object, device: dict[str, str | None]) -> str:
         code = f" {result.cluster_code}" if result.cluster_code else ""
         counted = "" if result.counted is not False else " (did not reach the cluster: not counted)"
         remedy = _remedy(result.reason, result.http_status)
+        # The failure's message: the file, host or answer the remedy ("see the message",
+        # "the file the message names") refers to.
+        detail = f": {result.detail}" if result.detail else ""
         text = (
             f"{status} ({result.reason}{http}{code}); claim {result.offer_id} kept, "
-            f"attempt {result.attempt_count} of 16{counted}, retry at {_iso(result.next_attempt_at_ms)}"
+            f"attempt {result.attempt_count} of 16{counted}, retry at {_iso(result.next_attempt_at_ms)}{detail}"
         ) + (f" -> {remedy}" if remedy else "")
     return "pull: " + prefix + text
 

@@ -175,6 +175,8 @@ class PullResult(Frozen):
             when one was received (e.g. a 409 other than ``worker_offer_fenced``).
         counted: for a failure, whether the attempt counted toward the budget (it may
             have reached the cluster); None otherwise.
+        detail: for a failure, its message (the file, host or answer it is about; no
+            secrets): what the remedy's "see the message" refers to; None otherwise.
     """
 
     __slots__ = (  # noqa: RUF023 (field order)
@@ -189,6 +191,7 @@ class PullResult(Frozen):
         "stats",
         "cluster_code",
         "counted",
+        "detail",
     )
     _repr_hidden = ("stats",)
 
@@ -203,6 +206,7 @@ class PullResult(Frozen):
     stats: dict[str, int] | None
     cluster_code: str | None
     counted: bool | None
+    detail: str | None
 
     def __init__(  # noqa: PLR0917 (the dataclass signature)
         self,
@@ -217,6 +221,7 @@ class PullResult(Frozen):
         stats: dict[str, int] | None = None,
         cluster_code: str | None = None,
         counted: bool | None = None,
+        detail: str | None = None,
     ) -> None:
         _set = object.__setattr__
         _set(self, "status", status)
@@ -230,6 +235,7 @@ class PullResult(Frozen):
         _set(self, "stats", stats)
         _set(self, "cluster_code", cluster_code)
         _set(self, "counted", counted)
+        _set(self, "detail", detail)
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {"status": self.status}
@@ -243,6 +249,7 @@ class PullResult(Frozen):
             ("attemptCount", self.attempt_count),
             ("clusterCode", self.cluster_code),
             ("counted", self.counted),
+            ("detail", self.detail),
         ):
             if value is not None:
                 out[key] = value
@@ -410,7 +417,7 @@ class PullCoordinator:
                 return self._abandon(claim, "offer_fenced", self._clock_ms(), http_status=409, cluster_code=code)
             status = "credential_rejected" if exc.http_status in (401, 403) else "unavailable"
             return self._back_off(claim, status, exc.reason, exc.http_status, exc.retry_after_ms,
-                                  counted=exc.reached_cluster, cluster_code=code)
+                                  counted=exc.reached_cluster, cluster_code=code, detail=exc.message)
         except ContractError as exc:
             return self._back_off(claim, "invalid_response", exc.code, None, None, counted=True)
         self._unreached = 0
@@ -451,6 +458,7 @@ class PullCoordinator:
         *,
         counted: bool,
         cluster_code: str | None = None,
+        detail: str | None = None,
     ) -> PullResult:
         now = max(self._clock_ms(), claim.updated_at_ms)
         attempts = min(MAX_ATTEMPTS, claim.attempt_count + 1) if counted else claim.attempt_count
@@ -476,6 +484,7 @@ class PullCoordinator:
             attempt_count=kept.attempt_count,
             cluster_code=cluster_code,
             counted=counted,
+            detail=detail,
         )
 
     def _abandon(self, claim: PendingClaim, reason: str, now: int, *, http_status: int | None = None,

@@ -411,6 +411,26 @@ def test_unreadable_credential_file_is_a_configuration_error(env: PullEnv) -> No
     assert outcome.last()["code"] == "credentials_unavailable"
 
 
+def test_a_claim_failure_names_the_file_its_remedy_points_at(env: PullEnv) -> None:
+    # Regression: with a fresh session (no heartbeat due) the credential is first read by
+    # the offer claim; its line said "-> fix the file the message names" without the
+    # message, so the user could not tell which file (the heartbeat path names it).
+    env.write_config(heartbeatIntervalMs=300000, sessionLeaseDurationMs=600000)
+    assert env.pull("--json").last()["status"] == "accepted"  # register, claim, execute
+    credential = pathlib.Path(env.files["credentialFile"])
+    credential.chmod(0o644)
+    human = env.pull()
+    assert human.status == 78, human.stdout + human.stderr
+    assert "unavailable (credentials_unavailable)" in human.stdout, human.stdout
+    assert f"{credential}: mode 0644 has forbidden group/other bits" in human.stdout, human.stdout
+    claim = env.claim()
+    assert claim is not None
+    env.wait_until_due(claim)
+    line = env.pull("--json").last()
+    assert line["reason"] == "credentials_unavailable" and str(credential) in line["detail"], line
+    assert env.cluster.secret not in human.stdout + human.stderr + json.dumps(line)
+
+
 # -- inbox capacity -----------------------------------------------------------------------------------------
 
 def test_full_inbox_makes_no_new_claim(env: PullEnv) -> None:

@@ -98,7 +98,8 @@ DEFAULTS: dict[type[Frozen], dict[str, Any]] = {
     JournalOptions: {"maximum_entries": 64, "abandoned_maximum_entries": 32, "retention_ms": 604_800_000,
                      "ownership_stale_ms": JournalOptions().ownership_stale_ms},
     PullResult: dict.fromkeys(("offer_id", "run_id", "reason", "next_attempt_at_ms", "http_status",
-                               "retry_after_ms", "attempt_count", "stats", "cluster_code", "counted")),
+                               "retry_after_ms", "attempt_count", "stats", "cluster_code", "counted",
+                               "detail")),
     SessionOutcome: {"replaced": False, "detail": ""},
     TransportResponse: {"source_sha256": None, "resumed": False},
 }
