@@ -302,11 +302,36 @@ def check_cgroups() -> Check:
             found.append(f"v1 {controller}")
     if found:
         return Check("cgroups", True, False, "per-run cgroups: " + ", ".join(found))
+    remedy = "run serve with a delegated cgroup (systemd Delegate=yes) or as root"
+    if _subreaper_available():
+        return Check(
+            "cgroups", False, False,
+            "no writable cgroup hierarchy: no per-Run cgroup (execution.maxRunPids is not applied); "
+            "processes that leave a Run's process group (setsid, a double fork) are ended by its job "
+            "wrapper, a child subreaper",
+            remedy,
+        )
     return Check(
         "cgroups", False, False,
-        "no writable cgroup hierarchy: escaped processes of a Run are found by process group only",
-        "run serve with a delegated cgroup (systemd Delegate=yes) or as root",
+        "no writable cgroup hierarchy and no _ctypes module (python3-ctypes): no per-Run cgroup "
+        "(execution.maxRunPids is not applied), and processes that leave a Run's process group "
+        "(setsid, a double fork) are not stopped with it",
+        remedy + "; install python3-ctypes so the job wrapper ends them as a child subreaper",
     )
+
+
+def _subreaper_available() -> bool:
+    """Can the job wrapper become a child subreaper here (it needs ``_ctypes`` for prctl)?
+
+    Looked up, not imported (process/wrapper.py ``become_subreaper`` imports it in the
+    wrapper itself, the same interpreter).
+    """
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("_ctypes") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def check_isolation(config: EdgeConfig) -> Check:

@@ -381,3 +381,44 @@ def test_doctor_fails_a_keyring_that_serve_refuses_with_serves_words(
     assert str(pepper["detail"]) in served.stderr  # serve's very line
     assert remedy in str(pepper["remedy"])
     keyring.chmod(0o700)  # let pytest clean up (0500)
+
+
+@pytest.mark.parametrize("ctypes_present", [True, False], ids=["with_ctypes", "without_ctypes"])
+def test_cgroups_warning_says_what_the_job_wrapper_still_does(tmp_path: pathlib.Path, ctypes_present: bool) -> None:
+    """Regression: without a writable cgroup the warning said escaped processes are "found
+    by process group only", though the job wrapper (a child subreaper) ends them; and it
+    said nothing when _ctypes, which the subreaper needs, is missing. Run as uid 65534,
+    which has no writable cgroup here; without_ctypes hides _ctypes as a Python lacking
+    python3-ctypes (OpenWrt's split package) would."""
+    if os.geteuid() != 0:
+        pytest.skip("running as another user needs root")
+    from tests.support.cli import unprivileged_python
+
+    python = unprivileged_python()
+    top = pathlib.Path(tempfile.mkdtemp(prefix="qle-doctor-"))
+    try:
+        top.chmod(0o755)
+        state = top / "state"
+        state.mkdir(mode=0o700)
+        os.chown(state, 65534, 65534)
+        config = _config(top, state)
+        config.write_text(json.dumps({**json.loads(config.read_text()), "execution": {}}))  # cgroups: an execution check
+        config.chmod(0o644)
+        hide = "" if ctypes_present else "sys.modules['_ctypes'] = None; "
+        code = f"import sys; {hide}from qinglong_edge.cli import main; sys.exit(main())"
+        proc = subprocess.run([python, "-c", code, "--config", str(config), "doctor", "--json"], capture_output=True,
+                              text=True, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONPATH": str(REPO)},
+                              cwd="/", user=65534, group=65534, extra_groups=[], timeout=60, check=False)
+        check = _checks(json.loads(proc.stdout))["cgroups"]
+        if check["ok"]:
+            pytest.skip(f"uid 65534 can write a cgroup here: {check['detail']}")
+        assert check["required"] is False
+        assert "found by process group only" not in check["detail"]
+        assert "maxRunPids is not applied" in check["detail"]
+        if ctypes_present:
+            assert "are ended by its job wrapper, a child subreaper" in check["detail"], check
+        else:
+            assert "no _ctypes module" in check["detail"] and "are not stopped" in check["detail"], check
+            assert "install python3-ctypes" in check["remedy"]
+    finally:
+        shutil.rmtree(top)
