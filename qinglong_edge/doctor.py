@@ -302,10 +302,22 @@ def check_cgroups() -> Check:
             found.append(f"v1 {controller}")
     if found:
         return Check("cgroups", True, False, "per-run cgroups: " + ", ".join(found))
+    remedy = "run serve with a delegated cgroup (systemd Delegate=yes) or as root"
+    try:  # what the job wrapper needs to be a child subreaper (process/wrapper.py)
+        import _ctypes  # noqa: F401
+    except ImportError:
+        return Check(
+            "cgroups", False, False,
+            "no writable cgroup hierarchy: no per-Run cgroup (no maxRunPids cap), and without ctypes "
+            "(python3-ctypes) the job wrapper is no child subreaper: processes that leave a Run's process "
+            "group (setsid, a double fork) outlive the Run's stop",
+            "install python3-ctypes; " + remedy,
+        )
     return Check(
         "cgroups", False, False,
-        "no writable cgroup hierarchy: escaped processes of a Run are found by process group only",
-        "run serve with a delegated cgroup (systemd Delegate=yes) or as root",
+        "no writable cgroup hierarchy: no per-Run cgroup (no maxRunPids cap); processes that leave a Run's "
+        "process group (setsid, a double fork) are still ended by the job wrapper (a child subreaper)",
+        remedy,
     )
 
 
