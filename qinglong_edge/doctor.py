@@ -303,35 +303,22 @@ def check_cgroups() -> Check:
     if found:
         return Check("cgroups", True, False, "per-run cgroups: " + ", ".join(found))
     remedy = "run serve with a delegated cgroup (systemd Delegate=yes) or as root"
-    if _subreaper_available():
+    try:  # what the job wrapper needs to be a child subreaper (process/wrapper.py)
+        import _ctypes  # noqa: F401
+    except ImportError:
         return Check(
             "cgroups", False, False,
-            "no writable cgroup hierarchy: no per-Run cgroup (execution.maxRunPids is not applied); "
-            "processes that leave a Run's process group (setsid, a double fork) are ended by its job "
-            "wrapper, a child subreaper",
-            remedy,
+            "no writable cgroup hierarchy: no per-Run cgroup (no maxRunPids cap), and without ctypes "
+            "(python3-ctypes) the job wrapper is no child subreaper: processes that leave a Run's process "
+            "group (setsid, a double fork) outlive the Run's stop",
+            "install python3-ctypes; " + remedy,
         )
     return Check(
         "cgroups", False, False,
-        "no writable cgroup hierarchy and no _ctypes module (python3-ctypes): no per-Run cgroup "
-        "(execution.maxRunPids is not applied), and processes that leave a Run's process group "
-        "(setsid, a double fork) are not stopped with it",
-        remedy + "; install python3-ctypes so the job wrapper ends them as a child subreaper",
+        "no writable cgroup hierarchy: no per-Run cgroup (no maxRunPids cap); processes that leave a Run's "
+        "process group (setsid, a double fork) are still ended by the job wrapper (a child subreaper)",
+        remedy,
     )
-
-
-def _subreaper_available() -> bool:
-    """Can the job wrapper become a child subreaper here (it needs ``_ctypes`` for prctl)?
-
-    Looked up, not imported (process/wrapper.py ``become_subreaper`` imports it in the
-    wrapper itself, the same interpreter).
-    """
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec("_ctypes") is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def check_isolation(config: EdgeConfig) -> Check:
