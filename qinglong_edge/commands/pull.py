@@ -314,10 +314,11 @@ def _splay(worker: object, abort: object, no_splay: bool) -> None:
     from qinglong_edge.config import WorkerConfig
     from qinglong_edge.worker.abort import AbortSignal
     from qinglong_edge.worker.pacing import splay_delay_ms
+    from qinglong_edge.worker.runtime import handover_pending
 
     assert isinstance(worker, WorkerConfig) and isinstance(abort, AbortSignal)
-    if no_splay:
-        return
+    if no_splay or handover_pending(worker.runtime_directory, worker.journal_directory):
+        return  # a stopped resident pull left jobs in flight: their leases cannot wait
     delay = splay_delay_ms(worker.worker_id, worker.splay_max_ms, time.time_ns() // 1_000_000, random.random())
     if delay <= 0:
         return

@@ -31,6 +31,7 @@ heartbeat, the attempt marker (see :mod:`qinglong_edge.worker.pull`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random as _random
 import time
@@ -43,7 +44,7 @@ from qinglong_edge.worker.expiry import daily_expiry_warning
 from qinglong_edge.worker.ingress_http import DEFAULT_MAX_REQUEST_BYTES
 from qinglong_edge.worker.journal import Journal, JournalOptions
 from qinglong_edge.worker.pull import AbortSignal, PullCoordinator, PullResult, SessionAuthority
-from qinglong_edge.worker.runtime import RuntimeDirectory
+from qinglong_edge.worker.runtime import HANDOVER_NAME, RuntimeDirectory
 from qinglong_edge.worker.session import SessionKeeper, SessionOutcome, local_capabilities, migrate_legacy_record
 from qinglong_edge.worker.transport import IngressTransport, TransportResponse
 
@@ -298,6 +299,8 @@ def _run_journal(
     config: EdgeConfig,
 ) -> Iterator[CycleReport | Any]:
     journal = Journal.open(worker.journal_directory, JournalOptions.from_config(worker), runtime=runtime)
+    with contextlib.suppress(JournalError):
+        runtime.remove(HANDOVER_NAME)  # ours now (RAM; absent in the steady state: one ENOENT)
     try:
         migrate_legacy_record(journal.take_legacy_session_record(), runtime)
         if notice is not None:

@@ -50,7 +50,7 @@ from qinglong_edge.worker.remote_files import in_flight, outcome_name, record_fi
 from qinglong_edge.worker.remote_job import isolation_available, prime_wrapper
 from qinglong_edge.worker.runner import Runner
 from qinglong_edge.worker.runner_state import RecordEvent, Track
-from qinglong_edge.worker.runtime import RuntimeDirectory, boot_id
+from qinglong_edge.worker.runtime import HANDOVER_NAME, RuntimeDirectory, boot_id
 from qinglong_edge.worker.session import SessionKeeper
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
@@ -284,6 +284,13 @@ class Resident:
                 self._wait(wakeup, pull_due if self.slots() > 0 else None)
         except PullAborted as exc:
             aborted = exc.signal_name
+            if self._live():
+                # The next pull must renew these leases soon: it skips its splay (the leases
+                # run on meanwhile; a 30 s lease does not wait for a phase late in the minute).
+                with contextlib.suppress(JournalError):
+                    self.runtime.write(HANDOVER_NAME, dumps_bytes({
+                        "schemaVersion": 1, "inFlight": len(self._live()), "atMs": self.clock_ms(),
+                        "signal": aborted}) + b"\n")
         finally:
             retract(self.runtime)
             wakeup.close()

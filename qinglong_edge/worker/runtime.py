@@ -13,6 +13,8 @@ OpenWrt, where the init script creates it)::
         session.json                      the Worker Session: ids, generation, heartbeat
                                           version, Retry-After (session.py)
         attempt.json                      attempt-in-flight marker of the claim (pull.py)
+        handover.json                     a resident pull stopped by a signal left jobs
+                                          running: the next pull skips its splay (resident.py)
         notice.<key>                      once-per-boot and once-per-day notices
 
 A reboot loses all of it, by design (docs/architecture.md, "What a reboot loses"): the
@@ -57,15 +59,20 @@ from qinglong_edge.worker.crashpoints import crashpoint
 __all__ = [
     "DEFAULT_RUNTIME_DIRECTORY",
     "FALLBACK_NAME",
+    "HANDOVER_NAME",
     "MAX_RUNTIME_FILE_BYTES",
     "RuntimeDirectory",
     "boot_id",
+    "handover_pending",
     "journal_key",
 ]
 
 #: ``<journal root>/run``: the fallback when the configured directory cannot be used.
 FALLBACK_NAME = "run"
 MAX_RUNTIME_FILE_BYTES = 16_384
+#: Left by a resident pull that a signal stopped while jobs of its records still run
+#: (their leases run on meanwhile); the next owner removes it once it holds the journal.
+HANDOVER_NAME = "handover.json"
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 _DAY_MS = 86_400_000
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -78,6 +85,16 @@ def boot_id() -> str:
             return handle.read().strip() or "unknown"
     except (OSError, ValueError):
         return "unknown"
+
+
+def handover_pending(configured: str, journal_root: str) -> bool:
+    """Whether a resident pull stopped by a signal left jobs in flight for the next pull
+    (:data:`HANDOVER_NAME` in this journal's runtime directory or its fallback). Two
+    ``lstat`` calls, nothing created: a cron pull asks this before its splay, so it takes
+    over those leases at once instead of at the device's phase in the minute."""
+    key = journal_key(journal_root)
+    return any(os.path.lexists(os.path.join(directory, HANDOVER_NAME)) for directory in (
+        os.path.join(os.path.normpath(configured), key), os.path.join(os.path.normpath(journal_root), FALLBACK_NAME)))
 
 
 def journal_key(journal_root: str) -> str:

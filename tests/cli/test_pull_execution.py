@@ -328,9 +328,12 @@ def test_sigterm_leaves_the_job_running_and_the_next_pull_adopts_it(env: RemoteE
     summary = outcome.summary()
     assert summary is not None and (summary["aborted"], summary["inFlight"]) == ("SIGTERM", 1)
     assert env.record()["state"] == "running_acknowledged"
+    handover = json.loads((env.runtime / "handover.json").read_text())  # the next pull skips its splay
+    assert (handover["inFlight"], handover["signal"]) == (1, "SIGTERM")
     env.release("job")  # the job was left running: it ends now, with nobody watching
     again = env.run_to_end()
     assert again.status == 0, dump(again)
+    assert not (env.runtime / "handover.json").exists()  # taken by the new owner
     adopted = again.events("adopted")[0]
     assert adopted["pid"] == outcome.events("started")[0]["pid"]
     assert again.events("exited")[0]["source"] == "receipt"

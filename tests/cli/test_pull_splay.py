@@ -69,3 +69,41 @@ def test_the_wait_comes_before_the_tls_client_and_sigterm_ends_it(tmp_path: path
         assert proc.returncode == 75
         assert stdout == b""
         assert cluster.exchanges == []  # nothing was sent
+
+
+def test_a_handover_from_a_stopped_resident_pull_skips_the_wait(tmp_path: pathlib.Path) -> None:
+    """A resident pull stopped by a signal (an upgrade's ``pull --release``, a Ctrl-C) leaves
+    jobs whose 30 s leases run on: the next cron pull must not wait ~48 s for this device's
+    phase (the test above waits it, same device, same pinned second 0) before it renews
+    them. It takes the journal at once and removes the note."""
+    with ClusterDouble(tasks=(), worker_id="edge-3") as cluster:
+        env = PullEnv(tmp_path, cluster, splayMaxMs=60_000)
+        env.runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+        note = env.runtime / "handover.json"
+        note.write_text('{"schemaVersion":1,"inFlight":1,"atMs":0,"signal":"SIGTERM"}\n')
+        note.chmod(0o600)
+        controller, terminal = pty.openpty()
+        proc = subprocess.Popen([sys.executable, "-c", PINNED_CLOCK, "--config", str(env.config_path), "pull"],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=terminal, cwd=REPO,
+                                env=child_env())
+        os.close(terminal)
+        try:
+            stdout, _ = proc.communicate(timeout=30)  # well before the 42.7 s the splay would take
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            said = b""
+            while select.select([controller], [], [], 0)[0]:
+                try:
+                    chunk = os.read(controller, 4096)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                said += chunk
+            os.close(controller)
+        assert proc.returncode == 0, (said, stdout)
+        assert b"pull: waiting" not in said
+        assert b"idle" in stdout
+        assert not note.exists()  # the new owner took the handover
