@@ -16,6 +16,7 @@ RANK = {
     "errors": 1,
     "config": 1,
     "filecheck": 1,
+    "clock": 1,
     "process": 2,
     "worker": 3,
     "local": 4,
@@ -66,7 +67,7 @@ def test_module_respects_layers(path: pathlib.Path) -> None:
             assert top in sys.stdlib_module_names, f"{path}:{lineno}: {name} is not standard library"
 
 
-SQLITE_FREE = ("contracts", "errors", "config", "filecheck", "process", "worker")
+SQLITE_FREE = ("contracts", "errors", "config", "filecheck", "clock", "process", "worker")
 
 
 @pytest.mark.parametrize(
