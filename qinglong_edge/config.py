@@ -32,7 +32,8 @@ Shape (camelCase, like the QingLong configs; defaults in brackets)::
         "maxConcurrentRuns": 1-1024,                [1]
         "logDirectory": "/abs",                     [<execution.logDirectory>/remote, else <stateDirectory>/logs/remote]
         "maxLogBytes": 1024-67108864,               [execution.maxLogBytes, else 1048576: per remote attempt]
-        "logMinimumFreeBytes": 0-1099511627776      [4194304: free space kept beside a remote log's cap]
+        "logMinimumFreeBytes": 0-1099511627776,     [4194304: free space kept beside a remote log's cap]
+        "metricsTextfile": "/abs" | null            [null: off; a RAM path: node_exporter textfile per cycle]
       },
       "localApi": {                                            absent: no Local API role
         "listener": {"host": "127.0.0.1" | "::1", "port": 1024-65535},  required
@@ -43,7 +44,9 @@ Shape (camelCase, like the QingLong configs; defaults in brackets)::
         "auditRetentionMs": 60000-31536000000,      [2592000000 = 30 days edge, 90 days standalone]
         "runMaximumEntries": 10-1000000,            [500 edge, 20000 standalone: terminal Runs]
         "runRetentionMs": 60000-31536000000,        [2592000000 = 30 days edge, 90 days standalone]
-        "databaseMaximumBytes": 1048576-68719476736 [8 MiB edge, 256 MiB standalone]
+        "databaseMaximumBytes": 1048576-68719476736, [8 MiB edge, 256 MiB standalone]
+        "console": true | false,                    [false: the status console on /]
+        "metrics": true | false                     [false: GET /metrics, Prometheus text, no credential]
       },
       "execution": {                                           absent: Runs are never launched
         "maxConcurrentRuns": 1-64,                  [2 edge, 8 standalone]
@@ -151,6 +154,7 @@ class WorkerConfig(Frozen):
         "log_directory",
         "max_log_bytes",
         "log_minimum_free_bytes",
+        "metrics_textfile",
     )
 
     origin: Origin
@@ -178,6 +182,8 @@ class WorkerConfig(Frozen):
     max_log_bytes: int
     #: Free space a remote log must leave beside its cap (``statfs`` guard of 4.3).
     log_minimum_free_bytes: int
+    #: node_exporter textfile each pull cycle writes (a RAM path), None: off.
+    metrics_textfile: str | None
 
     def __init__(  # noqa: PLR0917 (the dataclass signature)
         self,
@@ -203,8 +209,10 @@ class WorkerConfig(Frozen):
         log_directory: str = "/var/lib/qinglong-edge/logs/remote",
         max_log_bytes: int = 1024 * 1024,
         log_minimum_free_bytes: int = 4 * 1024 * 1024,
+        metrics_textfile: str | None = None,
     ) -> None:
         _set = object.__setattr__
+        _set(self, "metrics_textfile", metrics_textfile)
         _set(self, "origin", origin)
         _set(self, "worker_id", worker_id)
         _set(self, "credential_file", credential_file)
@@ -255,6 +263,8 @@ class LocalApiConfig(Frozen):
         "run_maximum_entries",
         "run_retention_ms",
         "database_maximum_bytes",
+        "console",
+        "metrics",
     )
 
     listener: ListenerConfig
@@ -271,6 +281,10 @@ class LocalApiConfig(Frozen):
     run_retention_ms: int
     #: Cap of the database's used bytes (pages in use x page size).
     database_maximum_bytes: int
+    #: Serve the status console (``/``, ``/console.css``, ``/console.js``).
+    console: bool
+    #: Serve ``GET /metrics`` (Prometheus text format, no credential).
+    metrics: bool
 
     def __init__(  # noqa: PLR0917 (the dataclass signature)
         self,
@@ -283,8 +297,12 @@ class LocalApiConfig(Frozen):
         run_maximum_entries: int = 500,
         run_retention_ms: int = 2_592_000_000,
         database_maximum_bytes: int = 8 * 1024 * 1024,
+        console: bool = False,
+        metrics: bool = False,
     ) -> None:
         _set = object.__setattr__
+        _set(self, "console", console)
+        _set(self, "metrics", metrics)
         _set(self, "listener", listener)
         _set(self, "database_file", database_file)
         _set(self, "pepper_keyring_directory", pepper_keyring_directory)
@@ -416,6 +434,19 @@ class _Section:
             raise ConfigError(f"{self._at(key)}: must be {what}", path=self._at(key))
         return value
 
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self._get(key, required=False)
+        if value is None and key not in self.data:
+            return default
+        if not isinstance(value, bool):
+            raise ConfigError(f"{self._at(key)}: must be true or false", path=self._at(key))
+        return value
+
+    def optional_path(self, key: str) -> str | None:
+        """An absolute path, or None when absent or ``null``."""
+        value = self._get(key, required=False)
+        return None if value is None else _absolute(value, self._at(key))
+
     def path_value(self, key: str, default: str | None = None) -> str:
         value = self._get(key, required=default is None)
         if value is None and key not in self.data and default is not None:
@@ -503,6 +534,7 @@ def _parse_worker(sec: _Section, state_dir: str, profile: str, execution: Execut
         max_log_bytes=sec.integer("maxLogBytes", 1024, 64 * _MIB,
                                   execution.max_log_bytes if execution is not None else _MIB),
         log_minimum_free_bytes=sec.integer("logMinimumFreeBytes", 0, 1024 * 1024 * _MIB, 4 * _MIB),
+        metrics_textfile=sec.optional_path("metricsTextfile"),
     )
     sec.done()
     if 2 * config.heartbeat_interval_ms > config.session_lease_duration_ms:
@@ -540,6 +572,8 @@ def _parse_local_api(sec: _Section, state_dir: str, profile: str) -> LocalApiCon
         database_maximum_bytes=sec.integer(
             "databaseMaximumBytes", _MIB, 64 * 1024 * _MIB, (8 if edge else 256) * _MIB
         ),
+        console=sec.boolean("console", False),
+        metrics=sec.boolean("metrics", False),
     )
     sec.done()
     return config

@@ -440,6 +440,11 @@ def _run(args: argparse.Namespace) -> int:
         for item in run_pull(worker, duration_s=args.duration, abort=abort, notice=_notice, config=config):
             if isinstance(item, CycleReport):
                 status = _exit_status(item)
+                if worker.metrics_textfile is not None or status != 0:  # else: no cost at all
+                    from qinglong_edge.clock import wall_ms
+                    from qinglong_edge.worker.cycle_status import record_cycle
+
+                    record_cycle(worker, item, status, wall_ms(), _notice)
                 if args.json:
                     print_json({"device": device, **_with_remedy(item.to_json())})
                 else:

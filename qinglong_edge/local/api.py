@@ -57,14 +57,13 @@ from qinglong_edge.local.exchange import Exchange, Response
 from qinglong_edge.local.http11 import RequestHead
 from qinglong_edge.local.identity import presents_credential
 from qinglong_edge.local.log_read import LogReader
+from qinglong_edge.local.metrics import ApiMetrics
 from qinglong_edge.local.policy import PolicyFence
 from qinglong_edge.local.routes import Route, resolve
 from qinglong_edge.local.store import Store, now_ms
 from qinglong_edge.local.task_reader import get_task_body, list_tasks_body
 from qinglong_edge.local.tasks import TaskNotFound
-
-#: The schema of ``edge.worker.get`` bodies (ours).
-WORKER_STATUS_SCHEMA: Final = "qinglong-edge/worker-status@v1"
+from qinglong_edge.local.worker_status import WORKER_STATUS_SCHEMA
 
 
 class PublicRoutes(Protocol):
@@ -138,7 +137,9 @@ class LocalApi:
         log_directory: str | None = None,
         worker_status: Callable[[], dict[str, Any]] | None = None,
         public: PublicRoutes | None = None,
+        metrics: ApiMetrics | None = None,
     ) -> None:
+        self.metrics = metrics
         self._store = store
         self._log_window = DEFAULT_READ_BYTES.get(profile, DEFAULT_READ_BYTES["edge"])
         self.logs = LogReader(store, log_directory, timeout_s=store_timeout_s)
@@ -362,6 +363,8 @@ class LocalApi:
         return outcome.http_status, body
 
     def _notify(self, operation: str, run_id: str) -> None:
+        if self.metrics is not None:
+            self.metrics.count("task_starts" if operation == "task.start" else "cancellations")
         if self.on_intent is None:
             return
         try:
