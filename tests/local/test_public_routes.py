@@ -161,7 +161,7 @@ def test_a_real_prometheus_scrapes_serve(site: LocalSite, tmp_path: pathlib.Path
         def scraped() -> dict[str, object] | None:
             url = f"http://127.0.0.1:{web}/api/v1/query?query=qinglong_edge_build_info"
             try:
-                with urllib.request.urlopen(url, timeout=2) as answer:  # noqa: S310 - loopback only
+                with urllib.request.urlopen(url, timeout=2) as answer:
                     value = json.loads(answer.read())
             except OSError:
                 return None
@@ -170,7 +170,7 @@ def test_a_real_prometheus_scrapes_serve(site: LocalSite, tmp_path: pathlib.Path
 
         result = wait_for(scraped, 60, "Prometheus to scrape /metrics")
         assert result["metric"]["job"] == "qinglong-edge"  # type: ignore[index]
-        with urllib.request.urlopen(f"http://127.0.0.1:{web}/api/v1/targets", timeout=5) as answer:  # noqa: S310
+        with urllib.request.urlopen(f"http://127.0.0.1:{web}/api/v1/targets", timeout=5) as answer:
             targets = json.loads(answer.read())["data"]["activeTargets"]
         assert [t["health"] for t in targets] == ["up"], targets
     finally:
