@@ -88,11 +88,12 @@
   }
 
   // Everything a job printed is text: invalid UTF-8 becomes U+FFFD (TextDecoder), control
-  // characters and ANSI escapes become their visible Control Pictures, nothing is HTML.
+  // characters and ANSI escapes are shown in caret notation (ESC is ^[, as cat -v does),
+  // and nothing is ever parsed as HTML (text nodes only).
   function printable(text) {
     return text.replace(/[\u0000-\u0008\u000b-\u001f\u007f]/g, (c) => {
       const code = c.charCodeAt(0);
-      return code === 0x7f ? '\u2421' : String.fromCharCode(0x2400 + code);
+      return code === 0x7f ? '^?' : '^' + String.fromCharCode(code + 0x40);
     });
   }
 
