@@ -55,6 +55,8 @@ PLAN: dict[str, tuple[list[str], list[str]]] = {
     "transport": (["--requests", "60", "--repetitions", "5"], ["--requests", "10", "--repetitions", "1"]),
     "storage_caps": (["--runs", "20000"], ["--runs", "2000", "--baseline-runs", "300", "--disk-runs", "100"]),
     "remote_execution": (["--runs", "7", "--window-s", "60"], ["--runs", "2", "--window-s", "15"]),
+    "observe": (["--requests", "400", "--repeat", "3", "--cycles", "12"],
+                ["--requests", "100", "--repeat", "1", "--cycles", "4"]),
 }
 TIMEOUT_S = 420
 _PR_SET_CHILD_SUBREAPER = 36

@@ -441,10 +441,12 @@ def _run(args: argparse.Namespace) -> int:
             if isinstance(item, CycleReport):
                 status = _exit_status(item)
                 if worker.metrics_textfile is not None or status != 0:  # else: no cost at all
-                    from qinglong_edge.clock import wall_ms
+                    import time as _time
+
                     from qinglong_edge.worker.cycle_status import record_cycle
 
-                    record_cycle(worker, item, status, wall_ms(), _notice)
+                    # wall clock (a person's and Prometheus' time); time is loaded already
+                    record_cycle(worker, item, status, _time.time_ns() // 1_000_000, _notice)
                 if args.json:
                     print_json({"device": device, **_with_remedy(item.to_json())})
                 else:

@@ -74,9 +74,11 @@ class CycleReport(Frozen):
         detail: a human-readable line (no secrets).
         reason: the transport reason behind ``error`` (``certificate_expired``...), if any.
         remedy: its one-line remedy ("" without one).
+        inbox: inbox records by state as the cycle saw them (an offer it accepted
+            included), for the metrics textfile; None when the cycle stopped before.
     """
 
-    __slots__ = ("session", "result", "error", "detail", "reason", "remedy")  # noqa: RUF023 (field order)
+    __slots__ = ("session", "result", "error", "detail", "reason", "remedy", "inbox")  # noqa: RUF023 (field order)
 
     session: SessionOutcome | None
     result: PullResult | None
@@ -84,6 +86,7 @@ class CycleReport(Frozen):
     detail: str
     reason: str | None
     remedy: str
+    inbox: dict[str, int] | None
 
     def __init__(  # noqa: PLR0917 (the dataclass signature)
         self,
@@ -93,8 +96,10 @@ class CycleReport(Frozen):
         detail: str = "",
         reason: str | None = None,
         remedy: str = "",
+        inbox: dict[str, int] | None = None,
     ) -> None:
         _set = object.__setattr__
+        _set(self, "inbox", inbox)
         _set(self, "session", session)
         _set(self, "result", result)
         _set(self, "error", error)
@@ -153,13 +158,18 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
     except SessionError as exc:
         return CycleReport(None, None, exc.code, exc.message, reason=exc.reason, remedy=exc.remedy), busy
     record = session.session
+    states: dict[str, int] = {}
+    for stored in kept:
+        states[stored["state"]] = states.get(stored["state"], 0) + 1
     if busy and not slots:
         coordinator.settle_claim()
-        return CycleReport(session, PullResult("no_slot", reason="slots_in_use")), busy
+        return CycleReport(session, PullResult("no_slot", reason="slots_in_use"), inbox=states), busy
     result = coordinator.pull(SessionAuthority(record.worker_id, record.session_id, record.generation))
     if result.status in ("accepted", "replayed"):
         busy += 1  # executed by the resident loop at once (a replay of a finished one leaves it)
-    return CycleReport(session, result), busy
+        if result.status == "accepted":
+            states["accepted"] = states.get("accepted", 0) + 1
+    return CycleReport(session, result, inbox=states), busy
 
 
 def _process_gone(record: dict[str, Any]) -> bool:

@@ -206,7 +206,8 @@ def record_cycle(worker: WorkerConfig, report: Any, exit_status: int, now_ms: in
             problem = "metrics_textfile_not_in_ram"
         else:
             try:
-                _write_textfile(path, textfile(state, _records_by_state(worker.journal_directory)))
+                records = report.inbox if report.inbox is not None else _records_by_state(worker.journal_directory)
+                _write_textfile(path, textfile(state, records))
             except (OSError, JournalError):
                 problem = "metrics_textfile_unavailable"
         if problem is not None and notice is not None:
