@@ -24,7 +24,14 @@ run.cancel      ``run_not_found``      409 ``run_cancellation_fence_rejected`` +
                                        503 ``run_cancellation_unavailable``
 task.start      ``task_not_found``     409 ``task_start_fence_rejected`` + reason;
                                        503 ``task_start_unavailable``
+run.log.read    ``artifact_not_found`` 202 pending, 410 retired; 503 ``artifact_unavailable``
+                                       (:mod:`qinglong_edge.local.log_read`)
+task.list/get   ``task_not_found``     503 ``task_list_unavailable`` / ``task_query_unavailable``
+edge.worker.get -                      503 ``worker_status_unavailable`` (ours)
 ==============  =====================  ============================================
+
+Before routing, ``public`` (:mod:`qinglong_edge.local.public`) answers the status
+console's assets and ``/metrics`` when ``serve`` turned them on.
 
 A ``run.get`` body includes ``latestAttempt`` (the later reference, 57953ec8; the store's
 default).
