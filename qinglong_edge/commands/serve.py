@@ -129,7 +129,9 @@ def observability(config: Any, store: Any, maintenance: Callable[[], Any]) -> tu
     from qinglong_edge.local.public import ConsoleAssets, PublicRoutes
     from qinglong_edge.local.retention import RetentionCaps, measure_store
 
-    metrics = ApiMetrics() if local.metrics else None
+    from qinglong_edge import __version__
+
+    metrics = ApiMetrics(__version__) if local.metrics else None
     caps = RetentionCaps.from_config(config)
 
     def gauges() -> tuple[dict[str, int], dict[str, tuple[int, int | None]]]:

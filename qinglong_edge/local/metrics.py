@@ -32,7 +32,6 @@ import threading
 from collections.abc import Callable
 from typing import Any, Final
 
-from qinglong_edge import __version__
 from qinglong_edge.contracts.exposition import Family, histogram_family, render
 from qinglong_edge.local.run_reader import RUN_STATUSES
 
@@ -60,11 +59,15 @@ StoreGauges = Callable[[], tuple[dict[str, int], dict[str, tuple[int, int | None
 class ApiMetrics:
     """The counters and the latency histogram; thread-safe (workers and the poll thread).
 
+    ``version``: the agent's, for ``qinglong_edge_build_info`` (``serve`` passes it: this
+    layer does not import the package root).
+
     :meth:`observe` is the server's ``observer``; :meth:`count` is called by the API
     (``task_starts``, ``cancellations``) and by the controller (``launches``).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, version: str = "unknown") -> None:
+        self._version = version
         self._lock = threading.Lock()
         self._counters = {"task_starts": 0, "launches": 0, "cancellations": 0}
         self._refusals: dict[str, int] = {}
@@ -98,7 +101,7 @@ class ApiMetrics:
         """The exposition text (``gauges`` None: no store families, e.g. in tests)."""
         snap = self.snapshot()
         families = [Family("qinglong_edge_build_info", "gauge", "The agent's version.")
-                    .add(1, (("version", __version__),))]
+                    .add(1, (("version", self._version),))]
         if gauges is not None:
             runs, stores = gauges()
             family = Family("qinglong_edge_local_runs", "gauge", "Stored Local Runs by status.")

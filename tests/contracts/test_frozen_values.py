@@ -87,14 +87,15 @@ HIDDEN = {
 }
 DEFAULTS: dict[type[Frozen], dict[str, Any]] = {
     WorkerConfig: {"log_directory": "/var/lib/qinglong-edge/logs/remote", "max_log_bytes": 1 << 20,
-                   "log_minimum_free_bytes": 4 << 20},
+                   "log_minimum_free_bytes": 4 << 20, "metrics_textfile": None},
     ExecutionConfig: {"max_run_pids": 0, "max_total_log_bytes": 4 << 20, "work_directory": ""},
     EdgeConfig: {"source": ""},
     LocalApiConfig: {"audit_maximum_entries": 5000, "audit_retention_ms": 2_592_000_000, "run_maximum_entries": 500,
-                     "run_retention_ms": 2_592_000_000, "database_maximum_bytes": 8 << 20},
+                     "run_retention_ms": 2_592_000_000, "database_maximum_bytes": 8 << 20, "console": False,
+                     "metrics": False},
     PendingClaim: {"schema_version": 1},
     SessionProjection: {"replaced_session": None}, CycleReport: {"error": None, "detail": "", "reason": None,
-                                                                  "remedy": ""},
+                                                                  "remedy": "", "inbox": None},
     JournalOptions: {"maximum_entries": 64, "abandoned_maximum_entries": 32, "retention_ms": 604_800_000,
                      "ownership_stale_ms": JournalOptions().ownership_stale_ms},
     PullResult: dict.fromkeys(("offer_id", "run_id", "reason", "next_attempt_at_ms", "http_status",
