@@ -125,11 +125,10 @@ def observability(config: Any, store: Any, maintenance: Callable[[], Any]) -> tu
     local = config.local_api
     if not local.console and not local.metrics:
         return None, None
+    from qinglong_edge import __version__
     from qinglong_edge.local.metrics import ApiMetrics, run_counts
     from qinglong_edge.local.public import ConsoleAssets, PublicRoutes
     from qinglong_edge.local.retention import RetentionCaps, measure_store
-
-    from qinglong_edge import __version__
 
     metrics = ApiMetrics(__version__) if local.metrics else None
     caps = RetentionCaps.from_config(config)
