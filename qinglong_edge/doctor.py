@@ -756,34 +756,53 @@ def check_local_store_caps(config: EdgeConfig) -> list[Check]:
 
 
 def check_journal_caps(config: EdgeConfig) -> list[Check]:
-    """The worker journal's inbox and ``abandoned/`` against their caps (read-only)."""
+    """The worker journal's inbox and ``abandoned/`` against their caps (read-only).
+
+    Issue 23: only records that still need this device hold inbox entries; finished ones
+    make room (the oldest first) and go after ``inboxRetentionMs``. A warning when records
+    in flight fill the inbox (no claim is made) or finished ones are past retention.
+    """
     worker = config.worker
     if worker is None or not _exists(worker.journal_directory):
         return []
     from qinglong_edge.errors import EdgeError
-    from qinglong_edge.worker.journal import TERMINAL_STATES
     from qinglong_edge.worker.journal_view import JournalReader
 
+    now = int(time.time() * 1000)
     try:
         with JournalReader.open(worker.journal_directory) as reader:
             ids = reader.list_offers()
-            terminal_times = []
+            finished_times = []
+            busy = 0
+            if ids:
+                from qinglong_edge.worker.remote_files import in_flight
             for offer_id in ids:
                 record = reader.read_offer(offer_id)
-                if record is not None and record["state"] in TERMINAL_STATES:
-                    terminal_times.append(int(record["updatedAtMs"]))
+                if record is None:
+                    continue
+                if in_flight(record, now):
+                    busy += 1
+                else:
+                    finished_times.append(int(record["updatedAtMs"]))
             abandoned = reader.count_abandoned()
     except EdgeError as exc:
         return [Check("store_inbox", False, False, f"{worker.journal_directory}: {exc.code}",
                       "run `qinglong-edge inbox list` for the details")]
-    now = int(time.time() * 1000)
-    oldest = max((now - t for t in terminal_times), default=None)
+    cap = worker.inbox_maximum_entries
+    oldest = max((now - t for t in finished_times), default=None)
     due = oldest is not None and oldest > worker.inbox_retention_ms
+    detail = (f"{busy} of {cap} entries held by records that need this device; {len(finished_times)} finished"
+              + ("" if oldest is None else f" (oldest {_days(max(0, oldest))} of {_days(worker.inbox_retention_ms)};"
+                 " the oldest goes when room is needed)"))
+    if busy >= cap:
+        remedy = ("no claim is made until one of them ends: `qinglong-edge inbox list` shows them (the resident "
+                  "pull drives each to its end); `qinglong-edge inbox discard OFFER_ID --yes --force` gives one up")
+    elif due:
+        remedy = "every pull cycle prunes them; `qinglong-edge admin prune` does it now"
+    else:
+        remedy = ""
     return [
-        _cap("store_inbox", not due and len(ids) <= worker.inbox_maximum_entries,
-             f"{len(ids)} records of {worker.inbox_maximum_entries} ({len(terminal_times)} terminal"
-             + ("" if oldest is None else f", oldest {_days(max(0, oldest))} of {_days(worker.inbox_retention_ms)}")
-             + ")"),
+        Check("store_inbox", busy < cap and not due, False, detail, remedy),
         _cap("store_abandoned", abandoned <= worker.abandoned_maximum_entries,
              f"{abandoned} abandoned claims of {worker.abandoned_maximum_entries}"),
     ]

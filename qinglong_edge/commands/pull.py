@@ -253,7 +253,10 @@ def _describe(report: object, device: dict[str, str | None]) -> str:
     elif status == "backoff":
         text = f"backoff: claim {result.offer_id} is due at {_iso(result.next_attempt_at_ms)}"
     elif status == "inbox_full":
-        text = "inbox full: no new claim made (see `qinglong-edge inbox list`)"
+        held = result.detail or "records that need this device fill it"
+        kept = f"claim {result.offer_id} kept, not sent" if result.offer_id else "no new claim made"
+        text = (f"inbox full: {held} (worker.inboxMaximumEntries; finished records make room); {kept} "
+                "(see `qinglong-edge inbox list`)")
     elif status == "abandoned":
         text = f"claim {result.offer_id} abandoned ({result.reason}); the next cycle makes a new claim"
     else:

@@ -8,7 +8,8 @@ One call of :meth:`PullCoordinator.pull` is one step of the algorithm::
       bound to another session/generation   -> no attempt counted: drop it (no lease can
                                                exist); else abandon (stale_session), stop
       16 attempts used                      -> abandon (attempt_budget_exhausted), stop
-      absent, inbox full                    -> inbox_full: no claim is made
+      inbox full (records in flight fill it) -> inbox_full: no claim is made, a kept one
+                                               is not sent
       absent                                -> create {offerId=uuid4, leaseToken=32 random bytes}
     not due (nextAttemptAtMs > now)         -> backoff (no I/O at all)
     marker {offerId, revision} -> runtime directory, BEFORE sending (not fsynced: RAM)
@@ -163,7 +164,7 @@ class PullResult(Frozen):
     Attributes:
         status: ``accepted``, ``replayed``, ``idle``, ``backoff``, ``inbox_full``,
             ``abandoned``, ``unavailable``, ``invalid_response`` or ``credential_rejected``.
-        offer_id: the claim's offerId (None for ``inbox_full``).
+        offer_id: the claim's offerId (None for ``inbox_full`` without a kept claim).
         run_id: the offered Run (accepted/replayed).
         reason: idle reason, abandon reason, or the failure code (a transport failure's
             typed reason, :attr:`~qinglong_edge.errors.TransportError.reason`).
@@ -337,9 +338,13 @@ class PullCoordinator:
                 claim = None
             elif claim.attempt_count >= MAX_ATTEMPTS:
                 return self._abandon(claim, "attempt_budget_exhausted", now)
+        if not self._journal.has_capacity():
+            # No room for the offer the claim could bring (records in flight fill the
+            # inbox; the caller made room from finished ones): a kept claim is not sent
+            # either (the cluster would answer idle worker_unavailable to 0 slots).
+            return PullResult("inbox_full", offer_id=None if claim is None else claim.offer_id,
+                              reason="capacity_exhausted", attempt_count=None if claim is None else claim.attempt_count)
         if claim is None:
-            if not self._journal.has_capacity():
-                return PullResult("inbox_full", reason="capacity_exhausted")
             authority = ClaimAuthority(
                 session.worker_id,
                 session.session_id,

@@ -42,7 +42,7 @@ from qinglong_edge.contracts.strictjson import dumps_bytes
 from qinglong_edge.errors import JournalError, SessionError
 from qinglong_edge.worker.abort import AbortSignal, PullAborted
 from qinglong_edge.worker.calls import ExecutionCalls
-from qinglong_edge.worker.cycle import CycleReport
+from qinglong_edge.worker.cycle import CycleReport, inbox_full
 from qinglong_edge.worker.discard import advertise, pending_requests, retract, write_result
 from qinglong_edge.worker.pacing import retry_delay_ms
 from qinglong_edge.worker.pull import PullCoordinator, SessionAuthority
@@ -202,8 +202,23 @@ class Resident:
         return [t for t in self.tracks.values() if not t.done]
 
     def slots(self) -> int:
-        free = self.journal.options.maximum_entries - len(self.journal.list_offers())
-        return max(0, min(self.worker.max_concurrent_runs - len(self._live()), free))
+        # Only records in flight hold inbox entries (issue 23): finished ones make room.
+        live = len(self._live())
+        return max(0, min(self.worker.max_concurrent_runs - live, self.journal.options.maximum_entries - live))
+
+    def _make_room(self) -> None:
+        """Before a pull: the oldest finished records go when the inbox files fill it."""
+        live = {t.offer_id for t in self._live()}
+        now = self.clock_ms()
+        self.journal.make_room(lambda r: r["offer"]["offerId"] not in live and not in_flight(r, now),
+                               remove_files=self._remove_finished)
+
+    def _remove_finished(self, record: dict[str, Any]) -> None:
+        files = record_files(self.limits, record)
+        if files is not None:
+            remove_job_files(files)
+        with contextlib.suppress(JournalError):
+            self.runtime.remove(outcome_name(record["offer"]["offerId"]))
 
     def _discards(self) -> None:
         for offer_id, request_id in pending_requests(self.runtime):
@@ -339,7 +354,10 @@ class Resident:
         record = self.keeper.current()
         if record is None:
             return None, now + self.worker.heartbeat_interval_ms
+        self._make_room()
         result = self.coordinator.pull(SessionAuthority(record.worker_id, record.session_id, record.generation))
+        if result.status == "inbox_full":
+            result = inbox_full(result, len(self._live()), self.journal.options.maximum_entries)
         if result.status in ("accepted", "replayed") and result.offer_id is not None:
             stored = self.journal.read_offer(result.offer_id)
             if stored is not None and result.offer_id not in self.tracks and in_flight(stored, self.clock_ms()):
