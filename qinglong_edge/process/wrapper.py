@@ -75,7 +75,9 @@ Protocol (all bytes):
    ms clamped >= ``startedatms``). Each is a temp file ``.<name>.<32 hex>.tmp`` (0600,
    ``O_EXCL``), written, fsynced, ``link``\\ ed to its name (an existing file is never
    replaced), the directory fsynced, the temp name unlinked. Then the wrapper exits E:
-   the command's exit code, or 128 + the signal that killed it.
+   the command's exit code, or 128 + the signal that killed it. (The directories of the
+   log, fact and receipt that the wrapper made at the start, 0700, had their parents
+   fsynced then: :func:`fsync_parents`.)
 
 If the wrapper itself is killed (SIGKILL to the group, the OOM killer), nothing is
 published: that is the caller's "No receipt" case. If the agent dies after the release,
@@ -315,7 +317,8 @@ def _absolute(path: bytes, what: str) -> bytes:
 
 
 def open_directory(path: bytes, what: str) -> int:
-    """An ``O_DIRECTORY`` fd of ``path``, creating missing directories 0700 on the way.
+    """An ``O_DIRECTORY`` fd of ``path``, creating missing directories 0700 on the way
+    (each one's parent fsynced: :func:`fsync_parents`).
 
     The directory itself must not be a symlink (``O_NOFOLLOW``), must be ours and not
     writable by group/other (reference 4.3: the log directories are 0700 and not
@@ -328,11 +331,14 @@ def open_directory(path: bytes, what: str) -> int:
             missing = [path]
             while not os.path.isdir(os.path.dirname(missing[-1])) and os.path.dirname(missing[-1]) != missing[-1]:
                 missing.append(os.path.dirname(missing[-1]))
+            created = []
             for directory in reversed(missing):
                 try:
                     os.mkdir(directory, 0o700)
                 except FileExistsError:
-                    pass
+                    continue
+                created.append(directory)
+            fsync_parents(created)
             fd = os.open(path, _OPEN_DIR)
     except OSError as exc:
         raise SpecError(f"{what}_unavailable", f"{os.fsdecode(path)}: {exc.strerror}") from None
@@ -341,6 +347,20 @@ def open_directory(path: bytes, what: str) -> int:
         os.close(fd)
         raise SpecError(f"{what}_unavailable", f"{os.fsdecode(path)}: not ours or writable by group/other")
     return fd
+
+
+def fsync_parents(created: list[bytes]) -> None:
+    """fsync the parent of each directory just made (outermost first): a new directory's
+    name is durable only once its parent is, so a receipt published into ``receipts/<aa>/``
+    that this wrapper created survives a power loss (its own directory is fsynced when it
+    is published). Raises OSError (a launch failure: nothing ran yet)."""
+    for directory in created:
+        # The parent may be a symlink (OpenWrt's /var/run): followed, only fsynced.
+        fd = os.open(os.path.dirname(directory) or b"/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 class Publication:

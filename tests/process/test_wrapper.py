@@ -645,3 +645,44 @@ def test_without_ctypes_the_wrapper_is_no_subreaper_and_says_so_by_returning_fal
     allowed = subprocess.run([sys.executable, "-I", "-S", "-c", script.replace("sys.modules['_ctypes'] = None\n", ""),
                               source], capture_output=True, check=True)
     assert allowed.stdout == b"True\n"
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+def test_directories_made_on_the_path_of_a_receipt_have_their_parents_fsynced(tmp_path: pathlib.Path) -> None:
+    """Issue 23: a published receipt must not vanish after a power loss because the
+    ``receipts/<aa>/`` directories the wrapper made were never made durable. Under strace
+    (the agent and its wrapper, -f): each mkdir is followed by an fsync of its parent,
+    before the receipt is linked."""
+    base = tmp_path / "journal"
+    base.mkdir()
+    receipt = base / "receipts" / "ab" / "ab-attempt.json"
+    script = (
+        "import sys\n"
+        "from qinglong_edge.process.spawn import JobSpec, Publication, start_job\n"
+        f"spec = JobSpec(['/bin/true'], {{'PATH': '/bin'}}, {str(tmp_path)!r}, {str(tmp_path / 'job.log')!r}, 1024,\n"
+        f"               receipt=Publication({str(receipt)!r}, b'{{\"schemaVersion\":1'), started_at_ms=1)\n"
+        "job = start_job(spec)\n"
+        "job.release()\n"
+        "sys.exit(job.process.wait(10))\n"
+    )
+    trace = tmp_path / "trace"
+    proc = subprocess.run(["strace", "-f", "-y", "-qq", "-e", "trace=mkdir,mkdirat,fsync,linkat", "-o", str(trace),
+                           sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          check=False)
+    if proc.returncode != 0 and "ptrace" in proc.stderr:
+        pytest.skip(f"strace cannot trace here: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stderr
+    assert receipt.exists()
+    calls = [re.sub(r"^\d+\s+", "", line) for line in trace.read_text().splitlines()]
+
+    def index(pattern: str) -> int:
+        found = [i for i, call in enumerate(calls) if re.search(pattern, call)]
+        assert found, (pattern, calls)
+        return found[0]
+
+    made_receipts = index(rf'^mkdir(at)?\(.*"{re.escape(str(base))}/receipts"')
+    synced_base = index(rf"^fsync\(\d+<{re.escape(str(base))}>\)")
+    made_ab = index(rf'^mkdir(at)?\(.*"{re.escape(str(base))}/receipts/ab"')
+    synced_receipts = index(rf"^fsync\(\d+<{re.escape(str(base))}/receipts>\)")
+    linked = index(r'^linkat\(.*"ab-attempt\.json"')
+    assert made_receipts < synced_base < linked and made_ab < synced_receipts < linked, calls
