@@ -559,6 +559,59 @@ def check_runtime_directory(worker: WorkerConfig) -> Check:
     return Check("runtime_dir", True, False, detail + " (RAM: an idle pull writes nothing to persistent storage)")
 
 
+def _runtime_paths(worker: WorkerConfig) -> list[str]:
+    """This journal's runtime directories that exist: the configured one, the fallback."""
+    from qinglong_edge.worker.runtime import FALLBACK_NAME, journal_key
+
+    return [path for path in (os.path.join(worker.runtime_directory, journal_key(worker.journal_directory)),
+                              os.path.join(worker.journal_directory, FALLBACK_NAME)) if os.path.isdir(path)]
+
+
+def check_runtime_files(worker: WorkerConfig) -> Check:
+    """Damaged files in the runtime directory (issue 23): each is named with what the agent
+    does about it (never a permanent error; read-only here, nothing is repaired)."""
+    from qinglong_edge.worker.runtime_files import damaged_files
+
+    found: list[str] = []
+    for path in _runtime_paths(worker):
+        try:
+            found += [f"{os.path.join(path, name)}: {problem}: {meaning}"
+                      for name, problem, meaning in damaged_files(path)]
+        except OSError as exc:
+            found.append(f"{path}: cannot be listed ({exc.strerror})")
+    if not found:
+        return Check("runtime_files", True, False, "no damaged file in the runtime directory")
+    return Check("runtime_files", False, False, "; ".join(found),
+                 "nothing to do: the next pull treats each as said (or remove the file)")
+
+
+def check_identity(worker: WorkerConfig) -> Check | None:
+    """Another device uses this worker id (issue 23 item 6): the quiet window, if any."""
+    from qinglong_edge.worker.identity_guard import THRESHOLD, WINDOW_MS, IdentityGuard, conflict_message
+    from qinglong_edge.worker.runtime import RuntimeDirectory
+
+    for path in _runtime_paths(worker):
+        try:
+            store = RuntimeDirectory.existing(path)  # nothing is created
+        except OSError:
+            continue
+        try:
+            state = IdentityGuard(store, worker.worker_id).describe()
+        finally:
+            store.close()
+        if state["quietMs"] > 0:
+            return Check("worker_identity", False, False,
+                         conflict_message(worker.worker_id, -(-state["quietMs"] // 60_000)),
+                         "give each device its own worker id and credential (the cluster issues them)")
+        if state["foreignReplacements"]:
+            return Check("worker_identity", False, False,
+                         f"a session this device did not register replaced its session {state['foreignReplacements']}"
+                         f" times in the last {WINDOW_MS // 60_000} minutes (at {THRESHOLD} it stops claiming for "
+                         f"{WINDOW_MS // 60_000} minutes): another device may use worker id {worker.worker_id}",
+                         "give each device its own worker id and credential (the cluster issues them)")
+    return None
+
+
 def _file_system_type(path: str) -> str | None:
     """The type of the mount holding ``path`` (``/proc/self/mountinfo``), or None."""
     try:
@@ -846,6 +899,10 @@ def run_checks(config: EdgeConfig) -> list[Check]:
             if not ok:
                 broken.append(journal)
         checks.append(check_runtime_directory(worker))
+        checks.append(check_runtime_files(worker))
+        identity = check_identity(worker)
+        if identity is not None:
+            checks.append(identity)
         files = {
             "worker_credential": (worker.credential_file, "credential file", 0o077),
             "worker_private_key": (worker.private_key_file, "private key file", 0o077),

@@ -108,6 +108,7 @@ _EXIT_BY_STATUS = {
 }
 _EXIT_BY_ERROR = {
     "credential_rejected": 77,
+    "identity_conflict": 78,
     "unsupported_architecture": 78,
     "credentials_unavailable": 78,
     "invalid_configuration": 78,

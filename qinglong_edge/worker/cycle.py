@@ -137,6 +137,7 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
     journal.prune_abandoned()
     busy = 0
     finished: set[str] = set()
+    sessions: list[tuple[str, str, int]] = []  # of the records in flight (a lost session record)
     if kept:
         # Imported only with records in the inbox: an idle cycle on an empty inbox does
         # not load the job files' names (contracts.receipt, launch, ingress).
@@ -144,6 +145,8 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
     for stored in kept:
         if in_flight(stored, now):
             busy += 1
+            bound = stored["offer"]["worker"]
+            sessions.append((bound["workerId"], bound["sessionId"], bound["generation"]))
             continue
         finished.add(stored["offer"]["offerId"])
         if stored["state"] == "completion_acknowledged":
@@ -153,7 +156,7 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
     free = journal.options.maximum_entries - busy
     slots = max(0, min(worker.max_concurrent_runs - busy, free))
     try:
-        session = keeper.ensure(slots)
+        session = keeper.ensure(slots, in_flight=sessions)
     except SessionError as exc:
         return CycleReport(None, None, exc.code, exc.message, reason=exc.reason, remedy=exc.remedy), busy
     record = session.session

@@ -134,6 +134,7 @@ __all__ = [
     "PullResult",
     "SessionAuthority",
     "backoff_delay_ms",
+    "parse_marker",
 ]
 
 #: The attempt-in-flight marker's name in the runtime directory.
@@ -264,7 +265,7 @@ def _marker_bytes(claim: PendingClaim, now_ms: int) -> bytes:
                         "startedAtMs": now_ms}) + b"\n"
 
 
-def _parse_marker(data: bytes) -> tuple[str, int, int]:
+def parse_marker(data: bytes) -> tuple[str, int, int]:
     """``(offerId, revision, startedAtMs)`` of a marker. Raises ContractError."""
     value = loads(data, max_bytes=4096, min_bytes=2)
     if not isinstance(value, dict):
@@ -380,14 +381,23 @@ class PullCoordinator:
     def _settle_marker(self, claim: PendingClaim | None, now: int) -> PendingClaim | None:
         """A marker left by a process that died with a request in flight counts as an
         attempt of unknown outcome (spec README), once: the claim is rewritten with the
-        attempt, then the marker removed. A marker of another claim or revision is stale."""
-        data = self._runtime.read(MARKER_NAME)
+        attempt, then the marker removed. A marker of another claim or revision is stale.
+
+        A damaged marker (empty or truncated by a power loss with the runtime directory on
+        disk, garbage, a file that breaks the private-file rules) counts as present, of the
+        claim on disk: an attempt of unknown outcome (issue 23: never a permanent error)."""
+        try:
+            data = self._runtime.read(MARKER_NAME)
+        except JournalError:
+            data = b""  # unreadable: damaged, not absent
         if data is None:
             return claim
         try:
-            offer_id, revision, started_at = _parse_marker(data)
+            offer_id, revision, started_at = parse_marker(data)
         except ContractError:
             offer_id, revision, started_at = "", -1, 0
+            if claim is not None:
+                offer_id, revision, started_at = claim.offer_id, claim.revision, claim.updated_at_ms
         if claim is not None and (offer_id, revision) == (claim.offer_id, claim.revision):
             at = max(now, claim.updated_at_ms)
             counted = claim.replace(

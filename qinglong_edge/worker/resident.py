@@ -329,11 +329,16 @@ class Resident:
         freed = announced is not None and slots > announced
         if (self._session_due(now) > now and not freed) or (final and not freed) or now < self._session_retry_at:
             return None
+        bound = [t.record["offer"]["worker"] for t in self._live()]
         try:
-            outcome = self.keeper.ensure(slots, announce=True)
+            outcome = self.keeper.ensure(slots, announce=True, in_flight=[
+                (b["workerId"], b["sessionId"], b["generation"]) for b in bound])
         except SessionError as exc:
             self._session_failed(now)
             return CycleReport(None, None, exc.code, exc.message, reason=exc.reason, remedy=exc.remedy)
+        except JournalError as exc:  # the runtime directory is full or read-only: retried, jobs go on
+            self._session_failed(now)
+            return CycleReport(None, None, exc.code, exc.message)
         if outcome.action == "stale":  # the heartbeat failed; the stored lease still runs
             self._session_failed(now)
         else:

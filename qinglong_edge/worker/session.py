@@ -60,7 +60,7 @@ cron cycle heartbeats; ``pull --duration`` cycles faster than the interval do no
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.contracts.errors import ContractError
@@ -84,6 +84,7 @@ from qinglong_edge.contracts.session import (
 from qinglong_edge.contracts.strictjson import dumps_bytes, loads
 from qinglong_edge.errors import SessionError, TransportError
 from qinglong_edge.worker.crashpoints import crashpoint
+from qinglong_edge.worker.identity_guard import IdentityGuard
 from qinglong_edge.worker.pacing import LEASE_MARGIN_MS, heartbeat_due_ms, retry_after_window, session_step, waiting
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
@@ -133,6 +134,8 @@ MAX_RECORD_BYTES = 4096
 #: The session state's name in the runtime directory.
 STATE_NAME = "session.json"
 _STATE_KEYS = ("schemaVersion", "session", "retryAfter")
+#: availableSlots values a lost session's register replay tries (SessionKeeper._recover).
+_RECOVERY_TRIES = 4
 _WINDOW_KEYS = ("setAtMs", "untilMs")
 
 
@@ -384,6 +387,7 @@ class SessionKeeper:
         clock_ms: Callable[[], int],
         random_bytes: Callable[[int], bytes] = os.urandom,
         capabilities: dict[str, Any] | None = None,
+        identity: IdentityGuard | None = None,
     ) -> None:
         if 2 * heartbeat_interval_ms > lease_duration_ms:
             heartbeat_interval_ms = lease_duration_ms // 2
@@ -404,6 +408,8 @@ class SessionKeeper:
         self._retry_after: tuple[int, int] | None = None
         self._saved: SessionState | None = None
         self._found = False
+        #: Replacements of our session by another device (issue 23 item 6).
+        self.identity = identity if identity is not None else IdentityGuard(store, worker_id)
 
     @property
     def capabilities_hash(self) -> str:
@@ -452,7 +458,8 @@ class SessionKeeper:
         """The stored session record, or None (absent, unreadable or another worker's)."""
         return self._usable(self._load().record)
 
-    def ensure(self, available_slots: int, *, announce: bool = False) -> SessionOutcome:
+    def ensure(self, available_slots: int, *, announce: bool = False,
+               in_flight: Sequence[tuple[str, str, int]] = ()) -> SessionOutcome:
         """Make sure an online session with a running lease exists (see module docstring).
 
         Args:
@@ -461,13 +468,20 @@ class SessionKeeper:
                 is more than this process last announced: a resident ``pull`` whose job
                 ended frees its slot at the cluster before it pulls (the cluster answers
                 ``idle worker_unavailable`` to a session that announced none free).
+            in_flight: ``(workerId, sessionId, generation)`` of the records in flight. When
+                the session record is absent or damaged while records are in flight, the
+                session of the newest of them is registered again (a register replay, which
+                the cluster answers with its current row unchanged when that session is
+                still current: nothing is fenced), never a blind new session (issue 23).
 
         Raises:
             SessionError: ``credential_rejected``, ``credentials_unavailable``,
                 ``invalid_response`` or ``session_unavailable`` when no usable session
-                exists afterwards.
+                exists afterwards; ``identity_conflict`` while another device uses this
+                worker id (:mod:`qinglong_edge.worker.identity_guard`: no call is made).
             JournalError: the runtime directory cannot be written.
         """
+        self.identity.check()
         slots = max(0, min(available_slots, self._max_runs))
         state = self._load()
         stored = state.record
@@ -501,6 +515,8 @@ class SessionKeeper:
                         return SessionOutcome(beat, "heartbeat", detail="version_resynced")
                 if exc.code == "session_fenced":
                     self._save(None)  # the session failed closed
+                    if self.identity.fenced():
+                        self.identity.check()  # another device's third replacement: quiet, not registered
                     return SessionOutcome(self._register(slots), "registered", replaced=True, detail=exc.code)
                 self._save(record)  # a new Retry-After window, if any
                 if exc.code in ("credential_rejected", "credentials_unavailable", "invalid_configuration"):
@@ -510,6 +526,12 @@ class SessionKeeper:
         if step == "wait_unavailable":
             raise SessionError("the cluster asked to retry the session call later (Retry-After)",
                                code="session_unavailable")
+        ours = [item for item in in_flight if item[0] == self._worker_id]
+        if stored is None and ours:
+            _, session_id, generation = max(ours, key=lambda item: item[2])
+            recovered = self._recover(slots, session_id)
+            return SessionOutcome(recovered, "registered", replaced=recovered.generation != generation,
+                                  detail="recovered")
         return SessionOutcome(self._register(slots), "registered",
                               replaced=stored is not None or (record is None and self._found and stored is None))
 
@@ -540,9 +562,27 @@ class SessionKeeper:
         body_bytes: bytes = response.body
         return body_bytes
 
-    def _register(self, slots: int) -> SessionRecord:
+    def _recover(self, slots: int, session_id: str) -> SessionRecord:
+        """Register ``session_id`` again (the session of a record in flight, whose record
+        was lost): the reference answers a register of its current session with the row
+        unchanged, but only for the same snapshot, ``availableSlots`` included
+        (workerSessionRepository.ts ``register``), and the value last announced is lost
+        with the record. So a few values are tried, the likeliest first (what is free now,
+        then one more, as before the accept that filled it): each refusal is a 409 that
+        changes nothing. All refused: ``session_fenced`` (the records' own calls go on; the
+        next cycle tries again; once none is in flight a new session is registered)."""
+        values = sorted(range(self._max_runs + 1), key=lambda value: (value < slots, abs(value - slots)))
+        for value in values[:_RECOVERY_TRIES]:
+            try:
+                return self._register(value, session_id=session_id)
+            except SessionError as exc:
+                if exc.code != "session_fenced" or value == values[:_RECOVERY_TRIES][-1]:
+                    raise
+        raise SessionError("register: no value to try", code="session_fenced")  # unreachable: range has 0
+
+    def _register(self, slots: int, session_id: str | None = None) -> SessionRecord:
         now = self._clock_ms()
-        session_id = new_uuid7(now, self._random_bytes)
+        session_id = session_id or new_uuid7(now, self._random_bytes)
         body = register_request_body(
             capabilities_json=self._capabilities_json,
             capabilities_hash=self._capabilities_hash,
@@ -564,6 +604,8 @@ class SessionKeeper:
         self._retry_after = None
         self._save(record)
         self.announced_slots = slots
+        if self.identity.registered(projection.generation):
+            self.identity.check()  # the third replacement by another device: quiet from now on
         return record
 
     def _heartbeat(self, record: SessionRecord, slots: int, expected_version: int | None = None) -> SessionRecord:

@@ -259,13 +259,17 @@ class CountingStore:
 
     def __init__(self, inner: RuntimeDirectory) -> None:
         self.inner = inner
-        self.writes = 0
+        self.writes = 0  # of session.json
+        self.others: list[str] = []  # every other name written (identity.json at a registration)
 
     def read(self, name: str) -> bytes | None:
         return self.inner.read(name)
 
     def write(self, name: str, data: bytes) -> None:
-        self.writes += 1
+        if name == "session.json":
+            self.writes += 1
+        else:
+            self.others.append(name)
         self.inner.write(name, data)
 
 
@@ -289,6 +293,7 @@ def test_the_record_is_written_only_when_it_changes(store: RuntimeDirectory, ing
     ingress.script.append(TransportError("busy", code="response_rejected", http_status=503, retry_after_ms=5_000))
     assert ensure() == "stale" and counting.writes == 3  # a new Retry-After window is a change
     assert ensure() == "stale" and counting.writes == 3  # waiting: nothing written
+    assert counting.others == ["identity.json"]  # the registration's generation, once (issue 23)
 
 
 @pytest.mark.parametrize("case", [
