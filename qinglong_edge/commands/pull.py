@@ -94,6 +94,10 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from types import FrameType
 
+    from qinglong_edge.config import WorkerConfig
+    from qinglong_edge.errors import EdgeError
+    from qinglong_edge.worker.failure_log import FailureLog
+
 _EXIT_BY_STATUS = {
     "accepted": 0,
     "replayed": 0,
@@ -405,7 +409,7 @@ def _release(args: argparse.Namespace, worker: object) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from qinglong_edge.config import load_config
-    from qinglong_edge.errors import ConfigError, JournalError, UsageError
+    from qinglong_edge.errors import ConfigError, EdgeError, JournalError, UsageError
     from qinglong_edge.worker.abort import AbortSignal, PullAborted
     from qinglong_edge.worker.session import platform_architecture
 
@@ -435,6 +439,7 @@ def _run(args: argparse.Namespace) -> int:
     # SIGUSR1 only wakes a resident pull (a forced `inbox discard`); its default would kill.
     previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda _signum, _frame: None)
     status = 0
+    failures = _FailureSink(worker)
     try:
         if _resident_owner(worker):
             return _busy(args)
@@ -444,10 +449,14 @@ def _run(args: argparse.Namespace) -> int:
         for item in run_pull(worker, duration_s=args.duration, abort=abort, notice=_notice, config=config):
             if isinstance(item, CycleReport):
                 status = _exit_status(item)
+                payload = _with_remedy(item.to_json())
+                line = _describe(item, device)
                 if args.json:
-                    print_json({"device": device, **_with_remedy(item.to_json())})
+                    print_json({"device": device, **payload})
                 else:
-                    print(_describe(item, device), flush=True)
+                    print(line, flush=True)
+                if status != 0 or item.error is not None:
+                    failures.say(line, payload)
                 continue
             # A record event or the resident summary (worker/runner_state.py, worker/resident.py).
             summary = getattr(item, "resident_ms", None) is not None
@@ -457,6 +466,8 @@ def _run(args: argparse.Namespace) -> int:
                 print_json({**item.to_json(), "exitStatus": status} if summary else item.to_json())
             elif summary or getattr(item, "event", "") not in _QUIET_EVENTS:
                 print(item.describe(), flush=True)
+            if getattr(item, "event", "") in _FAILED_EVENTS:
+                failures.say(item.describe(), item.to_json())
     except PullAborted as exc:
         name = str(exc.signal_name)
         if args.json:
@@ -467,9 +478,50 @@ def _run(args: argparse.Namespace) -> int:
         return 75
     except JournalError as exc:
         if exc.code != "already_owned":
-            raise
+            return failures.failed(args, exc)
         return _busy(args)
+    except EdgeError as exc:
+        return failures.failed(args, exc)
     finally:
+        failures.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return status
+
+
+#: Record events that are failures (said on stderr once an hour, as a failed cycle).
+_FAILED_EVENTS = frozenset({"call_failed", "storage_failed", "recovery_required"})
+
+
+class _FailureSink:
+    """Each failure of a pull to stderr once per distinct failure per hour, with its remedy
+    (issue 23 item 5: cron and the pull unit keep stderr, not stdout;
+    :mod:`qinglong_edge.worker.failure_log`). Imported only when a failure happens."""
+
+    def __init__(self, worker: WorkerConfig) -> None:
+        self._worker = worker
+        self._log: FailureLog | None = None
+
+    def say(self, line: str, payload: dict[str, object]) -> None:
+        from qinglong_edge.worker.failure_log import FailureLog, failure_key
+
+        if self._log is None:
+            self._log = FailureLog(self._worker)
+        self._log.say(line, failure_key(payload))
+
+    def failed(self, args: argparse.Namespace, exc: EdgeError) -> int:
+        """A failure that ends the pull (storage, configuration read at run time): the JSON
+        line is the CLI's own (unchanged); the human line goes to stdout, as every result."""
+        from qinglong_edge.errors import exit_status_for
+
+        status = exit_status_for(exc)
+        line = f"pull: {exc.code}: {exc.message}"
+        self.say(line, {"status": "failed", "code": exc.code})
+        if args.json:
+            raise exc
+        print(line, flush=True)
+        return status
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()

@@ -118,7 +118,7 @@ KINDS: tuple[RuntimeFile, ...] = (
     RuntimeFile(r"notice\.[a-z0-9._-]+", "a once-per-boot or once-per-day notice", _notice,
                 "the notice is shown again"),
     RuntimeFile(r"failure\.[0-9a-f]{16}", "a failure of a pull said to the system log this hour",
-                lambda d: _json_object(d, "hour"), "said to the system log again"),
+                lambda d: _json_object(d, "atMs", "key"), "said to the system log again"),
     RuntimeFile(r"discard\.[0-9a-f]{16}\.(request|result)", "a forced `inbox discard` and its answer",
                 lambda d: _json_object(d, "offerId"),
                 "a request is dropped by the resident pull; a result is not taken (the command times out)"),

@@ -37,7 +37,7 @@ from qinglong_edge.worker.runtime import journal_key
 from tests.packaging.conftest import Dist, Unpacked, unpack_ipk
 from tests.packaging.installed import STOP_MARGIN_S, Router, serve_stop_seconds, worker_options
 from tests.support.cli import Entry, unprivileged_python
-from tests.support.cluster_double import ClusterDouble
+from tests.support.cluster_double import ClusterDouble, Fault
 from tests.support.jobs import alive, wait_until
 from tests.support.local_site import FAST_EXECUTION, LocalSite, start_and_cancel
 from tests.support.openwrt_stubs import read_log
@@ -278,6 +278,52 @@ def test_crontab_line_pulls_as_the_service_user_only_while_enabled(busybox: str,
     cron()
     assert len(cluster.exchanges) == seen  # worker switched off: the line does nothing
     assert json.loads((router.rundir / "config.json").read_text())["worker"]["workerId"] == cluster.worker_id
+
+
+def test_the_cron_line_logs_each_failure_once_an_hour_with_its_remedy(busybox: str, service_router: Router,
+                                                                      base: pathlib.Path,
+                                                                      cluster: ClusterDouble) -> None:
+    """Issue 23 item 5: every failure line of pull went to stdout, which the shipped line
+    (``2>&1 >/dev/null | logger``) throws away, so logread showed nothing. Now each failure
+    reaches the line's logger once per distinct failure per hour, with its remedy."""
+    router = service_router
+    python = unprivileged_python()
+    applets = base / "busybox-bin"
+    applets.mkdir()
+    for applet in ("cat", "sh", "test"):
+        (applets / applet).symlink_to(busybox)
+    device = PullEnv(base / "device", cluster)
+    _chown_tree(base / "device")
+    router.edit_uci(worker_options(device))
+    assert router.call(busybox, "start_service").returncode == 0
+    logger = base / "bin/logger"
+    logger.parent.mkdir()
+    logger.write_text(f'#!/bin/sh\ncat >> {base / "syslog"}\n')
+    logger.chmod(0o755)
+    (base / "syslog").touch(mode=0o666)
+    (base / "syslog").chmod(0o666)
+
+    def cron() -> int:
+        claim = device.claim()
+        if claim is not None:
+            device.wait_until_due(claim)  # a failed attempt backs off (full jitter from 100 ms)
+        return subprocess.run([busybox, "sh", "-c", _crontab_command(router, python)], capture_output=True,
+                              text=True, env={"PATH": f"{logger.parent}:{applets}"}, cwd="/", user=SERVICE_UID,
+                              group=SERVICE_UID, extra_groups=[], check=False, timeout=60).returncode
+
+    cluster.push_fault(*[Fault.status_answer(500, "internal_error") for _ in range(3)])
+    for _ in range(3):
+        cron()
+    logged = (base / "syslog").read_text().splitlines()
+    assert len(logged) == 1, logged  # three failures of one kind: said once
+    assert logged[0].startswith("pull: ") and "unavailable (unexpected_status HTTP 500 internal_error)" in logged[0]
+    assert " -> the cluster failed handling the call" in logged[0]  # its remedy
+    cluster.push_fault(Fault.status_answer(409, "worker_offer_conflict"))
+    cron()
+    logged = (base / "syslog").read_text().splitlines()
+    assert len(logged) == 2 and "HTTP 409 worker_offer_conflict" in logged[1], logged  # a distinct failure
+    cron()  # answered (idle): nothing logged
+    assert len((base / "syslog").read_text().splitlines()) == 2
 
 
 def _standin_pull(base: pathlib.Path, then: str) -> pathlib.Path:

@@ -256,3 +256,12 @@ def test_verify_catches_a_bad_unit(tmp_path: pathlib.Path) -> None:
     proc = subprocess.run([analyze, "verify", "./bad.service"], capture_output=True, text=True, cwd=tmp_path,
                           check=False, timeout=120)
     assert "MemoryMax" in proc.stderr or "memory" in proc.stderr.lower()
+
+
+def test_the_journal_gets_each_failure_of_a_pull_not_every_minutes_line() -> None:
+    """Issue 23 item 5: stderr (each failure once per distinct failure per hour with its
+    remedy, the warnings) goes to the journal; stdout (every minute's result line) nowhere,
+    so an idle pull writes nothing to a persistent journal."""
+    pull = _unit("qinglong-edge-pull.service")["Service"]
+    assert (pull["StandardOutput"], pull["StandardError"]) == ("null", "journal")
+    assert pull["SyslogIdentifier"] == "qinglong-edge-pull"
