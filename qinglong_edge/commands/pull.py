@@ -11,19 +11,26 @@ splay it checks the owner lock: a live owner (a resident pull) makes it exit 0 a
 =====  =====================================================================
 0      accepted, replayed, idle, backoff not yet due, no slot free (``no_slot``:
        every one holds a record in flight), another pull holds the journal (cron
-       overlap or a resident pull: "busy"), or SIGTERM/SIGINT to a resident pull
-       (persisted; its jobs go on and the next pull re-adopts them)
+       overlap or a resident pull: "busy"), or SIGTERM/SIGINT/SIGHUP to a resident
+       pull (persisted; its jobs go on and the next pull re-adopts them; its summary says
+       how long their leases have left and what to run)
 73/74  the journal's storage is unsafe / unavailable (the claim is intact)
 75     temporary: cluster unavailable or invalid response (claim kept, retried
        with backoff), claim abandoned (reported, a new claim next cycle), inbox
-       full (no claim made), clock not set, or aborted by SIGTERM/SIGINT
+       full (no claim made), clock not set, or aborted by SIGTERM/SIGINT/SIGHUP
 77     the cluster rejected the worker credential (401/403 on a session call or
        on the offer pull; the claim is kept and backs off)
 78     configuration, including unreadable credential/certificate/key files, and
        ``unsupported_architecture``: QingLong cannot place work on this machine
        (mips...). Said in one line once per boot (remembered in the runtime
-       directory), then quietly (``--json`` still prints its line)
+       directory), then quietly (``--json`` still prints its line); and
+       ``identity_conflict``: another device uses this worker id (a cloned SD card):
+       no session call and no claim for 10 minutes
+       (:mod:`qinglong_edge.worker.identity_guard`)
 =====  =====================================================================
+
+Failures also go to stderr, once per distinct failure per hour with their remedy, where
+cron's logger and the pull unit's journal listen (:mod:`qinglong_edge.worker.failure_log`).
 
 Splay: before anything else (before the TLS client is even imported), the cycle waits
 for this device's stable phase in the minute (``worker.splayMaxMs``,
@@ -42,7 +49,7 @@ stderr).
 With ``--duration`` the status is the last cycle's (a ``credential_rejected`` cycle
 ends the loop at once).
 
-SIGTERM/SIGINT: a request in flight is aborted at once; a journal write in progress
+SIGTERM/SIGINT/SIGHUP: a request in flight is aborted at once; a journal write in progress
 finishes first; no new request starts. The pending claim stays, with the attempt's
 marker in the runtime directory, so the next cycle counts that attempt (its outcome
 is unknown) and replays the same offerId and token; the cluster answers
@@ -435,7 +442,8 @@ def _run(args: argparse.Namespace) -> int:
     def _notice(line: str) -> None:
         print(f"pull: warning: {line}", file=sys.stderr, flush=True)
 
-    previous = {sig: signal.signal(sig, _abort) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # SIGHUP (the terminal of a hand-run pull closed) is a SIGTERM: summary and handover.
+    previous = {sig: signal.signal(sig, _abort) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     # SIGUSR1 only wakes a resident pull (a forced `inbox discard`); its default would kill.
     previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda _signum, _frame: None)
     status = 0
@@ -464,7 +472,9 @@ def _run(args: argparse.Namespace) -> int:
                 status = 0  # SIGTERM to a resident pull: persisted, jobs left running, exit 0
             if args.json:
                 print_json({**item.to_json(), "exitStatus": status} if summary else item.to_json())
-            elif summary or getattr(item, "event", "") not in _QUIET_EVENTS:
+            elif summary:
+                print(item.describe(resume=_resume_command(args)), flush=True)
+            elif getattr(item, "event", "") not in _QUIET_EVENTS:
                 print(item.describe(), flush=True)
             if getattr(item, "event", "") in _FAILED_EVENTS:
                 failures.say(item.describe(), item.to_json())
@@ -487,6 +497,14 @@ def _run(args: argparse.Namespace) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return status
+
+
+def _resume_command(args: argparse.Namespace) -> str:
+    """The command that takes a stopped pull's jobs over (said in its summary)."""
+    import shlex
+
+    config = getattr(args, "config", None)
+    return "qinglong-edge " + (f"--config {shlex.quote(config)} " if config else "") + "pull"
 
 
 #: Record events that are failures (said on stderr once an hour, as a failed cycle).

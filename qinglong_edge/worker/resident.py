@@ -21,10 +21,11 @@ busy nothing is pulled; an idle answer makes the next pull wait ``heartbeatInter
 (the cron cadence would be a minute; the profile's ``pullIntervalMs`` of ``--duration``
 would hammer the cluster from every busy device).
 
-SIGTERM/SIGINT (``AbortSignal``): the call in flight is abandoned (a journal write is
-finished first), nothing is stopped: jobs go on under their wrappers, their leases run
-on, and the next ``pull`` re-adopts them by their identity; this one exits 0 after its
-summary. SIGUSR1 only wakes it (forced discards).
+SIGTERM/SIGINT/SIGHUP (``AbortSignal``): the call in flight is abandoned (a journal write
+is finished first), nothing is stopped: jobs go on under their wrappers, their leases run
+on, and the next ``pull`` re-adopts them by their identity; this one leaves
+``handover.json`` (the next pull skips its splay) and exits 0 after its summary, which
+says how long the jobs' leases have left. SIGUSR1 only wakes it (forced discards).
 """
 
 from __future__ import annotations
@@ -70,33 +71,43 @@ NO_PIDFD_WAIT_S = 1.0
 class ResidentSummary(Frozen):
     """The summary line at exit: time resident, events, the records' final states."""
 
-    __slots__ = ("resident_ms", "events", "states", "in_flight", "aborted")  # noqa: RUF023
+    __slots__ = ("resident_ms", "events", "states", "in_flight", "aborted", "lease_left_ms")  # noqa: RUF023
 
     resident_ms: int
     events: int
     states: dict[str, int]
     in_flight: int
     aborted: str | None
+    #: Stopped with jobs in flight: the shortest time their leases have left (ms), else None.
+    lease_left_ms: int | None
 
-    def __init__(self, resident_ms: int, events: int, states: dict[str, int], in_flight: int,
-                 aborted: str | None) -> None:
+    def __init__(self, resident_ms: int, events: int, states: dict[str, int], in_flight: int,  # noqa: PLR0917
+                 aborted: str | None, lease_left_ms: int | None = None) -> None:
         _set = object.__setattr__
         _set(self, "resident_ms", resident_ms)
         _set(self, "events", events)
         _set(self, "states", states)
         _set(self, "in_flight", in_flight)
         _set(self, "aborted", aborted)
+        _set(self, "lease_left_ms", lease_left_ms)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"event": "summary", "residentMs": self.resident_ms, "events": self.events,
                                "records": dict(self.states), "inFlight": self.in_flight}
         if self.aborted is not None:
             out["aborted"] = self.aborted
+        if self.lease_left_ms is not None:
+            out["leaseLeftMs"] = self.lease_left_ms
         return out
 
-    def describe(self) -> str:
+    def describe(self, resume: str = "qinglong-edge pull") -> str:
+        """The human line; ``resume`` is the command that takes the jobs over (issue 23: a
+        hand-run pull stopped with jobs in flight says how long their leases last)."""
         states = ", ".join(f"{count} {state}" for state, count in sorted(self.states.items())) or "none"
         tail = f"; stopped by {self.aborted}, {self.in_flight} left running for the next pull" if self.aborted else ""
+        if self.aborted and self.in_flight and self.lease_left_ms is not None:
+            tail += (f": their leases run out in {max(0, self.lease_left_ms) // 1000} s unless a pull renews them: "
+                     f"run `{resume}` now (the next cron or timer pull also takes them over, if it comes in time)")
         return f"pull: resident {self.resident_ms / 1000:.1f} s, {self.events} events; records: {states}{tail}"
 
 
@@ -315,7 +326,12 @@ class Resident:
         states: dict[str, int] = {}
         for track in self.tracks.values():
             states[track.state] = states.get(track.state, 0) + 1
-        yield ResidentSummary(int((time.monotonic() - started) * 1000), count, states, len(self._live()), aborted)
+        live = self._live()
+        left = None
+        if aborted is not None and live:
+            now = self.clock_ms()
+            left = min(self.runner.expiry_ms(track) - now for track in live)
+        yield ResidentSummary(int((time.monotonic() - started) * 1000), count, states, len(live), aborted, left)
 
     def _drain(self) -> Iterator[RecordEvent]:
         events, self._events[:] = list(self._events), []

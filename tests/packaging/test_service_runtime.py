@@ -28,6 +28,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -324,6 +325,62 @@ def test_the_cron_line_logs_each_failure_once_an_hour_with_its_remedy(busybox: s
     assert len(logged) == 2 and "HTTP 409 worker_offer_conflict" in logged[1], logged  # a distinct failure
     cron()  # answered (idle): nothing logged
     assert len((base / "syslog").read_text().splitlines()) == 2
+
+
+def test_a_restart_starts_the_successor_pull_at_once_within_the_jobs_lease(busybox: str, service_router: Router,
+                                                                           base: pathlib.Path,
+                                                                           cluster: ClusterDouble) -> None:
+    """Issue 23 item 3: ``/etc/init.d/qinglong-edge restart`` (and the package's postinst,
+    which runs the same start) with a job in flight. procd stops the resident pull with
+    SIGTERM (its jobs go on); the start runs one pull at once as the service user, which
+    re-adopts the job and renews its 30 s lease in time, instead of the next cron minute
+    (a pull 35 s later found the lease gone). Here procd's two steps are done as procd
+    does them: SIGTERM to the instance's pid, then the command the start declared."""
+    router = service_router
+    device = PullEnv(base / "device", cluster)
+    _chown_tree(base / "device")
+    router.edit_uci(worker_options(device))
+    traces = base / "traces"
+    traces.mkdir(mode=0o777)
+    traces.chmod(0o777)
+    cluster.state.candidates.clear()
+    task = cluster.add_command_task(f"echo started >> {traces}/job; while [ ! -e {traces}/go ]; do sleep 0.05; done")
+    lease_ms = 30_000  # the double's default, the reference's run lease
+
+    def procd_start() -> subprocess.Popen[bytes]:
+        assert router.call(busybox, "start_service").returncode == 0
+        argv = router.procd_param("command", "pull")
+        assert router.procd_param("user", "pull") == ["nobody"]
+        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd="/",
+                                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, user=SERVICE_UID, group=SERVICE_UID,
+                                extra_groups=[])
+
+    first = procd_start()
+    successor = None
+    try:
+        assert wait_until((traces / "job").exists, timeout=60)
+        assert wait_until(lambda: any(e.op == "lease-control" for e in cluster.exchanges), timeout=30)
+        # restart = stop (stop_service, procd SIGTERMs the instance's pid) + start
+        assert router.call(busybox, "stop_service").returncode == 0
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=30) == 0
+        stopped_at = time.monotonic()
+        mark = len(cluster.exchanges)
+        successor = procd_start()
+        assert wait_until(lambda: any(e.op == "lease-control" for e in cluster.exchanges[mark:]), timeout=30)
+        taken_over_s = time.monotonic() - stopped_at
+        (traces / "go").touch()
+        assert successor.wait(timeout=60) == 0, successor.stderr.read() if successor.stderr else ""
+    finally:
+        (traces / "go").touch()
+        for proc in (first, successor):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert taken_over_s < lease_ms / 1000 / 3, taken_over_s  # well within the lease: not the next cron minute
+    assert (traces / "job").read_text().count("started") == 1
+    assert cluster.completion(task.candidate["runId"])["status"] == "succeeded"
+    assert [f for f in cluster.fence_reasons() if f.reason == "lease_expired"] == []
 
 
 def _standin_pull(base: pathlib.Path, then: str) -> pathlib.Path:
