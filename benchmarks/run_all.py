@@ -55,6 +55,7 @@ PLAN: dict[str, tuple[list[str], list[str]]] = {
     "transport": (["--requests", "60", "--repetitions", "5"], ["--requests", "10", "--repetitions", "1"]),
     "storage_caps": (["--runs", "20000"], ["--runs", "2000", "--baseline-runs", "300", "--disk-runs", "100"]),
     "remote_execution": (["--runs", "7", "--window-s", "60"], ["--runs", "2", "--window-s", "15"]),
+    "inbox_week": (["--days", "7", "--baseline-days", "1"], ["--days", "1", "--baseline-days", "1"]),
 }
 TIMEOUT_S = 420
 _PR_SET_CHILD_SUBREAPER = 36

@@ -503,6 +503,24 @@ def generic(j: dict[str, Any]) -> list[Section]:
     return [Section("", rows, ["No table for this benchmark yet: see the raw JSON."])]
 
 
+def inbox_week(j: dict[str, Any]) -> list[Section]:
+    ours, base, cap = j["ours"], j["baseline"], j["inboxMaximumEntries"]
+    rows = [
+        Row("claims refused (inbox full while a task waited)", ours["claimsRefused"], base["claimsRefused"], None, "0",
+            ours["claimsRefused"] == 0),
+        Row("largest number of inbox entries after a cycle", ours["mostInboxFiles"], base["mostInboxFiles"], None,
+            f"<= {cap}", ours["mostInboxFiles"] <= cap),
+        Row("jobs offered / accepted / left unclaimed", f"{ours['offered']} / {ours['accepted']} / "
+            f"{ours['unclaimedAtEnd']}", f"{base['offered']} / {base['accepted']} / {base['unclaimedAtEnd']}"),
+        Row("wall time of the simulation (s)", ours["wallSeconds"], base["wallSeconds"]),
+    ]
+    notes = [f"{j['days']} virtual days (baseline {j['baselineDays']}) of one cron cycle a minute at the device's "
+             f"splay phase and a job every {j['everyMinutes']} minutes: the real cycle (retention, make_room, session "
+             "and claim pacing) on a real journal, the cluster double's state machine in process, the jobs through "
+             "the journal's own state steps. Baseline: finished records hold inbox entries (before issue 23)."]
+    return [Section("", rows, notes)]
+
+
 ADAPTERS: dict[str, Callable[[dict[str, Any]], list[Section]]] = {
     "journal": journal,
     "local_api": local_api,
@@ -517,4 +535,5 @@ ADAPTERS: dict[str, Callable[[dict[str, Any]], list[Section]]] = {
     "transport": transport,
     "storage_caps": storage_caps,
     "remote_execution": remote_execution,
+    "inbox_week": inbox_week,
 }
