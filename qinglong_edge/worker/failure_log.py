@@ -25,7 +25,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from qinglong_edge import clock
+from qinglong_edge.clock import boot_id, boot_ms
 from qinglong_edge.config import WorkerConfig
 from qinglong_edge.contracts.digest import sha256_hex
 from qinglong_edge.contracts.errors import ContractError
@@ -62,7 +62,7 @@ class FailureLog:
     """
 
     def __init__(self, worker: WorkerConfig, stream: TextIO | None = None, *, duplicate: bool | None = None,
-                 boot_clock: Callable[[], int] = clock.boot_ms) -> None:
+                 boot_clock: Callable[[], int] = boot_ms) -> None:
         self._worker = worker
         self._boot_clock = boot_clock
         self._stream = stream if stream is not None else sys.stderr
@@ -71,7 +71,7 @@ class FailureLog:
         self._duplicate = duplicate
         self._runtime: RuntimeDirectory | None = None
         self._opened = False
-        self._boot = clock.boot_id() or "unknown"
+        self._boot = boot_id() or "unknown"
 
     def say(self, line: str, key: str) -> bool:
         """Write ``line`` (its remedy included) unless this failure was said within the hour.

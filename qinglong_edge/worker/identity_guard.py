@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from qinglong_edge import clock
+from qinglong_edge.clock import boot_id, boot_ms, wall_ms
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.strictjson import dumps_bytes, loads
 from qinglong_edge.errors import JournalError, SessionError
@@ -121,18 +121,18 @@ class IdentityGuard:
     Args:
         store: the runtime directory.
         worker_id: the configured workerId.
-        boot_clock: boot-clock ms (:func:`qinglong_edge.clock.boot_ms`; a test passes its own).
+        boot_clock: boot-clock ms (:func:`qinglong_edge.boot_ms`; a test passes its own).
         wall_clock: wall ms, only for display.
-        boot: this boot's id (default :func:`qinglong_edge.clock.boot_id`).
+        boot: this boot's id (default :func:`qinglong_edge.boot_id`).
     """
 
-    def __init__(self, store: _Store, worker_id: str, *, boot_clock: Callable[[], int] = clock.boot_ms,
-                 wall_clock: Callable[[], int] = clock.wall_ms, boot: str | None = None) -> None:
+    def __init__(self, store: _Store, worker_id: str, *, boot_clock: Callable[[], int] = boot_ms,
+                 wall_clock: Callable[[], int] = wall_ms, boot: str | None = None) -> None:
         self._store = store
         self._worker_id = worker_id
         self._boot_clock = boot_clock
         self._wall_clock = wall_clock
-        self._boot = boot if boot is not None else (clock.boot_id() or "unknown")
+        self._boot = boot if boot is not None else (boot_id() or "unknown")
 
     def load(self) -> IdentityState | None:
         """This boot's and worker's state, or None (absent, damaged, another boot or worker)."""

@@ -408,6 +408,7 @@ class SessionKeeper:
         self._retry_after: tuple[int, int] | None = None
         self._saved: SessionState | None = None
         self._found = False
+        self._lost = False
         #: Replacements of our session by another device (issue 23 item 6).
         self.identity = identity if identity is not None else IdentityGuard(store, worker_id)
 
@@ -425,6 +426,8 @@ class SessionKeeper:
             state, bad = SessionState(None), True  # unreadable: replaced by a new registration
         self._saved = None if bad else state  # an unreadable file is rewritten at the next save
         self._found = bad or data is not None
+        #: The record is gone or damaged (not a session we dropped ourselves after a fence).
+        self._lost = bad or data is None
         return state
 
     def _usable(self, record: SessionRecord | None) -> SessionRecord | None:
@@ -527,7 +530,7 @@ class SessionKeeper:
             raise SessionError("the cluster asked to retry the session call later (Retry-After)",
                                code="session_unavailable")
         ours = [item for item in in_flight if item[0] == self._worker_id]
-        if stored is None and ours:
+        if stored is None and self._lost and ours:
             _, session_id, generation = max(ours, key=lambda item: item[2])
             recovered = self._recover(slots, session_id)
             return SessionOutcome(recovered, "registered", replaced=recovered.generation != generation,

@@ -128,9 +128,13 @@ def test_a_pending_claim_on_an_inbox_full_of_records_in_flight_says_inbox_full(e
                                                                     claim["offerId"]), dump(outcome)
     assert first["detail"] == "2 of 2 entries held by records that need this device"
     assert [env.starts("a"), env.starts("b")] == [1, 1]
-    # While the records in flight filled the inbox, the kept claim was not sent (nor counted).
+    # While the records in flight filled the inbox, the kept claim was not sent. (It may
+    # count one attempt: the stopped resident pull may have been stopped with its request
+    # in flight, which leaves the attempt marker.)
     assert "offers" not in [e.op for e in env.cluster.exchanges[before:]]
-    assert env.claim() == claim
+    kept = env.claim()
+    assert kept is not None and kept["offerId"] == claim["offerId"]
+    assert kept["attemptCount"] <= claim["attemptCount"] + 1
     # Once they finished, the next pull sends it (2 finished records make room).
     again = env.pull("--json")
     assert again.status == 0 and again.last()["status"] == "idle" and again.last()["offerId"] == claim["offerId"]
