@@ -86,8 +86,8 @@ def _check_ranges(required: dict[str, Any], path: str) -> None:
 
 
 def _unavailable(worker: dict[str, Any]) -> bool:
-    return (worker["status"] != "online" or worker["availableSlots"] < 1
-            or worker["leaseExpiresAtMs"] <= worker["observedAtMs"])
+    return bool(worker["status"] != "online" or worker["availableSlots"] < 1
+                or worker["leaseExpiresAtMs"] <= worker["observedAtMs"])
 
 
 def evaluate_placement(capabilities: object, placement: object | None,

@@ -154,10 +154,10 @@ def compare(a: Version, b: Version) -> int:
             return 1
         if index >= len(a.prerelease):
             return -1
-        x, y = a.prerelease[index], b.prerelease[index]
-        if type(x) is type(y) and x == y:
+        left, right = a.prerelease[index], b.prerelease[index]
+        if type(left) is type(right) and left == right:
             continue
-        return _compare_identifiers(x, y)
+        return _compare_identifiers(left, right)
     return 0
 
 
