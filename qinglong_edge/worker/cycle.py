@@ -114,6 +114,8 @@ class CycleReport(Frozen):
                 "generation": self.session.session.generation,
                 "version": self.session.session.version,
             }
+            if self.session.detail:  # capabilities_changed, session_fenced, version_resynced...
+                out["session"]["detail"] = self.session.detail  # type: ignore[index]
         if self.result is not None:
             out.update(self.result.to_json())
         if self.error is not None:
