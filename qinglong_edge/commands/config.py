@@ -353,7 +353,7 @@ def render_document(
 
 
 def _uci_name(json_path: str, names: Mapping[str, str]) -> str:
-    path = re.sub(r"\[\d+\]$", "", json_path)
+    path = re.sub(r"\[(?:\d+|\"[^\"]*\")\]$", "", json_path)  # an index, or a quoted key (labels)
     while path:
         if path in names:
             return names[path]

@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from qinglong_edge.config import WorkerConfig
     from qinglong_edge.worker.runtime import RuntimeDirectory
 
-__all__ = ["CACHE_NAME", "Advertisement", "Probe", "advertisement", "probe", "read_capabilities_file"]
+__all__ = ["CACHE_NAME", "Advertisement", "Probe", "advertisement", "describe", "probe", "read_capabilities_file"]
 
 #: The probe cache in the runtime directory.
 CACHE_NAME = "capabilities.probe"
@@ -290,3 +290,31 @@ def advertisement(worker: WorkerConfig, base: dict[str, Any], runtime: RuntimeDi
         raise ConfigError(f"$.worker.labels: the advertisement does not fit: {exc.detail}", path="$.worker.labels",
                           code="invalid_capabilities") from None
     return Advertisement(capabilities, "probed", None)
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+def describe(advert: Advertisement, found: Probe | None = None) -> str:
+    """One line for ``doctor``: where the advertisement comes from and what it says."""
+    caps = advert.capabilities
+    parts = [f"{caps['architecture']} ({caps['supportTier']})"]
+    if "operatingSystem" in caps:
+        parts.append(caps["operatingSystem"])
+    parts += [f"{r['name']} {r['version']}" for r in caps.get("runtimes", ())]
+    capacity = caps.get("capacity", {})
+    if "cpuCores" in capacity:
+        parts.append(f"{capacity['cpuCores']} CPU{'s' if capacity['cpuCores'] != 1 else ''}")
+    if "memoryBytes" in capacity:
+        why = f" ({found.memory_source})" if found is not None and advert.source == "probed" else ""
+        parts.append(f"memory {_size(capacity['memoryBytes'])}{why}")
+    if "diskBytes" in capacity:
+        where = f" ({found.disk_path})" if found is not None and advert.source == "probed" else ""
+        parts.append(f"disk {_size(capacity['diskBytes'])}{where}")
+    if caps.get("labels"):
+        parts.append("labels " + ",".join(f"{k}={v}" for k, v in caps["labels"].items()))
+    if caps.get("features"):
+        parts.append("features " + ",".join(caps["features"]))
+    source = f"file {advert.file}" if advert.source == "file" else "probed"
+    return f"{source}: {'; '.join(parts)}; {len(advert.json.encode('utf-8'))} bytes, hash {advert.hash[:12]}"
