@@ -373,4 +373,4 @@ def test_switching_the_worker_role_off_drains_with_the_config_that_has_it(busybo
     assert any("drain: no live session to take offline" in line for line in logged), logged
     again = router.call(busybox, "start_service")  # off and staying off: no drain
     assert again.returncode == 0
-    assert sum("drain: no live session" in line for line in read_log(router.log)) == 1
+    assert not any("drain" in line for line in read_log(router.log))  # each call starts a fresh log
