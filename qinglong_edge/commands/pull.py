@@ -56,7 +56,7 @@ is unknown) and replays the same offerId and token; the cluster answers
 
     {"device":{"machine":"aarch64","architecture":"arm64","supportTier":"tier1"},
      "session":{"action":"registered|heartbeat|current|stale","sessionId":..,
-                "generation":..,"version":..},
+                "generation":..,"version":..,"detail"?:"capabilities_changed|session_fenced|.."},
      "status":"accepted|replayed|idle|backoff|inbox_full|abandoned|unavailable|
                invalid_response|credential_rejected",
      "offerId":..,"runId":..,"reason":..,"nextAttemptAtMs":..,"httpStatus":..,
