@@ -109,6 +109,8 @@ KINDS: tuple[RuntimeFile, ...] = (
     RuntimeFile(r"resident\.json", "a resident pull serves forced discards", _owner,
                 "no resident pull: `inbox discard --force` says a pull holds the journal (rewritten by the next "
                 "resident pull)"),
+    RuntimeFile(r"capabilities\.probe", "the capability probes' per-boot facts (memory, cgroup limits)",
+                lambda d: _json_object(d, "schemaVersion", "bootId"), "probed again (and cached) at the next pull"),
     RuntimeFile(r"isolation\.json", "whether an isolated job works here (once per boot)",
                 lambda d: _json_object(d, "bootId", "available"), "probed again at the next launch"),
     RuntimeFile(r"wrapper-[0-9a-f]{16}\.pyc", "the compiled job wrapper", _wrapper,

@@ -528,7 +528,8 @@ def test_a_lost_session_record_with_records_in_flight_replays_their_session(
     clock.now += 1000
     ingress.calls.clear()
     in_flight = [("edge-1", first.session.session_id, first.session.generation), ("other", "x", 9)]
-    outcome = _keeper(store, ingress, clock).ensure(available_slots=1, in_flight=in_flight)
+    outcome = _keeper(store, ingress, clock).ensure(available_slots=1, in_flight=1,
+                                                    sessions_in_flight=in_flight)
     assert (outcome.action, outcome.detail, outcome.replaced) == ("registered", "recovered", False)
     assert outcome.session.session_id == first.session.session_id
     assert outcome.session.generation == first.session.generation
@@ -544,5 +545,6 @@ def test_a_session_we_dropped_after_a_fence_is_not_replayed(store: RuntimeDirect
     first = _keeper(store, ingress, clock).ensure(available_slots=1)
     store.write(STATE_NAME, SessionState(None).to_bytes())
     outcome = _keeper(store, ingress, clock).ensure(
-        available_slots=1, in_flight=[("edge-1", first.session.session_id, first.session.generation)])
+        available_slots=1, in_flight=1,
+        sessions_in_flight=[("edge-1", first.session.session_id, first.session.generation)])
     assert outcome.action == "registered" and outcome.session.session_id != first.session.session_id
