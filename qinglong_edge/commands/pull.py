@@ -560,24 +560,27 @@ class _FailureSink:
         self._worker = worker
         self._log: FailureLog | None = None
 
-    def say(self, line: str, payload: dict[str, object]) -> None:
+    def say(self, line: str, payload: dict[str, object]) -> bool:
         from qinglong_edge.worker.failure_log import FailureLog, failure_key
 
         if self._log is None:
             self._log = FailureLog(self._worker)
-        self._log.say(line, failure_key(payload))
+        return self._log.say(line, failure_key(payload))
 
     def failed(self, args: argparse.Namespace, exc: EdgeError) -> int:
-        """A failure that ends the pull (storage, configuration read at run time): the JSON
-        line is the CLI's own (unchanged); the human line goes to stdout, as every result."""
+        """A failure that ends the pull (storage, the capabilities file, configuration read
+        at run time): the CLI's own line (``qinglong-edge: code: message``) on stderr once
+        per hour, on stdout the other times (a terminal always shows it; cron's logger gets
+        it once); ``--json`` prints the CLI's own JSON line (unchanged)."""
         from qinglong_edge.errors import exit_status_for
 
         status = exit_status_for(exc)
-        line = f"pull: {exc.code}: {exc.message}"
-        self.say(line, {"status": "failed", "code": exc.code})
+        line = f"qinglong-edge: {exc.code}: {exc.message}"
+        said = self.say(line, {"status": "failed", "code": exc.code})
         if args.json:
             raise exc
-        print(line, flush=True)
+        if not said:
+            print(line, flush=True)
         return status
 
     def close(self) -> None:
