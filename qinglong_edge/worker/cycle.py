@@ -336,7 +336,7 @@ def _run_journal(
 
                     yield from Resident(config=config, worker=worker, journal=journal, runtime=runtime, wire=wire,
                                         keeper=keeper, coordinator=coordinator, abort=abort, clock_ms=clock_ms,
-                                        random=random).run()
+                                        random=random, notice=notice).run()
                     if abort.tripped:
                         return
                 if report.error == "credential_rejected" or (
