@@ -235,10 +235,14 @@ class _Target:
         """Live descendants of the running leader outside its group, by ppid (``/proc``).
 
         The job wrapper is a child subreaper, so while it runs every process the job left
-        (a ``setsid`` escapee whose parent exited included) is below it."""
+        (a ``setsid`` escapee whose parent exited included) is below it. Those in a PID
+        namespace below the leader's are left out: they die with their init, which is in
+        the group (the kernel ends a PID namespace whose init dies), so the job and its
+        wrapper end at once, as for a job in the wrapper's group."""
         if self.leader() is not Liveness.RUNNING:
             return set()
         pgid = self.identity.pgid
+        depth = pid_namespace_depth(self.identity.pid)
         children: dict[int, list[tuple[int, bool]]] = {}
         for s in scan_processes():
             children.setdefault(s.ppid, []).append((s.pid, s.pgrp != pgid and not s.exited))
@@ -250,7 +254,7 @@ class _Target:
                 if pid not in seen:
                     seen.add(pid)
                     todo.append(pid)
-                    if outside:
+                    if outside and not pid_namespace_depth(pid) > depth:
                         found.add(pid)
         return found
 

@@ -1325,7 +1325,7 @@ def _finish(job: Job, code: int) -> None:
     now = time.time_ns() // 1_000_000
     finished = max(now, job.started_at_ms)
     if job.fact is not None:
-        publish_retried(job.fact, job.fact.prefix + fact_suffix(
+        job.fact.publish(job.fact.prefix + fact_suffix(
             job.fact_keys, truncated=log.truncated, observed_ms=finished, kept=log.kept, discarded=log.discarded))
     if job.receipt is not None:
         publish_retried(job.receipt, job.receipt.prefix + receipt_suffix(finished, code))

@@ -14,6 +14,7 @@ import pathlib
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -117,6 +118,54 @@ def test_output_beyond_the_cap_keeps_the_head_and_reports_truncation(env: Remote
     assert artifact is not None and len(artifact.data) == 1024 and artifact.truncated is True
     assert artifact.data.startswith(b"line 0000\nline 0001\n")  # the head, raw, no notice line
     assert outcome.events("uploaded")[0]["truncated"] is True
+
+
+def test_a_job_past_its_memory_limit_is_reported_out_of_memory(env: RemoteEnv) -> None:
+    """Issue 24 item 3: the job (not its wrapper) runs in a memory leaf of
+    ``execution.maxRunMemoryBytes``; allocating past it gets it OOM-killed there, the
+    wrapper lives on and publishes 137, and ``pull --json`` says why."""
+    from qinglong_edge.process.cgroups import CgroupManager
+
+    if not CgroupManager.detect("auto", memory_max=8 << 20).memory_available:
+        pytest.skip("no memory cgroup for jobs here")
+    document = json.loads(env.config_path.read_text())
+    document["execution"] = {"maxRunMemoryBytes": 8 << 20}
+    env.config_path.write_text(json.dumps(document))
+    task = env.cluster.add_command_task([sys.executable, "-I", "-S", "-c", "b = bytearray(64 << 20)"])
+    outcome = env.run_to_end()
+    assert outcome.status == 0, dump(outcome)
+    exited = outcome.events("exited")[0]
+    assert (exited["exitCode"], exited["source"], exited["reason"]) == (137, "receipt", "out_of_memory"), exited
+    completion = env.cluster.completion(task.candidate["runId"])
+    assert completion is not None and (completion["status"], completion["result"]["exitCode"]) == ("failed", 137)
+
+
+def test_a_job_that_fills_its_disk_costs_the_agent_no_record(tmp_path: pathlib.Path) -> None:
+    """Issue 24 item 4: the state (journal, receipts, remote logs and the job's scratch
+    directory) on one small file system, which the job fills. The wrapper's receipt
+    cannot be written (tried 5 times, then "No receipt": the pull, its parent, has the
+    exit status), journal writes fail cleanly (``storage_failed``) and are retried, the
+    scratch directory goes once the job has ended, and the record ends as any other.
+    The cluster's own 30 s leases (renewed every 10 s): the disk is full for a few seconds."""
+    from tests.support.mounts import tmpfs
+
+    with ClusterDouble(lease_duration_ms=30_000, renewal_duration_ms=30_000) as cluster:
+        env = RemoteEnv(tmp_path, cluster)
+        with tmpfs(env.state_dir, "8m"):
+            _fill_the_disk(env)
+
+
+def _fill_the_disk(env: RemoteEnv) -> None:
+    task = env.cluster.add_command_task("head -c 16777216 /dev/zero > fill; echo filled; exit 5")
+    outcome = env.run_to_end(timeout=90)
+    assert outcome.status == 0, dump(outcome)
+    exited = outcome.events("exited")[0]
+    assert (exited["exitCode"], exited["source"]) == (5, "reaped"), exited
+    assert env.record()["state"] == "completion_acknowledged"
+    completion = env.cluster.completion(task.candidate["runId"])
+    assert completion is not None and completion["result"]["exitCode"] == 5
+    assert env.remote_logs() == [] and env.receipts() == []
+    assert not list((env.state_dir / "logs" / "remote" / "work").iterdir())  # the scratch directory went
 
 
 # -- stops -------------------------------------------------------------------------------------------------
