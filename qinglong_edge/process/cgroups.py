@@ -15,6 +15,10 @@ budget and its subtree), else the hierarchy's root (root on a router without sys
 * cgroup v1 ``freezer``: freeze, SIGKILL every member, thaw (members cannot fork or
   exit while frozen, so the pid list is stable while we signal it).
 * cgroup v1 ``pids``: membership and an optional ``pids.max`` cap for the Run.
+* the job's memory leaf (``memory_max``, :mod:`qinglong_edge.process.cgroup_memory`): the
+  v1 ``memory`` hierarchy's ``qinglong-edge/<name>`` or, on v2 with the agent in a leaf of
+  a delegated cgroup, ``<name>/job`` beside ``<name>/wrapper``. The job enters it itself
+  (:meth:`RunCgroup.job_procs_files`); the wrapper never does.
 
 How a process gets in: the launcher starts the job through a tiny ``/bin/sh`` wrapper
 that writes its own pid (``$$``) into every ``cgroup.procs`` of :meth:`RunCgroup.procs_files`
@@ -24,8 +28,10 @@ in a process that has threads (the HTTP pool, the store thread).
 
 We never touch a cgroup we did not create: every path is ``<base>/qinglong-edge/<name>``
 with ``name`` matching the Local API id grammar, and :meth:`CgroupManager.owned_names`
-lists only that directory. No controller is ever enabled (``cgroup.subtree_control`` is
-not written), so cgroup v2's "no internal processes" rule never applies to our parent.
+lists only that directory. No controller is enabled (``cgroup.subtree_control`` is not
+written) but for the v2 memory leaves, and only below a cgroup that holds no process
+(:func:`qinglong_edge.process.cgroup_memory.v2_memory_base`), so cgroup v2's "no internal
+processes" rule never applies to the agent's own cgroup.
 Detection (``execution.cgroups``: ``auto`` | ``off``) happens once, at controller start,
 by creating and removing a probe cgroup.
 """

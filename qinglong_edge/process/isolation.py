@@ -23,11 +23,13 @@ the covers, and dropping that again needs a second nested namespace and options
 program. ``opkg install python3-ctypes`` is the
 remedy :func:`probe_isolation` gives.
 
-What isolation does not do: the job still sees every process in ``/proc`` and may signal
-those of the agent's user (same uid; no PID namespace), and it shares the network.
-What it does beyond the covers: processes outside its user namespace (the agent, other
-jobs) are out of reach of ``/proc/<pid>/root``, ``/environ``, ``/fd``, ``/mem`` and
-``ptrace`` (the kernel demands the same user namespace or ``CAP_SYS_PTRACE`` over theirs).
+What isolation does not do: the job shares the network, and without a PID namespace
+(level ``none``) it sees every process and may signal those of the agent's user. What
+it does beyond the covers: processes outside its user namespace (the agent, other jobs)
+are out of reach of ``/proc/<pid>/root``, ``/environ``, ``/fd``, ``/mem`` and ``ptrace``
+(the kernel demands the same user namespace or ``CAP_SYS_PTRACE`` over theirs); in its
+PID namespace (the probe's levels: :data:`PID_LEVELS`) it can signal none of them, and
+with a private ``/proc`` it sees none.
 """
 
 from __future__ import annotations

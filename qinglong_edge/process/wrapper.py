@@ -36,8 +36,14 @@ Protocol (all bytes):
 4. The wrapper forks the command: only fds 0 (``/dev/null``), 1 and 2 (the write end of
    its output pipe), default signal dispositions, an empty signal mask, the wrapper's
    process group and session, the spec's ``cwd`` and exactly the spec's environment; with
-   ``isolate``, first a private user + mount namespace hiding the ``hide`` paths (see
-   :func:`_isolate`). A failed ``exec`` (or ``chdir``, or isolation) writes one line into
+   ``isolate``, first a private user + mount namespace hiding the ``hide`` paths and
+   binding the ``readonly`` ones read-only (see :func:`_isolate`); with ``pidns`` also a
+   PID namespace whose PID 1 is our init, the command PID 2 in a session of its own
+   (:func:`_pid_namespace`, :func:`_init_loop`: the init passes signals on, reaps orphans,
+   ends leftovers and exits with the command's status, which is then the wrapper's
+   "command"). Before that the child raises its ``oom_score_adj`` to 1000 and enters the
+   ``jobcgroup`` leaves (the job's memory leaf: the wrapper stays outside it). A failed
+   ``exec`` (or ``chdir``, or isolation) writes one line into
    the log and ends with :data:`CANNOT_EXECUTE` (126) or, for a missing file,
    :data:`NOT_FOUND` (127), as a shell would.
 5. While the command runs (and after, while the wrapper drains and publishes): a TERM, INT

@@ -14,16 +14,20 @@ remote rules of remote-execution.md 4 and the spec README decisions:
 * **No receipt**: a job verified gone without one completes with what was observed:
   the status reaped as its parent, else 143/137 when we signalled SIGTERM/SIGKILL last,
   else 255 ("outcome lost").
-* **Isolation** ("Isolation"): where :func:`isolation_available` (a real isolated job,
-  run once per boot and remembered in the runtime directory) says it works, the command
-  runs in a private user + mount namespace hiding ``RemoteLimits.hidden``.
+* **Isolation** ("Isolation"): where :func:`isolation_available` (a real isolated job;
+  a positive answer remembered in the runtime directory for the boot) says it works, the
+  command runs in a private user + mount + PID namespace hiding ``RemoteLimits.hidden``
+  and binding ``RemoteLimits.readonly`` read-only, at the PID level the probe found.
 * **Cgroup** per job, ``remote-<attemptId>`` under the agent's ``qinglong-edge/``
   (a Local Run's cgroup is named by its UUID attempt id, so the names never meet), with
   ``pids.max`` = the PID cap on the v1 pids hierarchy, exactly as Local Runs.
 * **The wrapper's program** is compiled once per boot and interpreter: the ``.pyc`` image
   is kept in the runtime directory under a name keyed by the interpreter, its version
   and the source's digest (:func:`prime_wrapper`), so a cron ``pull`` that launches a job
-  does not pay a compiler start-up.
+  does not pay a compiler start-up; only while remote jobs are isolated (without, a job
+  could replace it: nothing a job can write is trusted later, issue 24).
+* **Memory**: the job runs in its memory leaf (``execution.maxRunMemoryBytes``); an OOM
+  kill there is the outcome's ``reason`` ``out_of_memory`` (:func:`read_outcome`).
 
 Errors: :class:`LaunchFailure` (a ``start_failed`` reason: the job never ran) and
 :class:`~qinglong_edge.errors.ExecutionError` from the process core.
