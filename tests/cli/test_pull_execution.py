@@ -320,6 +320,30 @@ def test_a_planted_isolation_answer_does_not_turn_isolation_off(env: RemoteEnv) 
     assert json.loads(answer.read_text())["available"] is True  # the probe's own answer replaced it
 
 
+@pytest.mark.parametrize("damage", ["symlink", "fifo", "file"])
+def test_a_runtime_directory_replaced_by_something_else_is_refused_and_the_launch_goes_on(
+        env: RemoteEnv, tmp_path: pathlib.Path, damage: str) -> None:
+    """Issue 24 "Bad input": the journal's runtime directory replaced by a symlink (to a
+    directory a job could control), a FIFO or a file. Never followed nor opened: one line
+    (``pull: warning: runtime directory refused ...``, once per boot), the records go to
+    the fallback ``<journal>/run``, and the job runs and completes."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    env.run_base.mkdir(exist_ok=True)
+    {"symlink": lambda: env.runtime.symlink_to(elsewhere), "fifo": lambda: os.mkfifo(env.runtime, 0o600),
+     "file": lambda: env.runtime.write_text("x" * 100_000)}[damage]()
+    env.quick_job("job")
+    outcome = env.run_to_end()
+    assert outcome.status == 0, dump(outcome)
+    warnings = [line for line in outcome.stderr.splitlines() if "runtime directory refused" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("pull: warning: "), outcome.stderr
+    assert env.record()["state"] == "completion_acknowledged" and env.starts("job") == 1
+    assert list(elsewhere.iterdir()) == []  # nothing written through the symlink
+    assert (env.journal / "run").is_dir()
+    second = env.run_to_end()
+    assert "runtime directory refused" not in second.stderr  # once per boot
+
+
 #: What a job that can see the log directory (no isolation) puts where its log was.
 PLANTED_LOGS = {
     "symlink": 'rm -f "$f"; ln -s /etc/hostname "$f"',
