@@ -796,6 +796,8 @@ def _isolate(hide: list[bytes], keep: list[bytes], readonly: list[bytes] | None 
     for fd in kept.values():
         os.close(fd)
     _bind_readonly(mount, [p for p in readonly or () if not any(_under(p, c) for c in covers)])
+    if uid == 0:
+        _drop_capabilities(libc)
 
 
 def _cover(mount: _Mount, path: bytes) -> bool:
@@ -849,6 +851,29 @@ def _bind_readonly(mount: _Mount, paths: list[bytes]) -> None:
         _libc_call(mount(path, path, None, MS_BIND | MS_REC, None), f"bind {os.fsdecode(path)}")
         _libc_call(mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _locked_flags(path), None),
                    f"remount {os.fsdecode(path)} read-only")
+
+
+#: prctl(2) option (<linux/prctl.h>): drop one capability from the bounding set.
+PR_CAPBSET_DROP = 24
+
+
+def _drop_capabilities(libc: ctypes.CDLL) -> None:
+    """An agent running as root: empty the bounding set, so that the job, root of its user
+    namespace, has no capability there after ``exec`` either (it could otherwise unmount
+    the covers, which it made itself: they are not locked). Its files are still its own.
+
+    Raises:
+        OSError: a capability could not be dropped (the job does not run).
+    """
+    import ctypes
+
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    for cap in range(64):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            code = ctypes.get_errno()
+            if code == errno.EINVAL:
+                return  # past the kernel's last capability
+            raise OSError(code, f"drop capability {cap}: {os.strerror(code)}")
 
 
 # -- memory: the job's cgroup leaf and its OOM score ----------------------------------------

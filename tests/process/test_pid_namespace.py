@@ -253,3 +253,21 @@ def test_the_job_not_its_wrapper_is_in_the_memory_leaf(tmp_path: pathlib.Path, l
     finally:
         group.kill()
         wait_until(group.remove)
+
+
+def test_an_isolated_job_of_a_root_agent_has_no_capability_left(tmp_path: pathlib.Path, level: str,
+                                                               jobs: list[HeldJob]) -> None:
+    """An agent running as root (the packages use `qinglong`; tests and some routers do
+    not): its isolated job is root of its user namespace, where it made the covers itself
+    (not locked), so the wrapper empties the bounding set: no capability after exec, the
+    covers stay."""
+    if os.geteuid() != 0:
+        pytest.skip("the agent is not root here")
+    (tmp_path / "hidden" ).mkdir(exist_ok=True)
+    (tmp_path / "hidden" / "secret").write_text("secret")
+    script = (f"grep CapEff /proc/self/status; umount {tmp_path}/hidden 2>/dev/null && echo unmounted; "
+              f"cat {tmp_path}/hidden/secret 2>/dev/null || echo hidden")
+    job = _start(jobs, _spec(tmp_path, script))
+    assert job.process.wait(10) == 0
+    lines = _log(tmp_path).split()
+    assert lines[:2] == ["CapEff:", "0000000000000000"] and "unmounted" not in lines and lines[-1] == "hidden", lines
