@@ -87,7 +87,8 @@ HIDDEN = {
 }
 DEFAULTS: dict[type[Frozen], dict[str, Any]] = {
     WorkerConfig: {"log_directory": "/var/lib/qinglong-edge/logs/remote", "max_log_bytes": 1 << 20,
-                   "log_minimum_free_bytes": 4 << 20},
+                   "log_minimum_free_bytes": 4 << 20, "capabilities_file": None, "labels": (),
+                   "drain_timeout_ms": 60_000},
     ExecutionConfig: {"max_run_pids": 0, "max_total_log_bytes": 4 << 20, "work_directory": "",
                       "max_run_memory_bytes": None},
     EdgeConfig: {"source": ""},
