@@ -322,27 +322,71 @@ def check_cgroups() -> Check:
     )
 
 
+def check_memory(config: EdgeConfig) -> Check:
+    """Whether jobs run in a memory leaf of their own (issue 24: ``execution.maxRunMemoryBytes``),
+    found as the launch finds it (:class:`~qinglong_edge.process.cgroups.CgroupManager`).
+
+    Not required: without one a job's memory is bounded only by the service's (systemd
+    ``MemoryMax=``) or the device's; jobs still get ``oom_score_adj`` 1000, so the kernel's
+    OOM killer takes a job before the agent.
+    """
+    from qinglong_edge.process.cgroups import CgroupManager
+    from qinglong_edge.worker.remote_files import remote_limits
+
+    execution = config.execution
+    if execution is not None:
+        mode, limit = execution.cgroups, execution.max_run_memory_bytes
+    else:
+        limits = remote_limits(config)
+        mode, limit = limits.cgroups, limits.max_run_memory_bytes
+    manager = CgroupManager.detect(mode, memory_max=limit)
+    mib = f"{(limit or 0) / (1024 * 1024):g} MiB"
+    if manager.memory_available:
+        where = "cgroup v2" if manager.v2_memory else "cgroup v1 memory"
+        return Check("memory", True, False, f"each job runs in a memory leaf of its own ({where}): {mib}, no swap; "
+                     "an OOM kill there is reported as the job's outcome (out_of_memory)")
+    why = manager.memory_reason or manager.reason or "cgroups are off"
+    return Check("memory", False, False,
+                 f"no memory limit for jobs ({why}); they still get oom_score_adj 1000: the kernel's OOM killer "
+                 "takes a job before the agent",
+                 "systemd: Delegate=yes with DelegateSubgroup=agent (systemd >= 254), as the shipped units do; "
+                 "elsewhere run the agent as root or in a delegated cgroup leaf")
+
+
 def check_isolation(config: EdgeConfig) -> Check:
     """Which isolation a remote job gets, by running one (spec README, "Isolation").
 
     Not required: without it the device still works, and the detail says plainly what a
-    remote job can then read.
+    remote job can then read and change. With it, the detail names the PID level (none,
+    PID namespace, PID namespace with private /proc) and, below the highest, why.
     """
     from qinglong_edge.process.isolation import probe_isolation
-    from qinglong_edge.worker.job_isolation import remote_hidden_paths
+    from qinglong_edge.worker.job_isolation import remote_hidden_paths, remote_readonly_paths
 
     paths = ", ".join(remote_hidden_paths(config))
+    readonly = ", ".join(remote_readonly_paths(config)) or "none"
     base = config.state_directory if _exists(config.state_directory) else None
     probe = probe_isolation(base)
     if probe.available:
+        level = probe.level
+        pid = {"none": "no PID namespace: they see every process and may signal the agent's",
+               "PID namespace": "a PID namespace: they cannot signal or trace the agent, but see the host's "
+                                "/proc (no private /proc: " + probe.pid_reason + ")",
+               }.get(level, "a PID namespace with a private /proc: they see and reach only their own processes")
+        if level == "none":
+            pid += f" ({probe.pid_reason})"
         return Check("isolation", True, False,
-                     f"remote jobs run in a private user+mount namespace ({probe.via}); hidden from them: {paths} "
-                     "(they still see other processes, may signal the agent's, and share the network)")
+                     f"remote jobs run in a private user+mount namespace ({probe.via}), level: {level} ({pid}); "
+                     f"hidden from them: {paths}; read-only for them: {readonly} (they share the network)",
+                     "" if level == "PID namespace with private /proc" else
+                     "allow the PID namespace and a fresh /proc: systemd RestrictNamespaces=user mnt pid without "
+                     "ProtectKernelTunables= and ProtectKernelLogs= (as the shipped pull unit does)")
     user = f"uid {os.geteuid()}"
     return Check(
         "isolation", False, False,
-        f"no isolation for remote jobs ({probe.reason}); a remote job runs as {user}, the agent's user, and can "
-        f"read everything it can: {paths}",
+        f"no isolation for remote jobs ({probe.reason}), level: none; a remote job runs as {user}, the agent's "
+        f"user, and can read everything it can: {paths}, change what it can (the agent's runtime directory, "
+        "journal and state included), and signal and trace the agent",
         probe.remedy or "see the README, Security model",
     )
 
@@ -959,6 +1003,8 @@ def run_checks(config: EdgeConfig) -> list[Check]:
             ))
     if config.execution is not None:
         checks.append(check_cgroups())
+    if config.execution is not None or worker is not None:
+        checks.append(check_memory(config))
     if worker is not None:
         checks.append(check_isolation(config))
     checks.append(check_clock())

@@ -347,7 +347,7 @@ def _discard_here(config: Any, offer_id: str, busy: bool) -> str | None:
             from qinglong_edge.process.cgroups import CgroupManager
             from qinglong_edge.worker.remote_job import adopt, stop_job
 
-            cgroups = CgroupManager.detect(limits.cgroups)
+            cgroups = CgroupManager.detect(limits.cgroups, memory_max=limits.max_run_memory_bytes)  # its leaf too
             job = adopt(handle, cgroups if cgroups.available else None, record["offer"]["candidate"]["attemptId"])
             if job is not None:
                 result = stop_job(job, limits)

@@ -336,6 +336,10 @@ def _run_journal(
         runtime.remove(HANDOVER_NAME)  # ours now (RAM; absent in the steady state: one ENOENT)
     try:
         migrate_legacy_record(journal.take_legacy_session_record(), runtime)
+        if notice is not None and runtime.on_fallback and runtime.once_per_boot("runtime-fallback"):
+            # A runtime directory that is not a private directory of ours (a symlink, a FIFO,
+            # a file put in its place) is never followed: say so once, use the fallback.
+            notice(f"runtime directory refused ({runtime.fallback_reason}); using {runtime.path}")
         if notice is not None:
             warning = daily_expiry_warning(worker.certificate_file, worker.trust_anchor_files, runtime, clock_ms())
             if warning is not None:
@@ -369,7 +373,7 @@ def _run_journal(
 
                     yield from Resident(config=config, worker=worker, journal=journal, runtime=runtime, wire=wire,
                                         keeper=keeper, coordinator=coordinator, abort=abort, clock_ms=clock_ms,
-                                        random=random).run()
+                                        random=random, notice=notice).run()
                     if abort.tripped:
                         return
                 if report.error == "credential_rejected" or (

@@ -49,7 +49,7 @@ from qinglong_edge.worker.discard import advertise, pending_requests, retract, w
 from qinglong_edge.worker.pacing import retry_delay_ms
 from qinglong_edge.worker.pull import PullCoordinator, SessionAuthority
 from qinglong_edge.worker.remote_files import in_flight, outcome_name, record_files, remote_limits, remove_job_files
-from qinglong_edge.worker.remote_job import isolation_available, prime_wrapper
+from qinglong_edge.worker.remote_job import forget_caches, isolation_available, prime_wrapper
 from qinglong_edge.worker.runner import Runner
 from qinglong_edge.worker.runner_state import RecordEvent, Track
 from qinglong_edge.worker.runtime import HANDOVER_NAME, RuntimeDirectory, boot_id
@@ -153,12 +153,14 @@ class Resident:
         random: Callable[[], float],
         draining: bool = False,
         deadline_boot_ms: int | None = None,
+        notice: Callable[[str], None] | None = None,
     ) -> None:
         #: ``drain``: nothing is pulled, heartbeats announce no free slot.
         self.draining = draining
         #: ``drain``'s bound (clock.boot_ms): the loop stops then, whatever is left.
         self.deadline_boot_ms = deadline_boot_ms
         self.worker = worker
+        self.notice = notice
         self.journal = journal
         self.runtime = runtime
         self.keeper = keeper
@@ -167,7 +169,8 @@ class Resident:
         self.clock_ms = clock_ms
         self.limits = remote_limits(config)
         self._events: list[RecordEvent] = []
-        self._isolated: bool | None = None
+        #: The PID level of remote jobs' isolation ("" until asked; None: not isolated).
+        self._isolated: str | None = ""
         self.runner = Runner(journal, ExecutionCalls(wire), self.limits, clock_ms=clock_ms, session=self._session,
                              emit=self._emit, isolate=self._isolate, prepare=self._prepare, random=random)
         self.tracks: dict[str, Track] = {}
@@ -191,13 +194,16 @@ class Resident:
                                                    ("exitCode", "finishedAtMs", "source")}}) + b"\n")
 
     def _prepare(self) -> None:
-        prime_wrapper(self.runtime)
+        # The isolation answer first: the cached wrapper program is trusted only when no
+        # job can see the runtime directory (issue 24: nothing a job can write is trusted).
+        prime_wrapper(self.runtime, trusted=self._isolate() is not None, notice=self.notice)
 
-    def _isolate(self) -> bool:
-        if self._isolated is None:
+    def _isolate(self) -> str | None:
+        if self._isolated == "":
             with contextlib.suppress(OSError):
                 os.makedirs(self.limits.log_directory, 0o700, exist_ok=True)
-            self._isolated, _ = isolation_available(self.runtime, self.limits.log_directory, boot_id())
+            self._isolated, _ = isolation_available(self.runtime, self.limits.log_directory, boot_id(),
+                                                    self.notice)
         return self._isolated
 
     # -- records -------------------------------------------------------------------------------
@@ -334,6 +340,8 @@ class Resident:
                         "schemaVersion": 1, "inFlight": len(self._live()), "atMs": self.clock_ms(),
                         "signal": aborted}) + b"\n")
         finally:
+            if self._isolated is None:
+                forget_caches(self.runtime)  # what the unisolated jobs may have left there
             retract(self.runtime)
             wakeup.close()
             for track in self.tracks.values():
