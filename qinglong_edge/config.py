@@ -33,6 +33,9 @@ Shape (camelCase, like the QingLong configs; defaults in brackets)::
         "logDirectory": "/abs",                     [<execution.logDirectory>/remote, else <stateDirectory>/logs/remote]
         "maxLogBytes": 1024-67108864,               [execution.maxLogBytes, else 1048576: per remote attempt]
         "logMinimumFreeBytes": 0-1099511627776,     [4194304: free space kept beside a remote log's cap]
+        "capabilitiesFile": "/abs",                 [none: advertise what the device probes]
+        "labels": {"key": "value", ...0-32},        [none; not with capabilitiesFile]
+        "drainTimeoutMs": 1000-600000,              [60000 edge, 300000 standalone: `drain`'s bound]
         "metricsTextfile": "/abs" | null            [null: off; a RAM path: node_exporter textfile per cycle]
       },
       "localApi": {                                            absent: no Local API role
@@ -58,7 +61,8 @@ Shape (camelCase, like the QingLong configs; defaults in brackets)::
         "maxLogBytes": 1024-67108864,               [1048576]
         "maxTotalLogBytes": 1048576-1099511627776,  [4 MiB edge, 256 MiB standalone; >= maxLogBytes x maxConcurrentRuns]
         "cgroups": "auto" | "off",                  ["auto"]
-        "maxRunPids": 0-4194304                     [16 edge, 28 standalone; 0: no cap]
+        "maxRunPids": 0-4194304,                    [16 edge, 28 standalone; 0: no cap]
+        "maxRunMemoryBytes": 4194304-1099511627776  [16 MiB edge, 512 MiB standalone: the job's memory leaf]
       }
     }
 
@@ -99,6 +103,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_CONFIG_PATH",
     "DEFAULT_RUNTIME_DIRECTORY",
+    "DEFAULT_RUN_MEMORY",
     "DEFAULT_SPLAY_MAX_MS",
     "SCHEMA",
     "EdgeConfig",
@@ -124,6 +129,13 @@ ENV_CONFIG = "QINGLONG_EDGE_CONFIG"
 #: ``execution.maxRunPids`` by profile. Edge: Local 2 Runs x 16 + remote 1 x 16 + the
 #: agent's own threads fit the 64-task envelope (docs/architecture.md, "PIDs").
 DEFAULT_RUN_PIDS = {"edge": 16, "standalone": 28}
+#: ``execution.maxRunMemoryBytes`` by profile: the memory limit of one job's cgroup leaf
+#: (its wrapper is outside it). Edge: on a 128 MiB router, OpenWrt itself (~24 MiB), serve
+#: and a resident pull (~22 MiB each), 3 job wrappers with the init (~4 MiB each) and
+#: 2 Local + 1 remote jobs at 16 MiB fit (README, "What a remote job can do").
+DEFAULT_RUN_MEMORY = {"edge": 16 * 1024 * 1024, "standalone": 512 * 1024 * 1024}
+MIN_RUN_MEMORY = 4 * 1024 * 1024
+MAX_RUN_MEMORY = 1 << 40
 MAX_CONFIG_BYTES = 64 * 1024
 _WORKER_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
 
@@ -154,6 +166,9 @@ class WorkerConfig(Frozen):
         "log_directory",
         "max_log_bytes",
         "log_minimum_free_bytes",
+        "capabilities_file",
+        "labels",
+        "drain_timeout_ms",
         "metrics_textfile",
     )
 
@@ -182,6 +197,13 @@ class WorkerConfig(Frozen):
     max_log_bytes: int
     #: Free space a remote log must leave beside its cap (``statfs`` guard of 4.3).
     log_minimum_free_bytes: int
+    #: The operator's capabilities file (the whole advertisement), or None: probed.
+    capabilities_file: str | None
+    #: ``worker.labels`` as (key, value) pairs in file order (validated like the
+    #: capabilities' labels: contracts.placement.worker_labels).
+    labels: tuple[tuple[str, str], ...]
+    #: How long ``drain`` waits for every record to settle before it gives up (ms).
+    drain_timeout_ms: int
     #: node_exporter textfile each pull cycle writes (a RAM path), None: off.
     metrics_textfile: str | None
 
@@ -209,6 +231,9 @@ class WorkerConfig(Frozen):
         log_directory: str = "/var/lib/qinglong-edge/logs/remote",
         max_log_bytes: int = 1024 * 1024,
         log_minimum_free_bytes: int = 4 * 1024 * 1024,
+        capabilities_file: str | None = None,
+        labels: tuple[tuple[str, str], ...] = (),
+        drain_timeout_ms: int = 60_000,
         metrics_textfile: str | None = None,
     ) -> None:
         _set = object.__setattr__
@@ -235,6 +260,9 @@ class WorkerConfig(Frozen):
         _set(self, "log_directory", log_directory)
         _set(self, "max_log_bytes", max_log_bytes)
         _set(self, "log_minimum_free_bytes", log_minimum_free_bytes)
+        _set(self, "capabilities_file", capabilities_file)
+        _set(self, "labels", labels)
+        _set(self, "drain_timeout_ms", drain_timeout_ms)
 
 
 class ListenerConfig(Frozen):
@@ -328,6 +356,7 @@ class ExecutionConfig(Frozen):
         "max_run_pids",
         "max_total_log_bytes",
         "work_directory",
+        "max_run_memory_bytes",
     )
 
     max_concurrent_runs: int
@@ -344,10 +373,13 @@ class ExecutionConfig(Frozen):
     #: Working directory and ``HOME`` of a Run whose task names none (``""``: the caller
     #: must give one, e.g. tests; the parser's default is ``<stateDirectory>/work``).
     work_directory: str
+    #: The memory limit of each job's cgroup leaf (bytes; ``None``: no leaf, e.g. tests).
+    max_run_memory_bytes: int | None
 
     def __init__(self, max_concurrent_runs: int, terminate_grace_ms: int, kill_grace_ms: int,  # noqa: PLR0917 (the dataclass signature)
                  control_interval_ms: int, log_directory: str, max_log_bytes: int, cgroups: str,
-                 max_run_pids: int = 0, max_total_log_bytes: int = 4 * 1024 * 1024, work_directory: str = "") -> None:
+                 max_run_pids: int = 0, max_total_log_bytes: int = 4 * 1024 * 1024, work_directory: str = "",
+                 max_run_memory_bytes: int | None = None) -> None:
         _set = object.__setattr__
         _set(self, "max_concurrent_runs", max_concurrent_runs)
         _set(self, "terminate_grace_ms", terminate_grace_ms)
@@ -359,6 +391,7 @@ class ExecutionConfig(Frozen):
         _set(self, "max_run_pids", max_run_pids)
         _set(self, "max_total_log_bytes", max_total_log_bytes)
         _set(self, "work_directory", work_directory)
+        _set(self, "max_run_memory_bytes", max_run_memory_bytes)
 
 
 class EdgeConfig(Frozen):
@@ -534,14 +567,37 @@ def _parse_worker(sec: _Section, state_dir: str, profile: str, execution: Execut
         max_log_bytes=sec.integer("maxLogBytes", 1024, 64 * _MIB,
                                   execution.max_log_bytes if execution is not None else _MIB),
         log_minimum_free_bytes=sec.integer("logMinimumFreeBytes", 0, 1024 * 1024 * _MIB, 4 * _MIB),
+        capabilities_file=sec.path_value("capabilitiesFile", "") or None,
+        labels=_labels(sec),
+        drain_timeout_ms=sec.integer("drainTimeoutMs", 1000, 600_000, 60_000 if profile == "edge" else 300_000),
         metrics_textfile=sec.optional_path("metricsTextfile"),
     )
     sec.done()
+    if config.capabilities_file is not None and config.labels:
+        at = sec._at("labels")
+        raise ConfigError(f"{at}: not with capabilitiesFile (the file is the whole advertisement: put the labels "
+                          "in it)", path=at)
     if 2 * config.heartbeat_interval_ms > config.session_lease_duration_ms:
         at = sec._at("heartbeatIntervalMs")
         raise ConfigError(f"{at}: twice the interval must not exceed sessionLeaseDurationMs (offer-delivery.md 5.1)",
                           path=at)
     return config
+
+
+def _labels(sec: _Section) -> tuple[tuple[str, str], ...]:
+    """``worker.labels``: the capabilities' label rules (at most 32; keys
+    ``[A-Za-z0-9][A-Za-z0-9._/-]*`` of 1-128, values of 1-256 characters, no control)."""
+    value = sec._get("labels", required=False)
+    if value is None and "labels" not in sec.data:
+        return ()
+    from qinglong_edge.contracts.placement import worker_labels  # only a config with labels pays for it
+
+    at = sec._at("labels")
+    try:
+        worker_labels(value, at)
+    except ContractError as exc:
+        raise ConfigError(f"{exc.path}: {exc.detail}", path=exc.path) from None
+    return tuple(value.items())
 
 
 def _parse_local_api(sec: _Section, state_dir: str, profile: str) -> LocalApiConfig:
@@ -590,6 +646,8 @@ def _parse_execution(sec: _Section, state_dir: str, profile: str) -> ExecutionCo
         max_log_bytes=sec.integer("maxLogBytes", 1024, 64 * 1024 * 1024, 1024 * 1024),
         cgroups=sec.choice("cgroups", ("auto", "off"), "auto"),
         max_run_pids=sec.integer("maxRunPids", 0, 4_194_304, DEFAULT_RUN_PIDS[profile]),
+        max_run_memory_bytes=sec.integer("maxRunMemoryBytes", MIN_RUN_MEMORY, MAX_RUN_MEMORY,
+                                         DEFAULT_RUN_MEMORY[profile]),
         max_total_log_bytes=sec.integer(
             "maxTotalLogBytes", _MIB, 1024 * 1024 * _MIB, (4 if profile == "edge" else 256) * _MIB
         ),

@@ -3,15 +3,18 @@
 :func:`run_pull` is what ``qinglong-edge pull`` runs (the command adds signal handling
 and printing)::
 
-    capabilities of this platform (unsupported_architecture before any I/O)
-    open the runtime directory (RAM) and the journal (owner lock; another pull ->
+    the platform's architecture (unsupported_architecture before any I/O)
+    open the runtime directory (RAM); the advertisement: the capabilities file, else
+      the probes (worker/capabilities.py; invalid_capabilities before any network I/O)
+    open the journal (owner lock; another pull ->
       already_owned, reported as "busy"); a session record of an older version moves
       from the journal root to the runtime directory
     once a UTC day: the client certificate's expiry warning (worker/expiry.py)
     [--duration S] repeat at the profile cadence (edge 2 s) until S seconds passed:
         clock sanity (year >= 2020; a router that booted at 1970 waits for NTP)
         prune terminal inbox records past retention, abandoned claims beyond their bound
-        session: register / heartbeat when due (SessionKeeper)
+        session: register / heartbeat when due (SessionKeeper; changed capabilities wait
+                 while records are in flight: then no_slot capabilities_changed)
         pull:    one coordinator step (PullCoordinator)
     close the transport, release the journal
 
@@ -48,7 +51,7 @@ from qinglong_edge.worker.runtime import HANDOVER_NAME, RuntimeDirectory
 from qinglong_edge.worker.session import SessionKeeper, SessionOutcome, local_capabilities, migrate_legacy_record
 from qinglong_edge.worker.transport import IngressTransport, TransportResponse
 
-__all__ = ["CLOCK_FLOOR_MS", "CycleReport", "run_pull", "wall_ms"]
+__all__ = ["CLOCK_FLOOR_MS", "CycleReport", "inbox_full", "run_pull", "wall_ms"]
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
@@ -116,6 +119,8 @@ class CycleReport(Frozen):
                 "generation": self.session.session.generation,
                 "version": self.session.session.version,
             }
+            if self.session.detail:  # capabilities_changed, session_fenced, version_resynced...
+                out["session"]["detail"] = self.session.detail  # type: ignore[index]
         if self.result is not None:
             out.update(self.result.to_json())
         if self.error is not None:
@@ -141,6 +146,8 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
                         kept=kept)
     journal.prune_abandoned()
     busy = 0
+    finished: set[str] = set()
+    sessions: list[tuple[str, str, int]] = []  # of the records in flight (a lost session record)
     if kept:
         # Imported only with records in the inbox: an idle cycle on an empty inbox does
         # not load the job files' names (contracts.receipt, launch, ingress).
@@ -148,28 +155,49 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
     for stored in kept:
         if in_flight(stored, now):
             busy += 1
-        elif stored["state"] == "completion_acknowledged":
+            bound = stored["offer"]["worker"]
+            sessions.append((bound["workerId"], bound["sessionId"], bound["generation"]))
+            continue
+        finished.add(stored["offer"]["offerId"])
+        if stored["state"] == "completion_acknowledged":
             _leftovers(worker, stored)  # a crash between T10 and the files' removal
-    # Spec README "Slots": records in flight hold slots; never more than free inbox entries.
-    free = journal.options.maximum_entries - len(kept)
+    # Spec README "Slots": records in flight hold slots; never more than free inbox entries,
+    # and only records in flight hold entries (issue 23: a finished record makes room).
+    free = journal.options.maximum_entries - busy
     slots = max(0, min(worker.max_concurrent_runs - busy, free))
     try:
-        session = keeper.ensure(slots)
+        session = keeper.ensure(slots, in_flight=busy, sessions_in_flight=sessions)
     except SessionError as exc:
         return CycleReport(None, None, exc.code, exc.message, reason=exc.reason, remedy=exc.remedy), busy
     record = session.session
     states: dict[str, int] = {}
     for stored in kept:
         states[stored["state"]] = states.get(stored["state"], 0) + 1
-    if busy and not slots:
+    if keeper.deferred:  # no new work under the old advertisement; re-registered once these are done
+        coordinator.settle_claim()
+        return CycleReport(session, PullResult("no_slot", reason="capabilities_changed"), inbox=states), busy
+    if busy and worker.max_concurrent_runs <= busy:
         coordinator.settle_claim()
         return CycleReport(session, PullResult("no_slot", reason="slots_in_use"), inbox=states), busy
+    if slots:
+        journal.make_room(lambda r: r["offer"]["offerId"] in finished, records=kept,
+                          remove_files=lambda r: _remove_files(worker, runtime, r))
     result = coordinator.pull(SessionAuthority(record.worker_id, record.session_id, record.generation))
+    if result.status == "inbox_full":
+        result = inbox_full(result, busy, journal.options.maximum_entries)
     if result.status in ("accepted", "replayed"):
         busy += 1  # executed by the resident loop at once (a replay of a finished one leaves it)
         if result.status == "accepted":
             states["accepted"] = states.get("accepted", 0) + 1
     return CycleReport(session, result, inbox=states), busy
+
+
+def inbox_full(result: PullResult, in_flight: int, maximum_entries: int) -> PullResult:
+    """The ``inbox_full`` result with its true reason: how many entries records that still
+    need this device hold (finished records never do: they make room)."""
+    return PullResult("inbox_full", offer_id=result.offer_id, reason="capacity_exhausted",
+                      attempt_count=result.attempt_count,
+                      detail=f"{in_flight} of {maximum_entries} entries held by records that need this device")
 
 
 def _process_gone(record: dict[str, Any]) -> bool:
@@ -272,7 +300,8 @@ def run_pull(
         JournalError: ``already_owned`` (another pull holds the journal) and storage
             failures; TransportError ``invalid_configuration`` /
             ``credentials_unavailable`` from the transport's construction;
-            SessionError ``unsupported_architecture``; PullAborted once ``abort`` tripped.
+            SessionError ``unsupported_architecture``; ConfigError ``invalid_capabilities``
+            (the capabilities file, before any network I/O); PullAborted once ``abort`` tripped.
     """
     abort = abort or AbortSignal()
 
@@ -280,11 +309,15 @@ def run_pull(
         with abort.interruptible():
             sleep(seconds)
 
-    capabilities = local_capabilities()  # unsupported_architecture before any I/O
+    base = local_capabilities()  # unsupported_architecture before any I/O
     abort.check()
     own_runtime = runtime is None
     runtime = runtime or RuntimeDirectory.open(worker.runtime_directory, worker.journal_directory)
     try:
+        from qinglong_edge.worker.capabilities import advertisement
+
+        # Read once, here: a resident pull keeps this advertisement for its whole life.
+        capabilities = advertisement(worker, base, runtime).capabilities  # invalid_capabilities: exit 78
         yield from _run_journal(worker, runtime, capabilities, duration_s=duration_s, abort=abort, pause=pause,
                                 clock_ms=clock_ms, random=random, transport=transport, notice=notice,
                                 config=config or EdgeConfig("edge", os.path.dirname(worker.journal_directory), worker,
@@ -313,6 +346,10 @@ def _run_journal(
         runtime.remove(HANDOVER_NAME)  # ours now (RAM; absent in the steady state: one ENOENT)
     try:
         migrate_legacy_record(journal.take_legacy_session_record(), runtime)
+        if notice is not None and runtime.on_fallback and runtime.once_per_boot("runtime-fallback"):
+            # A runtime directory that is not a private directory of ours (a symlink, a FIFO,
+            # a file put in its place) is never followed: say so once, use the fallback.
+            notice(f"runtime directory refused ({runtime.fallback_reason}); using {runtime.path}")
         if notice is not None:
             warning = daily_expiry_warning(worker.certificate_file, worker.trust_anchor_files, runtime, clock_ms())
             if warning is not None:
@@ -346,7 +383,7 @@ def _run_journal(
 
                     yield from Resident(config=config, worker=worker, journal=journal, runtime=runtime, wire=wire,
                                         keeper=keeper, coordinator=coordinator, abort=abort, clock_ms=clock_ms,
-                                        random=random).run()
+                                        random=random, notice=notice).run()
                     if abort.tripped:
                         return
                 if report.error == "credential_rejected" or (

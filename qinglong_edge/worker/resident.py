@@ -21,10 +21,11 @@ busy nothing is pulled; an idle answer makes the next pull wait ``heartbeatInter
 (the cron cadence would be a minute; the profile's ``pullIntervalMs`` of ``--duration``
 would hammer the cluster from every busy device).
 
-SIGTERM/SIGINT (``AbortSignal``): the call in flight is abandoned (a journal write is
-finished first), nothing is stopped: jobs go on under their wrappers, their leases run
-on, and the next ``pull`` re-adopts them by their identity; this one exits 0 after its
-summary. SIGUSR1 only wakes it (forced discards).
+SIGTERM/SIGINT/SIGHUP (``AbortSignal``): the call in flight is abandoned (a journal write
+is finished first), nothing is stopped: jobs go on under their wrappers, their leases run
+on, and the next ``pull`` re-adopts them by their identity; this one leaves
+``handover.json`` (the next pull skips its splay) and exits 0 after its summary, which
+says how long the jobs' leases have left. SIGUSR1 only wakes it (forced discards).
 """
 
 from __future__ import annotations
@@ -36,18 +37,19 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 
+from qinglong_edge.clock import boot_ms
 from qinglong_edge.config import EdgeConfig, WorkerConfig
 from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.contracts.strictjson import dumps_bytes
 from qinglong_edge.errors import JournalError, SessionError
 from qinglong_edge.worker.abort import AbortSignal, PullAborted
 from qinglong_edge.worker.calls import ExecutionCalls
-from qinglong_edge.worker.cycle import CycleReport
+from qinglong_edge.worker.cycle import CycleReport, inbox_full
 from qinglong_edge.worker.discard import advertise, pending_requests, retract, write_result
 from qinglong_edge.worker.pacing import retry_delay_ms
 from qinglong_edge.worker.pull import PullCoordinator, SessionAuthority
 from qinglong_edge.worker.remote_files import in_flight, outcome_name, record_files, remote_limits, remove_job_files
-from qinglong_edge.worker.remote_job import isolation_available, prime_wrapper
+from qinglong_edge.worker.remote_job import forget_caches, isolation_available, prime_wrapper
 from qinglong_edge.worker.runner import Runner
 from qinglong_edge.worker.runner_state import RecordEvent, Track
 from qinglong_edge.worker.runtime import HANDOVER_NAME, RuntimeDirectory, boot_id
@@ -70,33 +72,43 @@ NO_PIDFD_WAIT_S = 1.0
 class ResidentSummary(Frozen):
     """The summary line at exit: time resident, events, the records' final states."""
 
-    __slots__ = ("resident_ms", "events", "states", "in_flight", "aborted")  # noqa: RUF023
+    __slots__ = ("resident_ms", "events", "states", "in_flight", "aborted", "lease_left_ms")  # noqa: RUF023
 
     resident_ms: int
     events: int
     states: dict[str, int]
     in_flight: int
     aborted: str | None
+    #: Stopped with jobs in flight: the shortest time their leases have left (ms), else None.
+    lease_left_ms: int | None
 
-    def __init__(self, resident_ms: int, events: int, states: dict[str, int], in_flight: int,
-                 aborted: str | None) -> None:
+    def __init__(self, resident_ms: int, events: int, states: dict[str, int], in_flight: int,  # noqa: PLR0917
+                 aborted: str | None, lease_left_ms: int | None = None) -> None:
         _set = object.__setattr__
         _set(self, "resident_ms", resident_ms)
         _set(self, "events", events)
         _set(self, "states", states)
         _set(self, "in_flight", in_flight)
         _set(self, "aborted", aborted)
+        _set(self, "lease_left_ms", lease_left_ms)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"event": "summary", "residentMs": self.resident_ms, "events": self.events,
                                "records": dict(self.states), "inFlight": self.in_flight}
         if self.aborted is not None:
             out["aborted"] = self.aborted
+        if self.lease_left_ms is not None:
+            out["leaseLeftMs"] = self.lease_left_ms
         return out
 
-    def describe(self) -> str:
+    def describe(self, resume: str = "qinglong-edge pull") -> str:
+        """The human line; ``resume`` is the command that takes the jobs over (issue 23: a
+        hand-run pull stopped with jobs in flight says how long their leases last)."""
         states = ", ".join(f"{count} {state}" for state, count in sorted(self.states.items())) or "none"
         tail = f"; stopped by {self.aborted}, {self.in_flight} left running for the next pull" if self.aborted else ""
+        if self.aborted and self.in_flight and self.lease_left_ms is not None:
+            tail += (f": their leases run out in {max(0, self.lease_left_ms) // 1000} s unless a pull renews them: "
+                     f"run `{resume}` now (the next cron or timer pull also takes them over, if it comes in time)")
         return f"pull: resident {self.resident_ms / 1000:.1f} s, {self.events} events; records: {states}{tail}"
 
 
@@ -139,8 +151,16 @@ class Resident:
         abort: AbortSignal,
         clock_ms: Callable[[], int],
         random: Callable[[], float],
+        draining: bool = False,
+        deadline_boot_ms: int | None = None,
+        notice: Callable[[str], None] | None = None,
     ) -> None:
+        #: ``drain``: nothing is pulled, heartbeats announce no free slot.
+        self.draining = draining
+        #: ``drain``'s bound (clock.boot_ms): the loop stops then, whatever is left.
+        self.deadline_boot_ms = deadline_boot_ms
         self.worker = worker
+        self.notice = notice
         self.journal = journal
         self.runtime = runtime
         self.keeper = keeper
@@ -149,7 +169,8 @@ class Resident:
         self.clock_ms = clock_ms
         self.limits = remote_limits(config)
         self._events: list[RecordEvent] = []
-        self._isolated: bool | None = None
+        #: The PID level of remote jobs' isolation ("" until asked; None: not isolated).
+        self._isolated: str | None = ""
         self.runner = Runner(journal, ExecutionCalls(wire), self.limits, clock_ms=clock_ms, session=self._session,
                              emit=self._emit, isolate=self._isolate, prepare=self._prepare, random=random)
         self.tracks: dict[str, Track] = {}
@@ -173,13 +194,16 @@ class Resident:
                                                    ("exitCode", "finishedAtMs", "source")}}) + b"\n")
 
     def _prepare(self) -> None:
-        prime_wrapper(self.runtime)
+        # The isolation answer first: the cached wrapper program is trusted only when no
+        # job can see the runtime directory (issue 24: nothing a job can write is trusted).
+        prime_wrapper(self.runtime, trusted=self._isolate() is not None, notice=self.notice)
 
-    def _isolate(self) -> bool:
-        if self._isolated is None:
+    def _isolate(self) -> str | None:
+        if self._isolated == "":
             with contextlib.suppress(OSError):
                 os.makedirs(self.limits.log_directory, 0o700, exist_ok=True)
-            self._isolated, _ = isolation_available(self.runtime, self.limits.log_directory, boot_id())
+            self._isolated, _ = isolation_available(self.runtime, self.limits.log_directory, boot_id(),
+                                                    self.notice)
         return self._isolated
 
     # -- records -------------------------------------------------------------------------------
@@ -198,12 +222,34 @@ class Resident:
                 if files is not None and os.path.lexists(files.receipt_path):
                     remove_job_files(files)
 
+    def _free_entries(self) -> int:
+        # Only records in flight hold inbox entries (issue 23): finished ones make room.
+        free = self.journal.options.maximum_entries - len(self._live())
+        return max(0, min(self.worker.max_concurrent_runs, free))
+
     def _live(self) -> list[Track]:
         return [t for t in self.tracks.values() if not t.done]
 
     def slots(self) -> int:
-        free = self.journal.options.maximum_entries - len(self.journal.list_offers())
-        return max(0, min(self.worker.max_concurrent_runs - len(self._live()), free))
+        if self.draining or self.keeper.deferred:
+            return 0  # drain; or changed capabilities wait for these records (worker/session.py)
+        # Only records in flight hold inbox entries (issue 23): finished ones make room.
+        live = len(self._live())
+        return max(0, min(self.worker.max_concurrent_runs - live, self.journal.options.maximum_entries - live))
+
+    def _make_room(self) -> None:
+        """Before a pull: the oldest finished records go when the inbox files fill it."""
+        live = {t.offer_id for t in self._live()}
+        now = self.clock_ms()
+        self.journal.make_room(lambda r: r["offer"]["offerId"] not in live and not in_flight(r, now),
+                               remove_files=self._remove_finished)
+
+    def _remove_finished(self, record: dict[str, Any]) -> None:
+        files = record_files(self.limits, record)
+        if files is not None:
+            remove_job_files(files)
+        with contextlib.suppress(JournalError):
+            self.runtime.remove(outcome_name(record["offer"]["offerId"]))
 
     def _discards(self) -> None:
         for offer_id, request_id in pending_requests(self.runtime):
@@ -271,6 +317,8 @@ class Resident:
                     if report is not None:
                         yield report
                     break
+                if self._past_deadline():
+                    break
                 now = self.clock_ms()
                 report = self._session_step(now)
                 if report is not None:
@@ -292,6 +340,8 @@ class Resident:
                         "schemaVersion": 1, "inFlight": len(self._live()), "atMs": self.clock_ms(),
                         "signal": aborted}) + b"\n")
         finally:
+            if self._isolated is None:
+                forget_caches(self.runtime)  # what the unisolated jobs may have left there
             retract(self.runtime)
             wakeup.close()
             for track in self.tracks.values():
@@ -300,25 +350,42 @@ class Resident:
         states: dict[str, int] = {}
         for track in self.tracks.values():
             states[track.state] = states.get(track.state, 0) + 1
-        yield ResidentSummary(int((time.monotonic() - started) * 1000), count, states, len(self._live()), aborted)
+        live = self._live()
+        left = None
+        if aborted is not None and live:
+            now = self.clock_ms()
+            left = min(self.runner.expiry_ms(track) - now for track in live)
+        yield ResidentSummary(int((time.monotonic() - started) * 1000), count, states, len(live), aborted, left)
 
     def _drain(self) -> Iterator[RecordEvent]:
         events, self._events[:] = list(self._events), []
         yield from events
 
+    def _past_deadline(self) -> bool:
+        return self.deadline_boot_ms is not None and boot_ms() >= self.deadline_boot_ms
+
     def _session_step(self, now: int, *, final: bool = False) -> CycleReport | None:
         """A heartbeat when due, or when a slot came free since the last one announced
-        (a job ended: the cluster must know before this or the next pull asks for work)."""
+        (a job ended: the cluster must know before this or the next pull asks for work);
+        at the end, the registration of changed capabilities that waited for the records."""
         slots = self.slots()
         announced = self.keeper.announced_slots
         freed = announced is not None and slots > announced
-        if (self._session_due(now) > now and not freed) or (final and not freed) or now < self._session_retry_at:
+        changed = final and self.keeper.deferred and not self.draining
+        if not changed and ((self._session_due(now) > now and not freed) or (final and not freed)
+                            or now < self._session_retry_at):
             return None
+        bound = [t.record["offer"]["worker"] for t in self._live()]
         try:
-            outcome = self.keeper.ensure(slots, announce=True)
+            outcome = self.keeper.ensure(self.slots() if not changed else self._free_entries(), announce=True,
+                                         in_flight=len(self._live()), sessions_in_flight=[
+                                             (b["workerId"], b["sessionId"], b["generation"]) for b in bound])
         except SessionError as exc:
             self._session_failed(now)
             return CycleReport(None, None, exc.code, exc.message, reason=exc.reason, remedy=exc.remedy)
+        except JournalError as exc:  # the runtime directory is full or read-only: retried, jobs go on
+            self._session_failed(now)
+            return CycleReport(None, None, exc.code, exc.message)
         if outcome.action == "stale":  # the heartbeat failed; the stored lease still runs
             self._session_failed(now)
         else:
@@ -339,7 +406,10 @@ class Resident:
         record = self.keeper.current()
         if record is None:
             return None, now + self.worker.heartbeat_interval_ms
+        self._make_room()
         result = self.coordinator.pull(SessionAuthority(record.worker_id, record.session_id, record.generation))
+        if result.status == "inbox_full":
+            result = inbox_full(result, len(self._live()), self.journal.options.maximum_entries)
         if result.status in ("accepted", "replayed") and result.offer_id is not None:
             stored = self.journal.read_offer(result.offer_id)
             if stored is not None and result.offer_id not in self.tracks and in_flight(stored, self.clock_ms()):
@@ -359,6 +429,8 @@ class Resident:
         if pull_due is not None:
             due.append(pull_due)
         timeout = max(0.0, min(MAX_WAIT_S, (min(due) - now) / 1000))
+        if self.deadline_boot_ms is not None:
+            timeout = min(timeout, max(0.0, (self.deadline_boot_ms - boot_ms()) / 1000))
         poller = select.poll()
         poller.register(wakeup.read_fd, select.POLLIN)
         watched: dict[int, Track] = {}

@@ -20,9 +20,14 @@ that cannot be read is treated as absent (a new registration).
 
 Each cycle :meth:`SessionKeeper.ensure`:
 
-* no record, another workerId, other capabilities, or a lease that has run out by
-  our clock -> **register** a new session (a new UUIDv7 session id; the cluster
-  assigns the generation);
+* no record, another workerId, an ``offline`` record, other capabilities with no
+  record in flight, or a lease that has run out by our clock -> **register** a new
+  session (a new UUIDv7 session id; the cluster assigns the generation);
+* other capabilities while records are in flight (``in_flight``): the stored session
+  is kept as it is (a registration would replace it and fence their leases), announcing
+  no free slot (no new work under the old advertisement) until they are done
+  (:attr:`SessionKeeper.deferred`); the registration that follows says
+  ``capabilities_changed``;
 * otherwise, when ``heartbeat_interval_ms`` has passed since the last heartbeat ->
   **heartbeat** with ``expectedVersion`` = the stored version;
 * otherwise the stored session is current: no network I/O.
@@ -53,6 +58,10 @@ registered, as the reference worker does on every 409 (a re-registration replace
 cluster's session row, which fences every lease of the old one: jobs in flight would
 lose theirs). A pending claim of the old session is abandoned by the pull coordinator.
 
+Transitions (``drain``, :meth:`SessionKeeper.transition`): ``draining`` and ``offline``
+on the stored session, its answer's version and status stored; a keeper made with
+``may_register=False`` never registers (a drain must not bring the device back online).
+
 Cadence: ``pull`` runs from cron once a minute, so with the default 10 s interval every
 cron cycle heartbeats; ``pull --duration`` cycles faster than the interval do not.
 """
@@ -60,7 +69,7 @@ cron cycle heartbeats; ``pull --duration`` cycles faster than the interval do no
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.contracts.errors import ContractError
@@ -77,13 +86,16 @@ from qinglong_edge.contracts.session import (
     heartbeat_request_body,
     parse_heartbeat_response,
     parse_register_response,
+    parse_transition_response,
     register_request_body,
     session_path,
     support_tier_for,
+    transition_request_body,
 )
 from qinglong_edge.contracts.strictjson import dumps_bytes, loads
 from qinglong_edge.errors import SessionError, TransportError
 from qinglong_edge.worker.crashpoints import crashpoint
+from qinglong_edge.worker.identity_guard import IdentityGuard
 from qinglong_edge.worker.pacing import LEASE_MARGIN_MS, heartbeat_due_ms, retry_after_window, session_step, waiting
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
@@ -133,6 +145,8 @@ MAX_RECORD_BYTES = 4096
 #: The session state's name in the runtime directory.
 STATE_NAME = "session.json"
 _STATE_KEYS = ("schemaVersion", "session", "retryAfter")
+#: availableSlots values a lost session's register replay tries (SessionKeeper._recover).
+_RECOVERY_TRIES = 4
 _WINDOW_KEYS = ("setAtMs", "untilMs")
 
 
@@ -370,6 +384,9 @@ class SessionKeeper:
         clock_ms: wall-clock milliseconds.
         random_bytes: randomness for the UUIDv7 session id.
         capabilities: the capabilities object (default :func:`local_capabilities`).
+        may_register: False for a keeper that only keeps (and transitions) the stored
+            session, whatever its capabilities (``drain``): where a registration would be
+            needed, :meth:`ensure` raises ``session_lost`` instead.
     """
 
     def __init__(
@@ -384,6 +401,8 @@ class SessionKeeper:
         clock_ms: Callable[[], int],
         random_bytes: Callable[[int], bytes] = os.urandom,
         capabilities: dict[str, Any] | None = None,
+        may_register: bool = True,
+        identity: IdentityGuard | None = None,
     ) -> None:
         if 2 * heartbeat_interval_ms > lease_duration_ms:
             heartbeat_interval_ms = lease_duration_ms // 2
@@ -395,8 +414,17 @@ class SessionKeeper:
         self._heartbeat_ms = heartbeat_interval_ms
         self._clock_ms = clock_ms
         self._random_bytes = random_bytes
-        caps = local_capabilities() if capabilities is None else capabilities
-        self._capabilities_json, self._capabilities_hash = capabilities_snapshot(caps)
+        self._may_register = may_register
+        self._capabilities_json: str | None = None
+        self._capabilities_hash: str | None = None
+        if may_register:
+            caps = local_capabilities() if capabilities is None else capabilities
+            self._capabilities_json, self._capabilities_hash = capabilities_snapshot(caps)
+        #: Records in flight at the last :meth:`ensure` (a capability change waits for 0).
+        self._in_flight = 0
+        #: The stored session advertises other capabilities and is kept for the records in
+        #: flight (module docstring): no free slot is announced, nothing is claimed.
+        self.deferred = False
         #: ``availableSlots`` of this process's last successful register or heartbeat.
         self.announced_slots: int | None = None
         # (set at, not before) in wall ms from a 429/503 Retry-After of a session call;
@@ -404,9 +432,12 @@ class SessionKeeper:
         self._retry_after: tuple[int, int] | None = None
         self._saved: SessionState | None = None
         self._found = False
+        self._lost = False
+        #: Replacements of our session by another device (issue 23 item 6).
+        self.identity = identity if identity is not None else IdentityGuard(store, worker_id)
 
     @property
-    def capabilities_hash(self) -> str:
+    def capabilities_hash(self) -> str | None:
         return self._capabilities_hash
 
     def _load(self) -> SessionState:
@@ -419,11 +450,15 @@ class SessionKeeper:
             state, bad = SessionState(None), True  # unreadable: replaced by a new registration
         self._saved = None if bad else state  # an unreadable file is rewritten at the next save
         self._found = bad or data is not None
+        #: The record is gone or damaged (not a session we dropped ourselves after a fence).
+        self._lost = bad or data is None
         return state
 
     def _usable(self, record: SessionRecord | None) -> SessionRecord | None:
-        if record is None or record.worker_id != self._worker_id or record.capabilities_hash != self._capabilities_hash:
+        if record is None or record.worker_id != self._worker_id or record.status == "offline":
             return None
+        if self._capabilities_hash not in (None, record.capabilities_hash) and not self._in_flight:
+            return None  # other capabilities and nothing in flight: register them
         return record
 
     def _save(self, record: SessionRecord | None) -> None:
@@ -452,7 +487,8 @@ class SessionKeeper:
         """The stored session record, or None (absent, unreadable or another worker's)."""
         return self._usable(self._load().record)
 
-    def ensure(self, available_slots: int, *, announce: bool = False) -> SessionOutcome:
+    def ensure(self, available_slots: int, *, announce: bool = False, in_flight: int = 0,
+               sessions_in_flight: Sequence[tuple[str, str, int]] = ()) -> SessionOutcome:
         """Make sure an online session with a running lease exists (see module docstring).
 
         Args:
@@ -461,17 +497,30 @@ class SessionKeeper:
                 is more than this process last announced: a resident ``pull`` whose job
                 ended frees its slot at the cluster before it pulls (the cluster answers
                 ``idle worker_unavailable`` to a session that announced none free).
+            in_flight: the records in flight (their leases are bound to the stored
+                session: a capability change does not replace it while any is).
+            sessions_in_flight: ``(workerId, sessionId, generation)`` of those records. When
+                the session record is gone or damaged while records are in flight, the
+                session of the newest of them is registered again (a register replay, which
+                the cluster answers with its current row unchanged when that session is
+                still current: nothing is fenced), never a blind new session (issue 23).
 
         Raises:
             SessionError: ``credential_rejected``, ``credentials_unavailable``,
                 ``invalid_response`` or ``session_unavailable`` when no usable session
-                exists afterwards.
+                exists afterwards; ``identity_conflict`` while another device uses this
+                worker id (:mod:`qinglong_edge.worker.identity_guard`: no call is made).
             JournalError: the runtime directory cannot be written.
         """
+        self.identity.check()
         slots = max(0, min(available_slots, self._max_runs))
+        self._in_flight = max(0, in_flight)
         state = self._load()
         stored = state.record
         record = self._usable(stored)
+        self.deferred = record is not None and self._capabilities_hash not in (None, record.capabilities_hash)
+        if self.deferred:
+            slots = 0
         self._retry_after = state.retry_after
         now = self._clock_ms()
         step = session_step(None if record is None else record.lease_expires_at_ms,
@@ -501,6 +550,9 @@ class SessionKeeper:
                         return SessionOutcome(beat, "heartbeat", detail="version_resynced")
                 if exc.code == "session_fenced":
                     self._save(None)  # the session failed closed
+                    self.deferred = False
+                    if self.identity.fenced():
+                        self.identity.check()  # another device's third replacement: quiet, not registered
                     return SessionOutcome(self._register(slots), "registered", replaced=True, detail=exc.code)
                 self._save(record)  # a new Retry-After window, if any
                 if exc.code in ("credential_rejected", "credentials_unavailable", "invalid_configuration"):
@@ -510,8 +562,17 @@ class SessionKeeper:
         if step == "wait_unavailable":
             raise SessionError("the cluster asked to retry the session call later (Retry-After)",
                                code="session_unavailable")
+        ours = [item for item in sessions_in_flight if item[0] == self._worker_id]
+        if stored is None and self._lost and ours:
+            _, session_id, generation = max(ours, key=lambda item: item[2])
+            recovered = self._recover(slots, session_id)
+            return SessionOutcome(recovered, "registered", replaced=recovered.generation != generation,
+                                  detail="recovered")
+        changed = (stored is not None and stored.worker_id == self._worker_id and stored.status != "offline"
+                   and stored.capabilities_hash != self._capabilities_hash)
         return SessionOutcome(self._register(slots), "registered",
-                              replaced=stored is not None or (record is None and self._found and stored is None))
+                              replaced=stored is not None or (record is None and self._found and stored is None),
+                              detail="capabilities_changed" if changed else "")
 
     # -- calls -----------------------------------------------------------------------------
 
@@ -540,9 +601,30 @@ class SessionKeeper:
         body_bytes: bytes = response.body
         return body_bytes
 
-    def _register(self, slots: int) -> SessionRecord:
+    def _recover(self, slots: int, session_id: str) -> SessionRecord:
+        """Register ``session_id`` again (the session of a record in flight, whose record
+        was lost): the reference answers a register of its current session with the row
+        unchanged, but only for the same snapshot, ``availableSlots`` included
+        (workerSessionRepository.ts ``register``), and the value last announced is lost
+        with the record. So a few values are tried, the likeliest first (what is free now,
+        then one more, as before the accept that filled it): each refusal is a 409 that
+        changes nothing. All refused: ``session_fenced`` (the records' own calls go on; the
+        next cycle tries again; once none is in flight a new session is registered)."""
+        values = sorted(range(self._max_runs + 1), key=lambda value: (value < slots, abs(value - slots)))
+        for value in values[:_RECOVERY_TRIES]:
+            try:
+                return self._register(value, session_id=session_id)
+            except SessionError as exc:
+                if exc.code != "session_fenced" or value == values[:_RECOVERY_TRIES][-1]:
+                    raise
+        raise SessionError("register: no value to try", code="session_fenced")  # unreachable: range has 0
+
+    def _register(self, slots: int, session_id: str | None = None) -> SessionRecord:
+        if not self._may_register or self._capabilities_json is None or self._capabilities_hash is None:
+            raise SessionError("no live session to keep (none stored, fenced or its lease ran out): nothing is "
+                               "registered", code="session_lost")
         now = self._clock_ms()
-        session_id = new_uuid7(now, self._random_bytes)
+        session_id = session_id or new_uuid7(now, self._random_bytes)
         body = register_request_body(
             capabilities_json=self._capabilities_json,
             capabilities_hash=self._capabilities_hash,
@@ -560,10 +642,13 @@ class SessionKeeper:
         except ContractError as exc:
             raise SessionError(f"register: response rejected ({exc.code} at {exc.path})",
                                code="invalid_response") from None
-        record = self._record(projection, registered_at_ms=now, heartbeat_at_ms=now)
+        record = self._record(projection, registered_at_ms=now, heartbeat_at_ms=now,
+                              capabilities_hash=self._capabilities_hash)
         self._retry_after = None
         self._save(record)
         self.announced_slots = slots
+        if self.identity.registered(projection.generation):
+            self.identity.check()  # the third replacement by another device: quiet from now on
         return record
 
     def _heartbeat(self, record: SessionRecord, slots: int, expected_version: int | None = None) -> SessionRecord:
@@ -588,13 +673,66 @@ class SessionKeeper:
         except ContractError as exc:
             raise SessionError(f"heartbeat: response rejected ({exc.code} at {exc.path})",
                                code="invalid_response") from None
-        updated = self._record(projection, registered_at_ms=record.registered_at_ms, heartbeat_at_ms=now)
+        updated = self._record(projection, registered_at_ms=record.registered_at_ms, heartbeat_at_ms=now,
+                               capabilities_hash=record.capabilities_hash)
         self._retry_after = None
         self._save(updated)
         self.announced_slots = slots
         return updated
 
-    def _record(self, projection: SessionProjection, *, registered_at_ms: int, heartbeat_at_ms: int) -> SessionRecord:
+    def transition(self, status: str) -> SessionRecord:
+        """Send ``status`` (``draining`` or ``offline``) for the stored session and store
+        the answer (offer-delivery.md 5.1; ``drain``). A 409 is tried once more with
+        ``expectedVersion + 1`` (an earlier answer lost after the cluster committed it,
+        as for heartbeats; ``draining`` again is the reference's replay).
+
+        Raises:
+            SessionError: ``session_lost`` (no live stored session), ``session_fenced``
+                (the record is then removed), ``credential_rejected``,
+                ``credentials_unavailable``, ``invalid_response``, ``session_unavailable``.
+            JournalError: the runtime directory cannot be written.
+        """
+        state = self._load()
+        self._retry_after = state.retry_after
+        record = self._usable(state.record)
+        if record is None or record.lease_expires_at_ms <= self._clock_ms():
+            raise SessionError("no live session to transition (none stored, offline or its lease ran out)",
+                               code="session_lost")
+        try:
+            return self._transition(record, status, record.version)
+        except SessionError as exc:
+            if exc.code != "session_fenced":
+                self._save(record)  # a new Retry-After window, if any
+                raise
+        try:
+            return self._transition(record, status, record.version + 1)
+        except SessionError as exc:
+            if exc.code == "session_fenced":
+                self._save(None)  # the session failed closed
+            else:
+                self._save(record)
+            raise
+
+    def _transition(self, record: SessionRecord, status: str, expected: int) -> SessionRecord:
+        body = transition_request_body(generation=record.generation, expected_version=expected, status=status)
+        raw = self._post(record.session_id, "transition", body)
+        try:
+            projection = parse_transition_response(raw, worker_id=self._worker_id, session_id=record.session_id,
+                                                   generation=record.generation, expected_version=expected,
+                                                   status=status)
+        except ContractError as exc:
+            raise SessionError(f"transition: response rejected ({exc.code} at {exc.path})",
+                               code="invalid_response") from None
+        updated = self._record(projection, registered_at_ms=record.registered_at_ms,
+                               heartbeat_at_ms=record.heartbeat_at_ms, capabilities_hash=record.capabilities_hash)
+        self._retry_after = None
+        self._save(updated)
+        if status != "online":
+            self.announced_slots = 0
+        return updated
+
+    def _record(self, projection: SessionProjection, *, registered_at_ms: int, heartbeat_at_ms: int,
+                capabilities_hash: str) -> SessionRecord:
         return SessionRecord(
             worker_id=projection.worker_id,
             session_id=projection.session_id,
@@ -603,7 +741,7 @@ class SessionKeeper:
             status=projection.status,
             lease_expires_at_ms=projection.lease_expires_at_ms,
             lease_duration_ms=self._lease_ms,
-            capabilities_hash=self._capabilities_hash,
+            capabilities_hash=capabilities_hash,
             registered_at_ms=registered_at_ms,
             heartbeat_at_ms=heartbeat_at_ms,
         )

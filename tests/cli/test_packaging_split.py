@@ -105,6 +105,18 @@ def _pull(tmp_path: pathlib.Path) -> list[str]:
     return ["--config", str(env.config_path), "pull", "--no-splay", "--json"]
 
 
+def _drain(tmp_path: pathlib.Path) -> list[str]:
+    """A registered device taken offline over TLS 1.3 mTLS: draining, then offline."""
+    from tests.support.cluster_double import ClusterDouble
+    from tests.support.pull_env import PullEnv
+
+    double = ClusterDouble().start()
+    _DOUBLES.append(double)
+    env = PullEnv(tmp_path, double)
+    assert env.pull().status == 0  # registers (the repository's code, outside the split)
+    return ["--config", str(env.config_path), "--json", "drain"]
+
+
 def _offer_check(tmp_path: pathlib.Path) -> list[str]:
     vectors = pathlib.Path(REPO) / "tests" / "contracts" / "vectors"
     return ["offer", "check", "--claim", str(vectors / "a_pending_claim.json"), str(vectors / "a_offered.json")]
@@ -119,6 +131,7 @@ SPLIT_CASES: dict[str, SplitCase] = {
     "admin": SplitCase(_admin_init, expect_stdout="database "),
     "inbox": SplitCase(_inbox_list, expect_stdout='"offers":[]'),
     "pull": SplitCase(_pull, expect_stdout='"status":"accepted"'),
+    "drain": SplitCase(_drain, expect_stdout='"status":"offline"'),
     "offer": SplitCase(_offer_check, expect_stdout="valid offered offer-1 run-1"),
 }
 
@@ -289,7 +302,8 @@ def test_optional_imports_stay_where_their_absence_is_handled() -> None:
         if isinstance(node, ast.FunctionDef):
             imports = [n for n in ast.walk(node) if isinstance(n, ast.Import)]
             if any(alias.name == "ctypes" for n in imports for alias in n.names):
-                assert node.name in ("_isolate", "_libc_call"), node.name  # the isolated child only
+                # the isolated child only (and its init: _libc_mount mounts its /proc)
+                assert node.name in ("_isolate", "_libc_call", "_libc_mount", "_drop_capabilities"), node.name
     tree = ast.parse(source)
     assert not [n for n in tree.body if isinstance(n, ast.Import) and any(a.name == "ctypes" for a in n.names)]
 
