@@ -100,6 +100,11 @@ def test_a_failed_cycle_is_kept_in_ram_and_counted(tmp_path: pathlib.Path, ram_d
     assert state["lastCycle"]["exitStatus"] == 75 and len(state["failures"]) == 1
     assert state["failures"][0]["reason"]
     env.write_config(metricsTextfile=str(textfile))
+    # the failed attempt backed off with full jitter: a cycle before it is due exits 0
+    # ("backoff") without an attempt, so wait for the claim to be due (flaky otherwise)
+    claim = env.claim()
+    assert claim is not None
+    env.wait_until_due(claim)
     assert env.pull().status == 75
     text = textfile.read_text()
     assert _value(text, "qinglong_edge_pull_last_cycle_success") == 0
