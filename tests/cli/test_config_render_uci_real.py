@@ -102,7 +102,8 @@ def test_readme_sequence_then_lists_quotes_and_spaces(uci: RealUci, tmp_path: pa
             "requestTimeoutMs": 20000,
             "capabilitiesFile": "/etc/qinglong-edge/capabilities.json",  # the README's capabilities step
         },
-        "localApi": {"listener": {"host": "127.0.0.1", "port": 5701}},
+        "localApi": {"listener": {"host": "127.0.0.1", "port": 5701},
+                     "console": False, "metrics": False},  # the shipped UCI default (off)
         "execution": {"logDirectory": "/tmp/qinglong edge/logs",
                       "workDirectory": "/tmp/qinglong-edge/work"},  # the shipped UCI default (RAM)
     }
@@ -141,7 +142,8 @@ def test_an_unnamed_section_is_shown_by_index_and_rendered(uci: RealUci, tmp_pat
     assert f"{P}.@local_api[0]=local_api\n" in show.stdout
     status, stdout, stderr = _render(uci, tmp_path)
     assert status == 0, stderr
-    assert json.loads(stdout)["localApi"] == {"listener": {"host": "127.0.0.1", "port": 5702}}
+    assert json.loads(stdout)["localApi"] == {"listener": {"host": "127.0.0.1", "port": 5702},
+                                              "console": False, "metrics": False}
 
 
 @pytest.mark.parametrize("edits", [
