@@ -37,9 +37,11 @@ import random as _random
 import time
 from collections.abc import Callable, Iterator
 
+import qinglong_edge.clock as _clock
 from qinglong_edge.config import EdgeConfig, WorkerConfig
 from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.errors import JournalError, SessionError
+from qinglong_edge.worker.cluster_clock import ClusterClock
 from qinglong_edge.worker.expiry import daily_expiry_warning
 from qinglong_edge.worker.ingress_http import DEFAULT_MAX_REQUEST_BYTES
 from qinglong_edge.worker.journal import Journal, JournalOptions
@@ -226,6 +228,7 @@ def run_pull(
     duration_s: float | None = None,
     abort: AbortSignal | None = None,
     clock_ms: Callable[[], int] = wall_ms,
+    boot_ms: Callable[[], int] = _clock.boot_ms,
     sleep: Callable[[float], None] = time.sleep,
     random: Callable[[], float] = _random.random,
     transport: IngressTransport | None = None,
@@ -239,6 +242,9 @@ def run_pull(
     ``credential_rejected`` cycle (every later one would fail the same way).
 
     Args:
+        clock_ms: the wall clock (the clock floor, the claim's stored times, the record
+            times people read); boot_ms: the boot clock (every timer: session, leases,
+            backoff of the resident loop). Spec README "Decisions for clocks".
         random: uniform [0, 1) for the backoff jitter (seedable in tests).
         abort: tripped by the caller's signal handler (see :class:`AbortSignal`);
             network calls and sleeps are interrupted, journal writes finish first,
@@ -276,7 +282,7 @@ def run_pull(
     runtime = runtime or RuntimeDirectory.open(worker.runtime_directory, worker.journal_directory)
     try:
         yield from _run_journal(worker, runtime, capabilities, duration_s=duration_s, abort=abort, pause=pause,
-                                clock_ms=clock_ms, random=random, transport=transport, notice=notice,
+                                clock_ms=clock_ms, boot_ms=boot_ms, random=random, transport=transport, notice=notice,
                                 config=config or EdgeConfig("edge", os.path.dirname(worker.journal_directory), worker,
                                                             None, None))
     finally:
@@ -293,6 +299,7 @@ def _run_journal(
     abort: AbortSignal,
     pause: Callable[[float], None],
     clock_ms: Callable[[], int],
+    boot_ms: Callable[[], int],
     random: Callable[[], float],
     transport: IngressTransport | None,
     notice: Callable[[str], None] | None,
@@ -311,6 +318,7 @@ def _run_journal(
         transport = transport or IngressTransport.from_config(worker)
         try:
             wire = _InterruptibleTransport(transport, abort)
+            cluster = ClusterClock(runtime, boot_ms=boot_ms, wall_ms=clock_ms)
             keeper = SessionKeeper(
                 runtime,
                 wire,
@@ -318,25 +326,31 @@ def _run_journal(
                 max_concurrent_runs=worker.max_concurrent_runs,
                 lease_duration_ms=worker.session_lease_duration_ms,
                 heartbeat_interval_ms=worker.heartbeat_interval_ms,
-                clock_ms=clock_ms,
+                clock_ms=boot_ms,
                 capabilities=capabilities,
+                cluster=cluster,
+                wall_ms=clock_ms,
             )
             coordinator = PullCoordinator(
                 journal, wire, runtime=runtime, backoff_base_ms=worker.backoff_base_ms, clock_ms=clock_ms,
-                random=random,
+                random=random, boot_ms=boot_ms,
             )
             started = time.monotonic()
             while True:
                 abort.check()
                 report, busy = _cycle(journal, keeper, coordinator, worker, clock_ms, runtime=runtime)
+                if notice is not None:
+                    skew = cluster.skew_notice()  # once per boot (spec README "Skew"); work goes on
+                    if skew is not None:
+                        notice(skew)
                 yield report
                 abort.check()
                 if busy or _discards_pending(runtime):
                     from qinglong_edge.worker.resident import Resident
 
                     yield from Resident(config=config, worker=worker, journal=journal, runtime=runtime, wire=wire,
-                                        keeper=keeper, coordinator=coordinator, abort=abort, clock_ms=clock_ms,
-                                        random=random).run()
+                                        keeper=keeper, coordinator=coordinator, abort=abort, clock_ms=boot_ms,
+                                        wall_ms=clock_ms, cluster=cluster, random=random).run()
                     if abort.tripped:
                         return
                 if report.error == "credential_rejected" or (

@@ -287,6 +287,9 @@ class PullCoordinator:
         clock_ms: wall-clock milliseconds.
         random: uniform [0, 1) for the jitter (seedable in tests).
         random_bytes: randomness for new offer ids and lease tokens.
+        boot_ms: the boot clock; :attr:`sent` keeps the boot instant each offer POST was
+            sent (the local lease expiry of an offered lease starts there, spec README
+            "Decisions for clocks").
     """
 
     def __init__(
@@ -299,7 +302,10 @@ class PullCoordinator:
         clock_ms: Callable[[], int],
         random: Callable[[], float] = random.random,
         random_bytes: Callable[[int], bytes] = os.urandom,
+        boot_ms: Callable[[], int] | None = None,
     ) -> None:
+        import qinglong_edge.clock as _clock
+
         if not 100 <= backoff_base_ms <= 60_000:
             raise DeliveryError("backoff base must be 100..60000 ms", code="invalid_configuration")
         self._journal = journal
@@ -309,6 +315,9 @@ class PullCoordinator:
         self._clock_ms = clock_ms
         self._random = random
         self._random_bytes = random_bytes
+        self._boot_ms = boot_ms or _clock.boot_ms
+        #: offerId -> the boot instant its last POST was sent (this process only).
+        self.sent: dict[str, int] = {}
         #: Failures in a row that did not reach the cluster (this process: a `--duration`
         #: loop); they grow the jitter ceiling without consuming the budget.
         self._unreached = 0
@@ -402,6 +411,7 @@ class PullCoordinator:
     def _exchange(self, claim: PendingClaim) -> PullResult:
         authority = claim.authority
         path = offers_path(authority.worker_id, authority.worker_session_id)
+        self.sent[claim.offer_id] = self._boot_ms()
         try:
             response = self._transport.post_json(
                 path, claim_request_body(authority), max_response_bytes=OFFER_RESPONSE_MAX_BYTES

@@ -269,8 +269,10 @@ def test_leftovers_get_one_term_then_sigkill_also_when_a_stop_comes_meanwhile(tm
     """The command has exited; a background child of it (in the wrapper's group) traps TERM
     and goes on. The wrapper sends it one TERM, and SIGKILL after the grace; a stop's TERM
     to the wrapper meanwhile adds no second TERM (the one-TERM-per-process rule)."""
-    terms = tmp_path / "terms"
-    script = f"(trap 'echo TERM >> {terms}' TERM; echo started; while :; do sleep 0.01; done) & exit 3"
+    terms, ready = tmp_path / "terms", tmp_path / "ready"
+    # the command exits only once its child's trap is set (else the TERM may come first)
+    script = (f"(trap 'echo TERM >> {terms}' TERM; echo started > {ready}; while :; do sleep 0.01; done) & "
+              f"while [ ! -e {ready} ]; do sleep 0.01; done; exit 3")
     job = start_job(_spec(tmp_path, ["/bin/sh", "-c", script], terminate_grace_ms=1000))
     try:
         job.release()

@@ -37,6 +37,7 @@ from tests.support.direct_ingress import DirectIngress, Response
 T0 = 1_700_000_000_000
 LEASE_MS = 60_000
 HEARTBEAT_MS = 10_000
+BOOT = "6f1c0e2a-1b2c-4d3e-8f40-123456789abc"
 
 
 class Clock:
@@ -75,7 +76,8 @@ def _stored(store: RuntimeDirectory) -> SessionState | None:
 def _keeper(store: RuntimeDirectory, ingress: Any, clock: Clock, **kwargs: Any) -> SessionKeeper:
     options: dict[str, Any] = {
         "worker_id": "edge-1", "max_concurrent_runs": 2, "lease_duration_ms": LEASE_MS,
-        "heartbeat_interval_ms": HEARTBEAT_MS, "clock_ms": clock, "capabilities": local_capabilities("aarch64"),
+        "heartbeat_interval_ms": HEARTBEAT_MS, "clock_ms": clock, "wall_ms": clock, "boot_id": BOOT,
+        "capabilities": local_capabilities("aarch64"),
     }
     options.update(kwargs)
     return SessionKeeper(store, ingress, **options)
@@ -98,7 +100,7 @@ def test_first_ensure_registers_and_persists_the_session(store: RuntimeDirectory
                                                     "protocolVersion": "1.0.0", "supportTier": "tier1"}
     assert (body["maxConcurrentRuns"], body["availableSlots"], body["leaseDurationMs"]) == (2, 2, LEASE_MS)
     stored = _stored(store)
-    assert stored is not None and stored == SessionState(record, None)
+    assert stored is not None and stored == SessionState(record, None, BOOT)
 
 
 def test_within_the_interval_the_session_is_current_without_network_io(store: RuntimeDirectory, ingress: DirectIngress,
@@ -244,7 +246,7 @@ def test_retry_after_on_a_registration_is_remembered_without_a_session(store: Ru
     ingress.script.append(TransportError("busy", code="response_rejected", http_status=429, retry_after_ms=30_000))
     with pytest.raises(SessionError):
         _keeper(store, ingress, clock).ensure(1)
-    assert _stored(store) == SessionState(None, (T0, T0 + 30_000))
+    assert _stored(store) == SessionState(None, (T0, T0 + 30_000), BOOT)
     clock.now += 29_999
     with pytest.raises(SessionError) as info:
         _keeper(store, ingress, clock).ensure(1)  # another process
@@ -438,7 +440,7 @@ def test_record_parser_survives_single_byte_corruption(position: int, value: int
 
 def test_state_round_trips_byte_for_byte() -> None:
     record = parse_session_record(RECORD)
-    for state in (SessionState(record, (5, 10)), SessionState(None, None), SessionState(record, None)):
+    for state in (SessionState(record, (5, 10), BOOT), SessionState(None, None, BOOT), SessionState(record, None, BOOT)):
         data = state.to_bytes()
         assert parse_session_state(data) == state and parse_session_state(data).to_bytes() == data
 
