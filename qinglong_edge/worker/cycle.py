@@ -9,7 +9,7 @@ and printing)::
       from the journal root to the runtime directory
     once a UTC day: the client certificate's expiry warning (worker/expiry.py)
     [--duration S] repeat at the profile cadence (edge 2 s) until S seconds passed:
-        clock sanity (year >= 2020; a router that booted at 1970 waits for NTP)
+        clock sanity (not before the package's date; a router that booted at 1970 waits for NTP)
         prune terminal inbox records past retention, abandoned claims beyond their bound
         session: register / heartbeat when due (SessionKeeper)
         pull:    one coordinator step (PullCoordinator)
@@ -56,8 +56,9 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see cont
 if TYPE_CHECKING:
     from typing import Any
 
-#: 2020-01-01T00:00:00Z: a wall clock before this is "not set yet" (doctor's rule).
-CLOCK_FLOOR_MS = 1_577_836_800_000
+#: A wall clock before this is "not set yet" (:data:`qinglong_edge.clock.CLOCK_FLOOR_MS`,
+#: the source's date; doctor's rule too).
+CLOCK_FLOOR_MS = _clock.CLOCK_FLOOR_MS
 
 
 def wall_ms() -> int:
@@ -132,7 +133,8 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
     """One cycle; returns its report and the number of records in flight afterwards."""
     now = clock_ms()
     if now < CLOCK_FLOOR_MS:
-        return CycleReport(None, None, "clock_not_set", "the wall clock is before 2020: waiting for NTP"), 0
+        return CycleReport(None, None, "clock_not_set", "the wall clock is before this package's build date: "
+                           "waiting for NTP (nothing is claimed)"), 0
     kept: list[dict[str, Any]] = []
     journal.prune_inbox(now, process_gone=_process_gone, remove_files=lambda r: _remove_files(worker, runtime, r),
                         kept=kept)

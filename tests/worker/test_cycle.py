@@ -22,7 +22,7 @@ from tests.support.cluster_state import ClusterState
 from tests.support.cluster_tasks import build_task
 from tests.support.direct_ingress import DirectIngress
 
-NOW = 1_700_000_000_000
+NOW = 1_800_000_000_000  # after clock.CLOCK_FLOOR_MS (2026-11-01)
 
 
 def _worker(tmp_path: pathlib.Path, **overrides: Any) -> WorkerConfig:
