@@ -6,8 +6,11 @@ flash"): a renewal is not a state change, so it goes here, not into the journal 
 fsync, no flash wear); and a frozen or killed agent never leaves a job running past its
 lease, because the job wrapper reads this file and stops the job itself (TERM, grace,
 KILL) at ``stopAtBootMs`` unless the agent moved it later meanwhile. ``job.<16 hex of
-sha256(offerId)>.json``, compact JSON, one flat object of strings (no escapes) and
-integers, written with a temp file and a rename (a reader sees an old or a new file)::
+sha256(offerId)>.json``, compact JSON, one flat object of strings (no escapes), integers
+and nulls, padded with spaces to :data:`FILE_BYTES`; created with a temp file and a
+rename, then updated in place (one ``pwrite`` of the same size: no new block, so a full
+tmpfs does not keep a renewal from the wrapper; a reader may see a torn copy, which counts
+as damaged, below)::
 
     {"schemaVersion":1,"offerId":..,"attemptId":..,"leaseGeneration":N,"leaseVersion":N,
      "renewedAtMs":N,"expiresAtMs":N,              the lease as the cluster last granted it
@@ -52,6 +55,8 @@ if TYPE_CHECKING:
 
         def write(self, name: str, data: bytes) -> None: ...
 
+        def overwrite(self, name: str, data: bytes) -> None: ...
+
         def remove(self, name: str) -> bool: ...
 
 __all__ = ["JobLease", "lease_name", "read_job_lease", "remove_job_lease", "stopped_by_wrapper", "stopped_name",
@@ -61,6 +66,8 @@ _KEYS = ("schemaVersion", "offerId", "attemptId", "leaseGeneration", "leaseVersi
          "bootId", "sentBootMs", "durationMs", "expiresBootMs", "stopAtBootMs", "terminateGraceMs", "killGraceMs",
          "startingBootMs", "startedBootMs")
 _OPTIONAL_INTS = ("sentBootMs", "startingBootMs", "startedBootMs")
+#: Every lease file is this long (JSON padded with spaces, then a newline).
+FILE_BYTES = 1024
 _TEXT = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
 
 
@@ -109,14 +116,17 @@ class JobLease(Frozen):
         for text in (self.offer_id, self.attempt_id, self.boot_id):
             if not text or not set(text) <= _TEXT:  # the wrapper's reader takes no escapes
                 raise ContractError("pattern", "$", "a lease file holds plain ids only")
-        return dumps_bytes({
+        body = dumps_bytes({
             "schemaVersion": 1, "offerId": self.offer_id, "attemptId": self.attempt_id,
             "leaseGeneration": self.lease_generation, "leaseVersion": self.lease_version,
             "renewedAtMs": self.renewed_at_ms, "expiresAtMs": self.expires_at_ms, "bootId": self.boot_id,
             "sentBootMs": self.sent_boot_ms, "durationMs": self.duration_ms, "expiresBootMs": self.expires_boot_ms,
             "stopAtBootMs": self.stop_at_boot_ms, "terminateGraceMs": self.terminate_grace_ms,
             "killGraceMs": self.kill_grace_ms, "startingBootMs": self.starting_boot_ms,
-            "startedBootMs": self.started_boot_ms}) + b"\n"
+            "startedBootMs": self.started_boot_ms})
+        if len(body) >= FILE_BYTES:
+            raise ContractError("length", "$", f"a lease file holds at most {FILE_BYTES - 1} bytes")
+        return body + b" " * (FILE_BYTES - 1 - len(body)) + b"\n"  # a fixed size: updated in place
 
 
 def parse_job_lease(data: bytes) -> JobLease:
@@ -163,8 +173,18 @@ def read_job_lease(store: _Store, record: dict[str, Any], boot_id: str) -> JobLe
 
 
 def write_job_lease(store: _Store, lease: JobLease) -> None:
-    """Replace the lease file (temp + rename, no fsync). Raises JournalError (ENOSPC...)."""
-    store.write(lease_name(lease.offer_id), lease.to_bytes())
+    """Write the lease file: in place when it exists (always :data:`FILE_BYTES` long, so an
+    update needs no new block: a full RAM file system does not stop the renewals from
+    reaching the wrapper), else a new file (temp + rename). No fsync (RAM).
+
+    Raises:
+        JournalError: the file could not be written either way (ENOSPC for a new one...).
+    """
+    name, data = lease_name(lease.offer_id), lease.to_bytes()
+    try:
+        store.overwrite(name, data)
+    except JournalError:
+        store.write(name, data)
 
 
 def stopped_by_wrapper(store: _Store, offer_id: str) -> bool:

@@ -331,6 +331,11 @@ class Runner(RunnerEnd):
                 t.due_ms = self.clock_ms() + AGAIN_MS
                 return
         if not alive:
+            if (t.outcome is not None and t.renewing and not t.lease_lost and not t.cluster_terminal
+                    and now >= self._renewal_due(t)):
+                # The job is gone but its end is not reported yet (storage or the network
+                # failed): the lease must outlast that, so it is renewed as while it ran.
+                self._renew(t)
             self._gone(t, job)
             return
         if t.state == "started":
