@@ -93,7 +93,7 @@ from qinglong_edge.contracts.session import (
     support_tier_for,
 )
 from qinglong_edge.contracts.strictjson import dumps_bytes, loads
-from qinglong_edge.errors import SessionError, TransportError
+from qinglong_edge.errors import JournalError, SessionError, TransportError
 from qinglong_edge.worker.cluster_clock import ClusterClock
 from qinglong_edge.worker.crashpoints import crashpoint
 from qinglong_edge.worker.pacing import LEASE_MARGIN_MS, heartbeat_due_ms, retry_after_window, session_step, waiting
@@ -469,8 +469,12 @@ class SessionKeeper:
             state = SessionState(None, None, self._boot_id) if data is None else parse_session_state(data)
         except (ContractError, OSError):
             state, bad = SessionState(None, None, self._boot_id), True  # unreadable: a new registration
-        if state.boot_id is None:  # schemaVersion 2 (an older version): wall times onto this boot
-            state, bad = _onto_boot(state, self._clock_ms(), self._wall_ms(), self._boot_id), True
+        if state.boot_id is None:  # schemaVersion 2 (an older version): wall times onto this boot, once
+            state = _onto_boot(state, self._clock_ms(), self._wall_ms(), self._boot_id)
+            try:
+                self._store.write(STATE_NAME, state.to_bytes())
+            except (JournalError, OSError):
+                bad = True  # rewritten at the next save (mapped again meanwhile)
         elif state.boot_id != self._boot_id:  # another boot's (a fallback directory on flash)
             state = SessionState(state.record, None, "void")
         self._saved = None if bad else state  # an unreadable or converted file is rewritten at the next save
