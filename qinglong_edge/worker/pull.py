@@ -137,6 +137,10 @@ __all__ = [
 
 #: The attempt-in-flight marker's name in the runtime directory.
 MARKER_NAME = "attempt.json"
+#: The claim's backoff on the boot clock (RAM): ``{schemaVersion, bootId, offerId, revision,
+#: dueBootMs}``, written with each backoff; the claim's own ``nextAttemptAtMs`` (wall clock,
+#: its on-disk contract) is the rule only without a note of this boot and revision.
+BACKOFF_NAME = "backoff.json"
 #: The offer route's fence answer (section 1.7): the only 409 that abandons a claim.
 OFFER_FENCED = "worker_offer_fenced"
 _MARKER_KEYS = ("schemaVersion", "offerId", "revision", "startedAtMs")
@@ -316,6 +320,10 @@ class PullCoordinator:
         self._random = random
         self._random_bytes = random_bytes
         self._boot_ms = boot_ms or _clock.boot_ms
+        self._boot_id = _clock.boot_id() or "unknown"
+        #: The boot-clock due time of the claim's current backoff (after a ``backoff`` or a
+        #: failed attempt), or None: what a resident pull waits for.
+        self.backoff_due_boot_ms: int | None = None
         #: offerId -> the boot instant its last POST was sent (this process only).
         self.sent: dict[str, int] = {}
         #: Failures in a row that did not reach the cluster (this process: a `--duration`
@@ -358,7 +366,10 @@ class PullCoordinator:
             )
             claim = self._journal.create_claim(PendingClaim.create(authority, now))
         raw_now, now = now, max(now, claim.updated_at_ms)
-        if not claim_due(claim.next_attempt_at_ms, now, raw_now):
+        due_boot = self._backoff_due(claim)
+        self.backoff_due_boot_ms = due_boot if due_boot is not None and due_boot > self._boot_ms() else None
+        if (self.backoff_due_boot_ms is not None if due_boot is not None
+                else not claim_due(claim.next_attempt_at_ms, now, raw_now)):
             return PullResult(
                 "backoff", offer_id=claim.offer_id, next_attempt_at_ms=claim.next_attempt_at_ms,
                 attempt_count=claim.attempt_count,
@@ -484,6 +495,7 @@ class PullCoordinator:
         )
         kept = self._journal.replace_claim(kept, claim.revision)
         self._runtime.remove(MARKER_NAME)
+        self._note_backoff(kept, delay)
         return PullResult(
             status,
             offer_id=claim.offer_id,
@@ -496,6 +508,31 @@ class PullCoordinator:
             counted=counted,
             detail=detail,
         )
+
+    def _note_backoff(self, claim: PendingClaim, delay_ms: int) -> None:
+        """Remember the backoff on the boot clock (RAM; a wall-clock step must not make a
+        claim wait an extra hour, nor come early); lost with the RAM, then the wall rule."""
+        self.backoff_due_boot_ms = self._boot_ms() + delay_ms
+        try:
+            self._runtime.write(BACKOFF_NAME, dumps_bytes({
+                "schemaVersion": 1, "bootId": self._boot_id, "offerId": claim.offer_id, "revision": claim.revision,
+                "dueBootMs": self.backoff_due_boot_ms}) + b"\n")
+        except JournalError:
+            pass
+
+    def _backoff_due(self, claim: PendingClaim) -> int | None:
+        """The boot-clock due time of ``claim``'s backoff noted in this boot, or None."""
+        try:
+            data = self._runtime.read(BACKOFF_NAME)
+            value = None if data is None else loads(data, max_bytes=1024, min_bytes=2)
+        except (JournalError, ContractError):
+            return None
+        if not isinstance(value, dict) or value.get("schemaVersion") != 1 or value.get("bootId") != self._boot_id:
+            return None
+        if (value.get("offerId"), value.get("revision")) != (claim.offer_id, claim.revision):
+            return None
+        due = value.get("dueBootMs")
+        return due if type(due) is int else None
 
     def _abandon(self, claim: PendingClaim, reason: str, now: int, *, http_status: int | None = None,
                  cluster_code: str | None = None) -> PullResult:

@@ -376,9 +376,10 @@ class Resident:
             return CycleReport(None, result), self.clock_ms()
         if result.status == "idle":
             return None, self.clock_ms() + self.worker.heartbeat_interval_ms
+        due = self.coordinator.backoff_due_boot_ms  # the backoff on the boot clock, when noted
         if result.status == "backoff" and result.next_attempt_at_ms is not None:
-            return None, self._boot_of(result.next_attempt_at_ms)
-        later = (self._boot_of(result.next_attempt_at_ms) if result.next_attempt_at_ms
+            return None, due if due is not None else self._boot_of(result.next_attempt_at_ms)
+        later = (due if due is not None else self._boot_of(result.next_attempt_at_ms) if result.next_attempt_at_ms
                  else self.clock_ms() + self.worker.heartbeat_interval_ms)
         return CycleReport(None, result), later
 
