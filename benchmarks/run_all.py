@@ -55,6 +55,8 @@ PLAN: dict[str, tuple[list[str], list[str]]] = {
     "transport": (["--requests", "60", "--repetitions", "5"], ["--requests", "10", "--repetitions", "1"]),
     "storage_caps": (["--runs", "20000"], ["--runs", "2000", "--baseline-runs", "300", "--disk-runs", "100"]),
     "remote_execution": (["--runs", "7", "--window-s", "60"], ["--runs", "2", "--window-s", "15"]),
+    "lease_writes": (["--window-s", "60"], ["--window-s", "12"]),
+    "renewal_skew": (["--window-s", "12"], ["--window-s", "6", "--offsets-s=-600,0,600"]),
 }
 TIMEOUT_S = 420
 _PR_SET_CHILD_SUBREAPER = 36

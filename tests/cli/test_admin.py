@@ -71,7 +71,7 @@ def test_needs_the_local_api_section(tmp_path: pathlib.Path) -> None:
 def test_init_creates_database_keyring_and_key_idempotently(site: pathlib.Path) -> None:
     first = ok_json(site, "init")
     assert (first["pepperKey"], first["pepperKeyId"], first["keyringCreated"]) == ("created", "edge-pepper-v1", True)
-    assert first["journalMode"] == "delete" and first["schemaVersion"] == 5
+    assert first["journalMode"] == "delete" and first["schemaVersion"] == 6
     state = site / "state"
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
     assert stat.S_IMODE((state / "local.db").stat().st_mode) == 0o600
