@@ -408,29 +408,19 @@ def check_clock_skew(worker: WorkerConfig) -> Check | None:
     boot measured it (the sample in the runtime directory, worker/cluster_clock.py); None
     before any. A skew over 60 s is a warning, not a failure: leases run on the boot clock
     and the times sent are translated (spec README "Decisions for clocks")."""
-    from qinglong_edge.clock import boot_id, boot_ms, wall_ms
+    from qinglong_edge.clock import boot_ms, wall_ms
     from qinglong_edge.contracts.clocks import SKEW_NOTICE_MS
-    from qinglong_edge.worker.cluster_clock import CLOCK_NAME, read_sample, skew_message
-    from qinglong_edge.worker.runtime import FALLBACK_NAME, journal_key
+    from qinglong_edge.worker.cluster_clock import skew_message, stored_sample
 
-    key = journal_key(worker.journal_directory)
-    for directory in (os.path.join(worker.runtime_directory, key),
-                      os.path.join(worker.journal_directory, FALLBACK_NAME)):
-        try:
-            with open(os.path.join(directory, CLOCK_NAME), "rb") as handle:
-                data = handle.read(1024)
-        except OSError:
-            continue
-        found = read_sample(data, boot_id())
-        if found is None:
-            continue
-        skew = found[0].skew_ms(boot_ms(), wall_ms())
-        if abs(skew) <= SKEW_NOTICE_MS:
-            return Check("clock_skew", True, False, f"within {abs(skew) / 1000:.0f} s of the cluster's clock "
-                                                    f"(measured by pull, {found[1]})")
-        return Check("clock_skew", False, False, skew_message(skew), "enable NTP on the device (OpenWrt: "
-                     "uci set system.ntp.enabled=1; systemd: timedatectl set-ntp true)")
-    return None
+    found = stored_sample(worker.runtime_directory, worker.journal_directory)
+    if found is None:
+        return None
+    skew = found[0].skew_ms(boot_ms(), wall_ms())
+    if abs(skew) <= SKEW_NOTICE_MS:
+        return Check("clock_skew", True, False, f"within {abs(skew) / 1000:.0f} s of the cluster's clock "
+                                                f"(measured by pull, {found[1]})")
+    return Check("clock_skew", False, False, skew_message(skew), "enable NTP on the device (OpenWrt: "
+                 "uci set system.ntp.enabled=1; systemd: timedatectl set-ntp true)")
 
 
 def _worker_file_remedy(path: str, forbidden: int) -> str:

@@ -42,7 +42,8 @@ if TYPE_CHECKING:
 
         def once_per_boot(self, key: str) -> bool: ...
 
-__all__ = ["CLOCK_NAME", "SOURCES", "ClusterClock", "read_sample"]
+__all__ = ["CLOCK_NAME", "SOURCES", "ClusterClock", "estimated_cluster_now", "read_sample", "skew_message",
+           "stored_sample"]
 
 #: The sample's name in the runtime directory.
 CLOCK_NAME = "clock.json"
@@ -175,6 +176,33 @@ class ClusterClock:
         if self._store is not None and not self._store.once_per_boot("clock-skew"):
             return None
         return skew_message(skew)
+
+
+def stored_sample(runtime_base: str, journal_root: str) -> tuple[ClockSample, str] | None:
+    """The sample a ``pull`` of this boot kept for ``journal_root`` (its runtime directory
+    under ``runtime_base``, else the fallback ``<journal root>/run``), read without creating
+    or locking anything (``doctor``, ``inbox``); None without one."""
+    import os
+
+    from qinglong_edge.worker.runtime import FALLBACK_NAME, journal_key
+
+    boot = _clock.boot_id()
+    for directory in (os.path.join(runtime_base, journal_key(journal_root)), os.path.join(journal_root, FALLBACK_NAME)):
+        try:
+            with open(os.path.join(directory, CLOCK_NAME), "rb") as handle:
+                data = handle.read(1024)
+        except OSError:
+            continue
+        found = read_sample(data, boot)
+        if found is not None:
+            return found
+    return None
+
+
+def estimated_cluster_now(runtime_base: str, journal_root: str) -> int:
+    """The cluster's time now by the stored sample, else the wall clock (see :func:`stored_sample`)."""
+    found = stored_sample(runtime_base, journal_root)
+    return _clock.wall_ms() if found is None else found[0].to_cluster(_clock.boot_ms())
 
 
 def skew_message(skew_ms: int) -> str:
