@@ -471,10 +471,6 @@ def boot_s() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
-def boot_ms() -> int:
-    return time.clock_gettime_ns(time.CLOCK_BOOTTIME) // 1_000_000
-
-
 def flat_json(data: bytes) -> dict[bytes, bytes] | None:
     """A flat JSON object of plain strings (no escapes), integers and ``null``, as the
     agent writes its lease file; None for anything else. Values are kept raw (a string

@@ -295,3 +295,23 @@ def test_a_frozen_or_killed_agent_never_leaves_the_job_running_past_its_lease(en
     assert env.cluster.completion(run_id) is None and env.starts("job") == 1
     assert list(env.runtime.glob("job.*")) == []  # nothing more to do: the lease files are gone
 
+
+
+def test_a_completion_replayed_after_a_wall_step_sends_the_same_times(env: RemoteEnv) -> None:
+    """The result times are computed once, when the exit is observed, and stored in the
+    record before the first completion: the pull dies right after the cluster applied it
+    (its answer lost), the wall clock steps an hour, and the replay sends the same bytes."""
+    wall = _wall(env)
+    task = env.quick_job("job")
+    run_id = task.candidate["runId"]
+    crashed = env.pull("--json", env={"QINGLONG_EDGE_CRASHPOINT": "runner.completion_answered"})
+    assert crashed.status == 137, dump(crashed)
+    stored = env.record()
+    wall.step(3_600_000)
+    outcome = env.run_to_end()
+    assert outcome.status == 0, dump(outcome)
+    sent = [x.json()["result"] for x in env.cluster.exchanges_for("completion")]
+    assert len(sent) >= 2 and all(result == sent[0] for result in sent), sent
+    assert (sent[0]["startedAtMs"], sent[0]["finishedAtMs"]) == (stored["resultStartedAtMs"],
+                                                                 stored["resultFinishedAtMs"])
+    assert env.record()["state"] == "completion_acknowledged" and _completions(env.cluster, run_id) == 1
