@@ -32,7 +32,10 @@ Shape (camelCase, like the QingLong configs; defaults in brackets)::
         "maxConcurrentRuns": 1-1024,                [1]
         "logDirectory": "/abs",                     [<execution.logDirectory>/remote, else <stateDirectory>/logs/remote]
         "maxLogBytes": 1024-67108864,               [execution.maxLogBytes, else 1048576: per remote attempt]
-        "logMinimumFreeBytes": 0-1099511627776      [4194304: free space kept beside a remote log's cap]
+        "logMinimumFreeBytes": 0-1099511627776,     [4194304: free space kept beside a remote log's cap]
+        "capabilitiesFile": "/abs",                 [none: advertise what the device probes]
+        "labels": {"key": "value", ...0-32},        [none; not with capabilitiesFile]
+        "drainTimeoutMs": 1000-600000               [60000 edge, 300000 standalone: `drain`'s bound]
       },
       "localApi": {                                            absent: no Local API role
         "listener": {"host": "127.0.0.1" | "::1", "port": 1024-65535},  required
@@ -151,6 +154,9 @@ class WorkerConfig(Frozen):
         "log_directory",
         "max_log_bytes",
         "log_minimum_free_bytes",
+        "capabilities_file",
+        "labels",
+        "drain_timeout_ms",
     )
 
     origin: Origin
@@ -178,6 +184,13 @@ class WorkerConfig(Frozen):
     max_log_bytes: int
     #: Free space a remote log must leave beside its cap (``statfs`` guard of 4.3).
     log_minimum_free_bytes: int
+    #: The operator's capabilities file (the whole advertisement), or None: probed.
+    capabilities_file: str | None
+    #: ``worker.labels`` as (key, value) pairs in file order (validated like the
+    #: capabilities' labels: contracts.placement.worker_labels).
+    labels: tuple[tuple[str, str], ...]
+    #: How long ``drain`` waits for every record to settle before it gives up (ms).
+    drain_timeout_ms: int
 
     def __init__(  # noqa: PLR0917 (the dataclass signature)
         self,
@@ -203,6 +216,9 @@ class WorkerConfig(Frozen):
         log_directory: str = "/var/lib/qinglong-edge/logs/remote",
         max_log_bytes: int = 1024 * 1024,
         log_minimum_free_bytes: int = 4 * 1024 * 1024,
+        capabilities_file: str | None = None,
+        labels: tuple[tuple[str, str], ...] = (),
+        drain_timeout_ms: int = 60_000,
     ) -> None:
         _set = object.__setattr__
         _set(self, "origin", origin)
@@ -227,6 +243,9 @@ class WorkerConfig(Frozen):
         _set(self, "log_directory", log_directory)
         _set(self, "max_log_bytes", max_log_bytes)
         _set(self, "log_minimum_free_bytes", log_minimum_free_bytes)
+        _set(self, "capabilities_file", capabilities_file)
+        _set(self, "labels", labels)
+        _set(self, "drain_timeout_ms", drain_timeout_ms)
 
 
 class ListenerConfig(Frozen):
@@ -503,13 +522,36 @@ def _parse_worker(sec: _Section, state_dir: str, profile: str, execution: Execut
         max_log_bytes=sec.integer("maxLogBytes", 1024, 64 * _MIB,
                                   execution.max_log_bytes if execution is not None else _MIB),
         log_minimum_free_bytes=sec.integer("logMinimumFreeBytes", 0, 1024 * 1024 * _MIB, 4 * _MIB),
+        capabilities_file=sec.path_value("capabilitiesFile", "") or None,
+        labels=_labels(sec),
+        drain_timeout_ms=sec.integer("drainTimeoutMs", 1000, 600_000, 60_000 if profile == "edge" else 300_000),
     )
     sec.done()
+    if config.capabilities_file is not None and config.labels:
+        at = sec._at("labels")
+        raise ConfigError(f"{at}: not with capabilitiesFile (the file is the whole advertisement: put the labels "
+                          "in it)", path=at)
     if 2 * config.heartbeat_interval_ms > config.session_lease_duration_ms:
         at = sec._at("heartbeatIntervalMs")
         raise ConfigError(f"{at}: twice the interval must not exceed sessionLeaseDurationMs (offer-delivery.md 5.1)",
                           path=at)
     return config
+
+
+def _labels(sec: _Section) -> tuple[tuple[str, str], ...]:
+    """``worker.labels``: the capabilities' label rules (at most 32; keys
+    ``[A-Za-z0-9][A-Za-z0-9._/-]*`` of 1-128, values of 1-256 characters, no control)."""
+    value = sec._get("labels", required=False)
+    if value is None and "labels" not in sec.data:
+        return ()
+    from qinglong_edge.contracts.placement import worker_labels  # only a config with labels pays for it
+
+    at = sec._at("labels")
+    try:
+        worker_labels(value, at)
+    except ContractError as exc:
+        raise ConfigError(f"{exc.path}: {exc.detail}", path=exc.path) from None
+    return tuple(value.items())
 
 
 def _parse_local_api(sec: _Section, state_dir: str, profile: str) -> LocalApiConfig:

@@ -31,6 +31,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from qinglong_edge.config import EdgeConfig, WorkerConfig
 from qinglong_edge.filecheck import Problem, directory_problem
@@ -547,6 +548,25 @@ def check_architecture(worker: WorkerConfig | None, machine: str | None = None) 
                  f"add \"{tier}\" to the placement's supportTiers of the tasks this device should run")
 
 
+def check_capabilities(worker: WorkerConfig) -> tuple[Check, Any]:
+    """What the device advertises (the capabilities file, or the probes): required; a bad
+    file fails it with the line ``pull`` would exit 78 with. Also returns the
+    :class:`~qinglong_edge.worker.capabilities.Advertisement` (None when it failed)."""
+    from qinglong_edge.errors import EdgeError
+    from qinglong_edge.worker.capabilities import advertisement, describe, probe
+    from qinglong_edge.worker.session import local_capabilities
+
+    try:
+        base = local_capabilities()
+        found = None if worker.capabilities_file is not None else probe(worker)
+        advert = advertisement(worker, base, found=found)
+    except EdgeError as exc:
+        return Check("capabilities", False, True, exc.message,
+                     "fix the capabilities file (README: Remote Worker setup), or remove worker.capabilitiesFile "
+                     "to advertise what the device probes"), None
+    return Check("capabilities", True, True, describe(advert, found)), advert
+
+
 def check_runtime_directory(worker: WorkerConfig) -> Check:
     """``worker.runtimeDirectory``: usable, and in RAM (an idle pull writes there only).
 
@@ -835,6 +855,11 @@ def run_checks(config: EdgeConfig) -> list[Check]:
     worker, local = config.worker, config.local_api
     checks = [check_python(), check_tls13(worker is not None), check_sqlite(local is not None),
               check_architecture(worker)]
+    if worker is not None:
+        from qinglong_edge.worker.session import platform_architecture
+
+        if platform_architecture()[1] is not None:  # else the architecture check says why nothing is advertised
+            checks.append(check_capabilities(worker)[0])
     # `admin init` opens the database first, which creates its directory 0700.
     made_by_init = local is not None and os.path.dirname(local.database_file) == config.state_directory
     state_creator = f"mkdir -p -m 0700 {shlex.quote(config.state_directory)}" + (

@@ -175,6 +175,8 @@ def test_documented_range_and_default_match_the_parser(key: str) -> None:
         assert _attribute(standalone, key) == numbers[-1]
     elif default.startswith('`"'):
         assert _attribute(parse_config(_with(base, key, ...)), key) == default.strip('`"')
+    elif default == "none":  # an optional key whose absence is nothing (None, no labels)
+        assert not _attribute(parse_config(_with(base, key, ...)), key)
     else:
         pytest.fail(f"{key}: default {default!r} is not a form this test reads")
 

@@ -33,6 +33,9 @@ agent's default applies, or the key is reported as required)::
         splay_max_ms  max_concurrent_runs  max_log_bytes  log_minimum_free_bytes
                                  worker.<camelCase of the same name>, integers
         log_directory            worker.logDirectory (remote run logs)
+        capabilities_file        worker.capabilitiesFile
+        list label 'key=value'   worker.labels {"key": "value", ...} (split at the first '=')
+        drain_timeout_ms         worker.drainTimeoutMs
     config local_api 'local_api'                 localApi    (rendered only when enabled=1)
         enabled          0|1
         host                     localApi.listener.host
@@ -105,7 +108,8 @@ class UciOption:
         json_path: keys below the section's JSON object (``("listener", "port")``);
             empty for a flag.
         kind: ``text`` (string), ``integer`` (decimal digits -> int), ``list``
-            (list of strings) or ``flag`` (the section's ``enabled`` switch).
+            (list of strings), ``map`` (a list of ``key=value`` items -> an object) or
+            ``flag`` (the section's ``enabled`` switch).
     """
 
     name: str
@@ -162,6 +166,9 @@ UCI_SCHEMA: tuple[UciSectionType, ...] = (
         _text("log_directory", "logDirectory"),
         _int("max_log_bytes", "maxLogBytes"),
         _int("log_minimum_free_bytes", "logMinimumFreeBytes"),
+        _text("capabilities_file", "capabilitiesFile"),
+        UciOption("label", ("labels",), "map"),
+        _int("drain_timeout_ms", "drainTimeoutMs"),
     )),
     UciSectionType("local_api", "localApi", (
         _FLAG,
@@ -227,6 +234,21 @@ def _flag(value: str, where: str) -> bool:
     if lowered in _FALSE:
         return False
     raise ConfigError(f"{where}: must be 0 or 1", path=where)
+
+
+def _map(items: list[str], where: str) -> dict[str, str]:
+    """``list label 'site=lab'`` items -> ``{"site": "lab"}`` (split at the first ``=``)."""
+    from qinglong_edge.errors import ConfigError
+
+    mapping: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{where}: {item!r} is not key=value", path=where)
+        if key in mapping:
+            raise ConfigError(f"{where}: the key {key!r} is given twice", path=where)
+        mapping[key] = value
+    return mapping
 
 
 def _set(target: dict[str, Any], path: tuple[str, ...], value: object) -> None:
@@ -304,6 +326,9 @@ def render_document(
             if option.kind == "list":
                 _set(target, option.json_path, items)
                 continue
+            if option.kind == "map":
+                _set(target, option.json_path, _map(items, where))
+                continue
             if len(items) > 1:
                 raise ConfigError(f"{where}: must be a single value, not a list", path=where)
             if option.kind == "integer":
@@ -328,7 +353,7 @@ def render_document(
 
 
 def _uci_name(json_path: str, names: Mapping[str, str]) -> str:
-    path = re.sub(r"\[\d+\]$", "", json_path)
+    path = re.sub(r"\[(?:\d+|\"[^\"]*\")\]$", "", json_path)  # an index, or a quoted key (labels)
     while path:
         if path in names:
             return names[path]

@@ -19,7 +19,11 @@ splay it checks the owner lock: a live owner (a resident pull) makes it exit 0 a
        full (no claim made), clock not set, or aborted by SIGTERM/SIGINT
 77     the cluster rejected the worker credential (401/403 on a session call or
        on the offer pull; the claim is kept and backs off)
-78     configuration, including unreadable credential/certificate/key files, and
+78     configuration, including unreadable credential/certificate/key files, a bad
+       capabilities file (``invalid_capabilities``: one line naming the file, the key
+       ``worker.capabilitiesFile`` and the key inside it; checked before any network
+       call, and also when a resident pull holds the journal, which keeps the
+       advertisement it started with), and
        ``unsupported_architecture``: QingLong cannot place work on this machine
        (mips...). Said in one line once per boot (remembered in the runtime
        directory), then quietly (``--json`` still prints its line)
@@ -52,7 +56,7 @@ is unknown) and replays the same offerId and token; the cluster answers
 
     {"device":{"machine":"aarch64","architecture":"arm64","supportTier":"tier1"},
      "session":{"action":"registered|heartbeat|current|stale","sessionId":..,
-                "generation":..,"version":..},
+                "generation":..,"version":..,"detail"?:"capabilities_changed|session_fenced|.."},
      "status":"accepted|replayed|idle|backoff|inbox_full|abandoned|unavailable|
                invalid_response|credential_rejected",
      "offerId":..,"runId":..,"reason":..,"nextAttemptAtMs":..,"httpStatus":..,
@@ -277,8 +281,8 @@ def _exit_status(report: object) -> int:
     assert isinstance(report, CycleReport)
     if report.error is not None:
         return _EXIT_BY_ERROR.get(report.error, 75)
-    if report.result is None:
-        return 75
+    if report.result is None:  # a resident's session step: a registration that worked is no failure
+        return 0 if report.session is not None else 75
     if report.result.reason in _EXIT_BY_ERROR:  # e.g. the credential file became unreadable
         return _EXIT_BY_ERROR[report.result.reason]
     return _EXIT_BY_STATUS.get(report.result.status, 75)
@@ -333,6 +337,25 @@ def _splay(worker: object, abort: object, no_splay: bool) -> None:
 _QUIET_EVENTS = frozenset({"renewed"})
 
 
+def _check_capabilities_file(worker: object, architecture: str) -> None:
+    """A cron pull that meets a resident one still checks the operator's capabilities
+    file, so a bad edit is reported at once (exit 78); the resident pull keeps the
+    advertisement it read at its start."""
+    from qinglong_edge.config import WorkerConfig
+    from qinglong_edge.errors import ConfigError
+
+    assert isinstance(worker, WorkerConfig)
+    if worker.capabilities_file is None:
+        return
+    from qinglong_edge.worker.capabilities import read_capabilities_file
+
+    try:
+        read_capabilities_file(worker.capabilities_file, architecture)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc.message}; the resident pull keeps advertising the capabilities it started with",
+                          path=exc.path, code=exc.code) from None
+
+
 def _busy(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"status": "busy", "code": "already_owned"})
@@ -360,16 +383,36 @@ def _release(args: argparse.Namespace, worker: object) -> int:
 
     A resident pull persists what it holds and exits 0, its jobs left running under
     their wrappers (the next pull re-adopts them by their identity); a pull cycle keeps
-    its claim and exits 75. Run as root by the package's ``prerm`` before opkg replaces
-    or removes the code a resident pull would import lazily: nothing is created or
+    its claim and exits 75. Run as root by the package's ``prerm`` before an upgrade
+    replaces the code a resident pull would import lazily: nothing is created or
     written (the owner record is read as it is, whoever owns it), and a recycled pid is
     never signalled (pidfd checked against the record's start time). Exit 0 when no pull
     holds the journal or it exited within the wait (the request timeout + 10 s), 75
     ``already_owned`` otherwise.
     """
+    from qinglong_edge.commands._output import emit
+
+    outcome, pid = release_holder(worker)
+    if outcome == "none":
+        emit(args.json, "pull: no pull holds the journal; nothing to release", {"status": "released", "pid": None})
+    elif outcome == "gone":
+        emit(args.json, "pull: the pull that held the journal has exited", {"status": "released", "pid": None})
+    else:
+        emit(args.json, f"pull: released: the pull that held the journal (pid {pid}) exited; jobs it ran go on "
+             "and the next pull re-adopts them", {"status": "released", "pid": pid})
+    return 0
+
+
+def release_holder(worker: object) -> tuple[str, int | None]:
+    """Make the process that holds the journal exit (see :func:`_release`; ``drain`` uses
+    it too): ``("none", None)`` nothing held it, ``("gone", None)`` it exited on its own,
+    ``("released", pid)`` it exited after our SIGTERM.
+
+    Raises:
+        EdgeError: ``already_owned`` (it did not exit, or cannot be identified).
+    """
     import time
 
-    from qinglong_edge.commands._output import emit
     from qinglong_edge.config import WorkerConfig
     from qinglong_edge.errors import EdgeError
     from qinglong_edge.worker.discard import peek_owner, signal_owner
@@ -378,13 +421,11 @@ def _release(args: argparse.Namespace, worker: object) -> int:
     assert isinstance(worker, WorkerConfig)
     root = worker.journal_directory
     if not (os.path.isdir(root) and lock_holder(root)[0]):
-        emit(args.json, "pull: no pull holds the journal; nothing to release", {"status": "released", "pid": None})
-        return 0
+        return "none", None
     owner = peek_owner(worker.runtime_directory, root)
     if owner is None or not signal_owner(owner, signal.SIGTERM):
         if not lock_holder(root)[0]:
-            emit(args.json, "pull: the pull that held the journal has exited", {"status": "released", "pid": None})
-            return 0
+            return "gone", None
         raise EdgeError(f"a process holds {root} but its owner record cannot be read or names another process: "
                         "nothing was signalled", code="already_owned")
     wait_s = worker.request_timeout_ms / 1000 + 10
@@ -394,9 +435,7 @@ def _release(args: argparse.Namespace, worker: object) -> int:
             raise EdgeError(f"the pull that holds the journal (pid {owner.pid}) did not exit within {wait_s:.0f} s "
                             "of SIGTERM", code="already_owned")
         time.sleep(0.05)
-    emit(args.json, f"pull: released: the pull that held the journal (pid {owner.pid}) exited; jobs it ran go on "
-         "and the next pull re-adopts them", {"status": "released", "pid": owner.pid})
-    return 0
+    return "released", owner.pid
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -433,6 +472,7 @@ def _run(args: argparse.Namespace) -> int:
     status = 0
     try:
         if _resident_owner(worker):
+            _check_capabilities_file(worker, architecture)
             return _busy(args)
         _splay(worker, abort, args.no_splay)
         from qinglong_edge.worker.cycle import CycleReport, run_pull

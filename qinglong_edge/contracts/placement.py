@@ -31,7 +31,7 @@ from qinglong_edge.contracts._shape import child, exact_keys, int_value, object_
 from qinglong_edge.contracts.collation import icu_sort_key, js_own_key_order
 from qinglong_edge.contracts.digest import sha256_hex
 from qinglong_edge.contracts.errors import ContractError
-from qinglong_edge.contracts.fields import string
+from qinglong_edge.contracts.fields import MAX_SAFE_INTEGER, string
 from qinglong_edge.contracts.strictjson import dumps
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
@@ -49,6 +49,7 @@ __all__ = [
     "normalize_capabilities",
     "normalize_placement",
     "support_tier_for",
+    "worker_labels",
 ]
 
 REMOTE_WORKER_EXECUTOR = "remote-worker"
@@ -95,6 +96,18 @@ _REQUIRED_KEYS = (
     "gpuVendor",
     "features",
 )
+
+
+def worker_labels(value: object, path: str) -> dict[str, str]:
+    """A worker's label map as the capabilities carry it (at most 32 entries; keys
+    ``[A-Za-z0-9][A-Za-z0-9._/-]*`` of at most 128 characters, values of 1-256
+    characters without control characters), in canonical order.
+
+    Raises:
+        ContractError: ``not_object``, ``length``, ``pattern``, ``not_string``,
+            ``control_character``.
+    """
+    return _labels(value, path, MAX_WORKER_LABELS)
 
 
 def support_tier_for(architecture: str) -> str | None:
@@ -155,7 +168,9 @@ def _range_text(value: object, path: str) -> str:
 
 def _semver(value: object, path: str) -> str:
     text = string(value, path, max_length=64)
-    if _SEMVER.fullmatch(text) is None:
+    # node-semver's valid() also caps each number at 2^53-1 (contracts/semver.py).
+    if _SEMVER.fullmatch(text) is None or any(
+            int(n) > MAX_SAFE_INTEGER for n in text.removeprefix("v").split("-")[0].split("+")[0].split(".")):
         raise ContractError("semver", path, "not a semantic version")
     return text
 

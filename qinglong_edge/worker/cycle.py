@@ -3,15 +3,18 @@
 :func:`run_pull` is what ``qinglong-edge pull`` runs (the command adds signal handling
 and printing)::
 
-    capabilities of this platform (unsupported_architecture before any I/O)
-    open the runtime directory (RAM) and the journal (owner lock; another pull ->
+    the platform's architecture (unsupported_architecture before any I/O)
+    open the runtime directory (RAM); the advertisement: the capabilities file, else
+      the probes (worker/capabilities.py; invalid_capabilities before any network I/O)
+    open the journal (owner lock; another pull ->
       already_owned, reported as "busy"); a session record of an older version moves
       from the journal root to the runtime directory
     once a UTC day: the client certificate's expiry warning (worker/expiry.py)
     [--duration S] repeat at the profile cadence (edge 2 s) until S seconds passed:
         clock sanity (not before the package's date; a router that booted at 1970 waits for NTP)
         prune terminal inbox records past retention, abandoned claims beyond their bound
-        session: register / heartbeat when due (SessionKeeper)
+        session: register / heartbeat when due (SessionKeeper; changed capabilities wait
+                 while records are in flight: then no_slot capabilities_changed)
         pull:    one coordinator step (PullCoordinator)
     close the transport, release the journal
 
@@ -114,6 +117,8 @@ class CycleReport(Frozen):
                 "generation": self.session.session.generation,
                 "version": self.session.session.version,
             }
+            if self.session.detail:  # capabilities_changed, session_fenced, version_resynced...
+                out["session"]["detail"] = self.session.detail  # type: ignore[index]
         if self.result is not None:
             out.update(self.result.to_json())
         if self.error is not None:
@@ -153,10 +158,13 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
     free = journal.options.maximum_entries - len(kept)
     slots = max(0, min(worker.max_concurrent_runs - busy, free))
     try:
-        session = keeper.ensure(slots)
+        session = keeper.ensure(slots, in_flight=busy)
     except SessionError as exc:
         return CycleReport(None, None, exc.code, exc.message, reason=exc.reason, remedy=exc.remedy), busy
     record = session.session
+    if keeper.deferred:  # no new work under the old advertisement; re-registered once these are done
+        coordinator.settle_claim()
+        return CycleReport(session, PullResult("no_slot", reason="capabilities_changed")), busy
     if busy and not slots:
         coordinator.settle_claim()
         return CycleReport(session, PullResult("no_slot", reason="slots_in_use")), busy
@@ -270,7 +278,8 @@ def run_pull(
         JournalError: ``already_owned`` (another pull holds the journal) and storage
             failures; TransportError ``invalid_configuration`` /
             ``credentials_unavailable`` from the transport's construction;
-            SessionError ``unsupported_architecture``; PullAborted once ``abort`` tripped.
+            SessionError ``unsupported_architecture``; ConfigError ``invalid_capabilities``
+            (the capabilities file, before any network I/O); PullAborted once ``abort`` tripped.
     """
     abort = abort or AbortSignal()
 
@@ -278,11 +287,15 @@ def run_pull(
         with abort.interruptible():
             sleep(seconds)
 
-    capabilities = local_capabilities()  # unsupported_architecture before any I/O
+    base = local_capabilities()  # unsupported_architecture before any I/O
     abort.check()
     own_runtime = runtime is None
     runtime = runtime or RuntimeDirectory.open(worker.runtime_directory, worker.journal_directory)
     try:
+        from qinglong_edge.worker.capabilities import advertisement
+
+        # Read once, here: a resident pull keeps this advertisement for its whole life.
+        capabilities = advertisement(worker, base, runtime).capabilities  # invalid_capabilities: exit 78
         yield from _run_journal(worker, runtime, capabilities, duration_s=duration_s, abort=abort, pause=pause,
                                 clock_ms=clock_ms, boot_ms=boot_ms, random=random, transport=transport, notice=notice,
                                 config=config or EdgeConfig("edge", os.path.dirname(worker.journal_directory), worker,

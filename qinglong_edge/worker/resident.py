@@ -35,6 +35,7 @@ import select
 import signal
 from collections.abc import Callable, Iterator
 
+from qinglong_edge.clock import boot_ms
 from qinglong_edge.config import EdgeConfig, WorkerConfig
 from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.contracts.strictjson import dumps_bytes
@@ -142,11 +143,17 @@ class Resident:
         random: Callable[[], float],
         wall_ms: Callable[[], int] | None = None,
         cluster: ClusterClock | None = None,
+        draining: bool = False,
+        deadline_boot_ms: int | None = None,
     ) -> None:
         """``clock_ms`` is the boot clock (every timer), ``wall_ms`` the wall clock (the
         record's and the events' times), ``cluster`` the cluster's clock of the cycle."""
         import qinglong_edge.clock as _clock
 
+        #: ``drain``: nothing is pulled, heartbeats announce no free slot.
+        self.draining = draining
+        #: ``drain``'s bound (clock.boot_ms): the loop stops then, whatever is left.
+        self.deadline_boot_ms = deadline_boot_ms
         self.worker = worker
         self.journal = journal
         self.runtime = runtime
@@ -224,10 +231,16 @@ class Resident:
                 if files is not None and os.path.lexists(files.receipt_path):
                     remove_job_files(files)
 
+    def _free_entries(self) -> int:
+        free = self.journal.options.maximum_entries - len(self.journal.list_offers())
+        return max(0, min(self.worker.max_concurrent_runs, free))
+
     def _live(self) -> list[Track]:
         return [t for t in self.tracks.values() if not t.done]
 
     def slots(self) -> int:
+        if self.draining or self.keeper.deferred:
+            return 0  # drain; or changed capabilities wait for these records (worker/session.py)
         free = self.journal.options.maximum_entries - len(self.journal.list_offers())
         return max(0, min(self.worker.max_concurrent_runs - len(self._live()), free))
 
@@ -299,6 +312,8 @@ class Resident:
                     if report is not None:
                         yield report
                     break
+                if self._past_deadline():
+                    break
                 now = self.clock_ms()
                 report = self._session_step(now)
                 if report is not None:
@@ -334,16 +349,23 @@ class Resident:
         events, self._events[:] = list(self._events), []
         yield from events
 
+    def _past_deadline(self) -> bool:
+        return self.deadline_boot_ms is not None and boot_ms() >= self.deadline_boot_ms
+
     def _session_step(self, now: int, *, final: bool = False) -> CycleReport | None:
         """A heartbeat when due, or when a slot came free since the last one announced
-        (a job ended: the cluster must know before this or the next pull asks for work)."""
+        (a job ended: the cluster must know before this or the next pull asks for work);
+        at the end, the registration of changed capabilities that waited for the records."""
         slots = self.slots()
         announced = self.keeper.announced_slots
         freed = announced is not None and slots > announced
-        if (self._session_due(now) > now and not freed) or (final and not freed) or now < self._session_retry_at:
+        changed = final and self.keeper.deferred and not self.draining
+        if not changed and ((self._session_due(now) > now and not freed) or (final and not freed)
+                            or now < self._session_retry_at):
             return None
         try:
-            outcome = self.keeper.ensure(slots, announce=True)
+            outcome = self.keeper.ensure(self.slots() if not changed else self._free_entries(), announce=True,
+                                         in_flight=len(self._live()))
         except SessionError as exc:
             self._session_failed(now)
             return CycleReport(None, None, exc.code, exc.message, reason=exc.reason, remedy=exc.remedy)
@@ -395,6 +417,8 @@ class Resident:
         if pull_due is not None:
             due.append(pull_due)
         timeout = max(0.0, min(MAX_WAIT_S, (min(due) - now) / 1000))
+        if self.deadline_boot_ms is not None:
+            timeout = min(timeout, max(0.0, (self.deadline_boot_ms - boot_ms()) / 1000))
         poller = select.poll()
         poller.register(wakeup.read_fd, select.POLLIN)
         watched: dict[int, Track] = {}

@@ -31,9 +31,14 @@ that cannot be read is treated as absent (a new registration).
 
 Each cycle :meth:`SessionKeeper.ensure`:
 
-* no record, another workerId, other capabilities, or a lease that has run out by
-  our clock -> **register** a new session (a new UUIDv7 session id; the cluster
-  assigns the generation);
+* no record, another workerId, an ``offline`` record, other capabilities with no
+  record in flight, or a lease that has run out by our clock -> **register** a new
+  session (a new UUIDv7 session id; the cluster assigns the generation);
+* other capabilities while records are in flight (``in_flight``): the stored session
+  is kept as it is (a registration would replace it and fence their leases), announcing
+  no free slot (no new work under the old advertisement) until they are done
+  (:attr:`SessionKeeper.deferred`); the registration that follows says
+  ``capabilities_changed``;
 * otherwise, when ``heartbeat_interval_ms`` has passed since the last heartbeat ->
   **heartbeat** with ``expectedVersion`` = the stored version;
 * otherwise the stored session is current: no network I/O.
@@ -64,6 +69,10 @@ registered, as the reference worker does on every 409 (a re-registration replace
 cluster's session row, which fences every lease of the old one: jobs in flight would
 lose theirs). A pending claim of the old session is abandoned by the pull coordinator.
 
+Transitions (``drain``, :meth:`SessionKeeper.transition`): ``draining`` and ``offline``
+on the stored session, its answer's version and status stored; a keeper made with
+``may_register=False`` never registers (a drain must not bring the device back online).
+
 Cadence: ``pull`` runs from cron once a minute, so with the default 10 s interval every
 cron cycle heartbeats; ``pull --duration`` cycles faster than the interval do not.
 """
@@ -88,9 +97,11 @@ from qinglong_edge.contracts.session import (
     heartbeat_request_body,
     parse_heartbeat_response,
     parse_register_response,
+    parse_transition_response,
     register_request_body,
     session_path,
     support_tier_for,
+    transition_request_body,
 )
 from qinglong_edge.contracts.strictjson import dumps_bytes, loads
 from qinglong_edge.errors import JournalError, SessionError, TransportError
@@ -414,6 +425,9 @@ class SessionKeeper:
             taken to be on ``clock_ms`` (tests of the keeper alone).
         wall_ms: the wall clock, for the UUIDv7 timestamp only (default: ``clock.wall_ms``).
         boot_id: this boot's id (default: the cluster clock's, else ``clock.boot_id``).
+        may_register: False for a keeper that only keeps (and transitions) the stored
+            session, whatever its capabilities (``drain``): where a registration would be
+            needed, :meth:`ensure` raises ``session_lost`` instead.
     """
 
     def __init__(
@@ -431,6 +445,7 @@ class SessionKeeper:
         cluster: ClusterClock | None = None,
         wall_ms: Callable[[], int] | None = None,
         boot_id: str | None = None,
+        may_register: bool = True,
     ) -> None:
         import qinglong_edge.clock as _clock
 
@@ -447,8 +462,17 @@ class SessionKeeper:
         self._wall_ms = wall_ms or _clock.wall_ms
         self._boot_id = boot_id or (cluster.boot_id if cluster is not None else None) or _clock.boot_id() or "unknown"
         self._random_bytes = random_bytes
-        caps = local_capabilities() if capabilities is None else capabilities
-        self._capabilities_json, self._capabilities_hash = capabilities_snapshot(caps)
+        self._may_register = may_register
+        self._capabilities_json: str | None = None
+        self._capabilities_hash: str | None = None
+        if may_register:
+            caps = local_capabilities() if capabilities is None else capabilities
+            self._capabilities_json, self._capabilities_hash = capabilities_snapshot(caps)
+        #: Records in flight at the last :meth:`ensure` (a capability change waits for 0).
+        self._in_flight = 0
+        #: The stored session advertises other capabilities and is kept for the records in
+        #: flight (module docstring): no free slot is announced, nothing is claimed.
+        self.deferred = False
         #: ``availableSlots`` of this process's last successful register or heartbeat.
         self.announced_slots: int | None = None
         # (set at, not before) in boot ms from a 429/503 Retry-After of a session call;
@@ -458,7 +482,7 @@ class SessionKeeper:
         self._found = False
 
     @property
-    def capabilities_hash(self) -> str:
+    def capabilities_hash(self) -> str | None:
         return self._capabilities_hash
 
     def _load(self) -> SessionState:
@@ -482,8 +506,10 @@ class SessionKeeper:
         return state
 
     def _usable(self, record: SessionRecord | None, boot_id: str | None = None) -> SessionRecord | None:
-        if record is None or record.worker_id != self._worker_id or record.capabilities_hash != self._capabilities_hash:
+        if record is None or record.worker_id != self._worker_id or record.status == "offline":
             return None
+        if self._capabilities_hash not in (None, record.capabilities_hash) and not self._in_flight:
+            return None  # other capabilities and nothing in flight: register them
         if boot_id is not None and boot_id != self._boot_id:
             return None  # its times are another boot's: the session is registered again
         return record
@@ -525,7 +551,7 @@ class SessionKeeper:
         state = self._load()
         return self._usable(state.record, state.boot_id)
 
-    def ensure(self, available_slots: int, *, announce: bool = False) -> SessionOutcome:
+    def ensure(self, available_slots: int, *, announce: bool = False, in_flight: int = 0) -> SessionOutcome:
         """Make sure an online session with a running lease exists (see module docstring).
 
         Args:
@@ -534,6 +560,8 @@ class SessionKeeper:
                 is more than this process last announced: a resident ``pull`` whose job
                 ended frees its slot at the cluster before it pulls (the cluster answers
                 ``idle worker_unavailable`` to a session that announced none free).
+            in_flight: the records in flight (their leases are bound to the stored
+                session: a capability change does not replace it while any is).
 
         Raises:
             SessionError: ``credential_rejected``, ``credentials_unavailable``,
@@ -542,9 +570,13 @@ class SessionKeeper:
             JournalError: the runtime directory cannot be written.
         """
         slots = max(0, min(available_slots, self._max_runs))
+        self._in_flight = max(0, in_flight)
         state = self._load()
         stored = state.record
         record = self._usable(stored, state.boot_id)
+        self.deferred = record is not None and self._capabilities_hash not in (None, record.capabilities_hash)
+        if self.deferred:
+            slots = 0
         self._retry_after = state.retry_after
         now = self._clock_ms()
         step = session_step(None if record is None else self.lease_end_ms(record),
@@ -574,6 +606,7 @@ class SessionKeeper:
                         return SessionOutcome(beat, "heartbeat", detail="version_resynced")
                 if exc.code == "session_fenced":
                     self._save(None)  # the session failed closed
+                    self.deferred = False
                     return SessionOutcome(self._register(slots), "registered", replaced=True, detail=exc.code)
                 self._save(record)  # a new Retry-After window, if any
                 if exc.code in ("credential_rejected", "credentials_unavailable", "invalid_configuration"):
@@ -583,8 +616,11 @@ class SessionKeeper:
         if step == "wait_unavailable":
             raise SessionError("the cluster asked to retry the session call later (Retry-After)",
                                code="session_unavailable")
+        changed = (stored is not None and stored.worker_id == self._worker_id and stored.status != "offline"
+                   and stored.capabilities_hash != self._capabilities_hash)
         return SessionOutcome(self._register(slots), "registered",
-                              replaced=stored is not None or (record is None and self._found and stored is None))
+                              replaced=stored is not None or (record is None and self._found and stored is None),
+                              detail="capabilities_changed" if changed else "")
 
     # -- calls -----------------------------------------------------------------------------
 
@@ -622,6 +658,9 @@ class SessionKeeper:
             self._cluster.observe(projection.lease_expires_at_ms - self._lease_ms, sent, self._clock_ms(), operation)
 
     def _register(self, slots: int) -> SessionRecord:
+        if not self._may_register or self._capabilities_json is None or self._capabilities_hash is None:
+            raise SessionError("no live session to keep (none stored, fenced or its lease ran out): nothing is "
+                               "registered", code="session_lost")
         now = self._clock_ms()
         session_id = new_uuid7(self._wall_ms(), self._random_bytes)
         body = register_request_body(
@@ -642,7 +681,8 @@ class SessionKeeper:
             raise SessionError(f"register: response rejected ({exc.code} at {exc.path})",
                                code="invalid_response") from None
         self._observe(projection, now, "register")
-        record = self._record(projection, registered_at_ms=now, heartbeat_at_ms=now)
+        record = self._record(projection, registered_at_ms=now, heartbeat_at_ms=now,
+                              capabilities_hash=self._capabilities_hash)
         self._retry_after = None
         self._save(record)
         self.announced_slots = slots
@@ -671,13 +711,66 @@ class SessionKeeper:
             raise SessionError(f"heartbeat: response rejected ({exc.code} at {exc.path})",
                                code="invalid_response") from None
         self._observe(projection, now, "heartbeat")
-        updated = self._record(projection, registered_at_ms=record.registered_at_ms, heartbeat_at_ms=now)
+        updated = self._record(projection, registered_at_ms=record.registered_at_ms, heartbeat_at_ms=now,
+                               capabilities_hash=record.capabilities_hash)
         self._retry_after = None
         self._save(updated)
         self.announced_slots = slots
         return updated
 
-    def _record(self, projection: SessionProjection, *, registered_at_ms: int, heartbeat_at_ms: int) -> SessionRecord:
+    def transition(self, status: str) -> SessionRecord:
+        """Send ``status`` (``draining`` or ``offline``) for the stored session and store
+        the answer (offer-delivery.md 5.1; ``drain``). A 409 is tried once more with
+        ``expectedVersion + 1`` (an earlier answer lost after the cluster committed it,
+        as for heartbeats; ``draining`` again is the reference's replay).
+
+        Raises:
+            SessionError: ``session_lost`` (no live stored session), ``session_fenced``
+                (the record is then removed), ``credential_rejected``,
+                ``credentials_unavailable``, ``invalid_response``, ``session_unavailable``.
+            JournalError: the runtime directory cannot be written.
+        """
+        state = self._load()
+        self._retry_after = state.retry_after
+        record = self._usable(state.record, state.boot_id)
+        if record is None or self.lease_end_ms(record) <= self._clock_ms():
+            raise SessionError("no live session to transition (none stored, offline or its lease ran out)",
+                               code="session_lost")
+        try:
+            return self._transition(record, status, record.version)
+        except SessionError as exc:
+            if exc.code != "session_fenced":
+                self._save(record)  # a new Retry-After window, if any
+                raise
+        try:
+            return self._transition(record, status, record.version + 1)
+        except SessionError as exc:
+            if exc.code == "session_fenced":
+                self._save(None)  # the session failed closed
+            else:
+                self._save(record)
+            raise
+
+    def _transition(self, record: SessionRecord, status: str, expected: int) -> SessionRecord:
+        body = transition_request_body(generation=record.generation, expected_version=expected, status=status)
+        raw = self._post(record.session_id, "transition", body)
+        try:
+            projection = parse_transition_response(raw, worker_id=self._worker_id, session_id=record.session_id,
+                                                   generation=record.generation, expected_version=expected,
+                                                   status=status)
+        except ContractError as exc:
+            raise SessionError(f"transition: response rejected ({exc.code} at {exc.path})",
+                               code="invalid_response") from None
+        updated = self._record(projection, registered_at_ms=record.registered_at_ms,
+                               heartbeat_at_ms=record.heartbeat_at_ms, capabilities_hash=record.capabilities_hash)
+        self._retry_after = None
+        self._save(updated)
+        if status != "online":
+            self.announced_slots = 0
+        return updated
+
+    def _record(self, projection: SessionProjection, *, registered_at_ms: int, heartbeat_at_ms: int,
+                capabilities_hash: str) -> SessionRecord:
         return SessionRecord(
             worker_id=projection.worker_id,
             session_id=projection.session_id,
@@ -686,7 +779,7 @@ class SessionKeeper:
             status=projection.status,
             lease_expires_at_ms=projection.lease_expires_at_ms,
             lease_duration_ms=self._lease_ms,
-            capabilities_hash=self._capabilities_hash,
+            capabilities_hash=capabilities_hash,
             registered_at_ms=registered_at_ms,
             heartbeat_at_ms=heartbeat_at_ms,
         )

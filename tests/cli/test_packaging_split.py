@@ -105,6 +105,18 @@ def _pull(tmp_path: pathlib.Path) -> list[str]:
     return ["--config", str(env.config_path), "pull", "--no-splay", "--json"]
 
 
+def _drain(tmp_path: pathlib.Path) -> list[str]:
+    """A registered device taken offline over TLS 1.3 mTLS: draining, then offline."""
+    from tests.support.cluster_double import ClusterDouble
+    from tests.support.pull_env import PullEnv
+
+    double = ClusterDouble().start()
+    _DOUBLES.append(double)
+    env = PullEnv(tmp_path, double)
+    assert env.pull().status == 0  # registers (the repository's code, outside the split)
+    return ["--config", str(env.config_path), "--json", "drain"]
+
+
 def _offer_check(tmp_path: pathlib.Path) -> list[str]:
     vectors = pathlib.Path(REPO) / "tests" / "contracts" / "vectors"
     return ["offer", "check", "--claim", str(vectors / "a_pending_claim.json"), str(vectors / "a_offered.json")]
@@ -119,6 +131,7 @@ SPLIT_CASES: dict[str, SplitCase] = {
     "admin": SplitCase(_admin_init, expect_stdout="database "),
     "inbox": SplitCase(_inbox_list, expect_stdout='"offers":[]'),
     "pull": SplitCase(_pull, expect_stdout='"status":"accepted"'),
+    "drain": SplitCase(_drain, expect_stdout='"status":"offline"'),
     "offer": SplitCase(_offer_check, expect_stdout="valid offered offer-1 run-1"),
 }
 

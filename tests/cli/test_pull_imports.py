@@ -104,6 +104,9 @@ def test_an_idle_cron_cycle_imports_nothing_it_does_not_need(tmp_path: pathlib.P
     # An empty inbox has no job files to name: those modules wait for a record (0.2 MiB).
     assert sorted({"qinglong_edge.worker.remote_files", "qinglong_edge.contracts.receipt",
                    "qinglong_edge.contracts.launch"} & modules) == []
+    # The probes are light (issue 25): placement decisions and semver ranges are doctor's.
+    assert "qinglong_edge.worker.capabilities" in modules
+    assert sorted({"qinglong_edge.contracts.semver", "qinglong_edge.contracts.placement_decision"} & modules) == []
     assert sorted(set(EXECUTION) & modules) == []
 
 

@@ -87,7 +87,8 @@ HIDDEN = {
 }
 DEFAULTS: dict[type[Frozen], dict[str, Any]] = {
     WorkerConfig: {"log_directory": "/var/lib/qinglong-edge/logs/remote", "max_log_bytes": 1 << 20,
-                   "log_minimum_free_bytes": 4 << 20},
+                   "log_minimum_free_bytes": 4 << 20, "capabilities_file": None, "labels": (),
+                   "drain_timeout_ms": 60_000},
     ExecutionConfig: {"max_run_pids": 0, "max_total_log_bytes": 4 << 20, "work_directory": ""},
     EdgeConfig: {"source": ""},
     LocalApiConfig: {"audit_maximum_entries": 5000, "audit_retention_ms": 2_592_000_000, "run_maximum_entries": 500,

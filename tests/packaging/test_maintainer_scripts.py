@@ -184,7 +184,8 @@ def test_prerm_on_removal_drops_bytecode_and_the_rendered_config(busybox: str, d
     assert result.returncode == 0, result.stderr
     assert device.caches() == []
     assert not rundir.exists()  # a kept, modified crontab now does nothing
-    assert read_log(device.log) == [f"qinglong-edge --config {rundir}/config.json pull --release",
+    # A removal takes the worker offline (drain: tests/cli/test_drain.py), not pull --release.
+    assert read_log(device.log) == [f"qinglong-edge --config {rundir}/config.json drain",
                                     "/etc/init.d/qinglong-edge disable", "/etc/init.d/qinglong-edge stop"]
 
 
@@ -218,8 +219,19 @@ def test_prerm_goes_on_when_the_release_fails(busybox: str, device: Device) -> N
     write_logging_stub(device.agent, device.log, "qinglong-edge", "exit 75")
     result = device.run_default(busybox, "default_prerm", "remove")
     assert result.returncode == 0, result.stderr
-    assert "the resident pull was not released" in result.stderr
+    assert "the worker was not taken offline" in result.stderr
     assert not rundir.exists() and device.caches() == []
+
+
+def test_prerm_on_upgrade_goes_on_when_the_release_fails(busybox: str, device: Device) -> None:
+    rundir = device.root / "var/etc/qinglong-edge"
+    rundir.mkdir(parents=True)
+    (rundir / "config.json").write_text("{}")
+    (rundir / "pull.enabled").touch()
+    write_logging_stub(device.agent, device.log, "qinglong-edge", "exit 75")
+    result = device.run_default(busybox, "default_prerm", "upgrade", "0.2.0-1", upgrade=True)
+    assert result.returncode == 0, result.stderr
+    assert "the resident pull was not released" in result.stderr
 
 
 def test_prerm_building_an_image_touches_nothing(busybox: str, device: Device) -> None:
@@ -343,3 +355,22 @@ def test_stop_switches_the_cron_pull_off_and_reload_is_triggered_by_uci(busybox:
     assert not (router.rundir / "pull.enabled").exists()
     assert router.call(busybox, "service_triggers").returncode == 0
     assert read_log(router.log) == ["procd_add_reload_trigger qinglong-edge"]
+
+
+def test_switching_the_worker_role_off_drains_with_the_config_that_has_it(busybox: str, router: Router) -> None:
+    """worker.enabled 1 -> 0: the reload runs `drain` with the rendered config that still
+    has the worker section (the real agent: no session yet, so nothing to send), then
+    renders the new one and keeps the cron pull off."""
+    router.set_uci(worker__enabled="1", worker__origin="https://cluster.example", worker__worker_id="edge-1")
+    assert router.call(busybox, "start_service").returncode == 0
+    assert (router.rundir / "pull.enabled").exists()
+    router.set_uci(worker__enabled="0")
+    result = router.call(busybox, "start_service")
+    assert result.returncode == 0, result.stderr
+    assert not (router.rundir / "pull.enabled").exists()
+    assert "worker" not in json.loads((router.rundir / "config.json").read_text())
+    logged = [line for line in read_log(router.log) if line.startswith("logger ")]
+    assert any("drain: no live session to take offline" in line for line in logged), logged
+    again = router.call(busybox, "start_service")  # off and staying off: no drain
+    assert again.returncode == 0
+    assert not any("drain" in line for line in read_log(router.log))  # each call starts a fresh log

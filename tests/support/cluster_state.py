@@ -38,7 +38,14 @@ tells whether a row existed); a register replay with the current sessionId retur
 the row unchanged (the response to the first try was lost). ``heartbeat`` requires
 the current sessionId, the same generation, a status other than offline, an
 unexpired lease and ``version == expectedVersion``, else 409 ``worker_session_fenced``;
-then version + 1 and the lease is extended to now + leaseDurationMs. Where the
+then version + 1 and the lease is extended to now + leaseDurationMs; a draining
+session's ``availableSlots`` is stored as 0 whatever the heartbeat says. ``transition``
+(``draining`` | ``offline``; reference ``PostgresWorkerSessionRepository.transition``)
+takes the same fence as a heartbeat (current sessionId and generation, ``version ==
+expectedVersion``, not offline, lease unexpired; else 409), then version + 1, the
+status, ``availableSlots`` 0, and for ``offline`` the lease ends now: so online ->
+draining, online -> offline, draining -> offline and draining -> draining (a replay)
+are all allowed, and nothing leaves offline but a new registration. Where the
 reference is silent the double decides: the granted session lease is
 ``min(leaseDurationMs, session_lease_cap_ms)`` (the knob lets a test shorten it).
 
@@ -49,10 +56,15 @@ Offers (``claimNext``), keyed by (workerId, offerId):
   unexpired, its session row is current (same id and generation, online or draining,
   unexpired) and worker/session/generation/token digest all equal the request;
   otherwise 409 ``worker_offer_fenced``;
-* the session is missing, another id/generation, not online, expired or has
+* the session is missing, another id/generation, not online (draining: the
+  reference's ``listAvailable`` has only online rows), expired or has
   ``availableSlots < 1`` -> idle ``worker_unavailable``;
 * no candidates -> idle ``no_candidates``; every candidate's plan unavailable ->
-  ``plans_unavailable``; none matches placement -> ``no_match``;
+  ``plans_unavailable``; none matches placement -> ``no_match``. Placement is the
+  reference's ``evaluateRemoteWorkerPlacement`` on the registered capabilities
+  (:func:`qinglong_edge.contracts.placement_decision.evaluate_placement`, itself checked
+  against vectors derived from the reference: tests/contracts/test_placement_decision.py),
+  and the offer's ``placementScore`` is its score;
 * else the first matching candidate is claimed: a ``leased`` lease (version 1,
   leaseGeneration 1, expires now + ``lease_duration_ms``) bound to the token digest,
   answered ``new_claim``.
@@ -64,8 +76,8 @@ sent again later are a fresh claim attempt: the worker keeps its claim across id
 answers.
 
 Not modelled: the authentication shield's counters (429/503 come from scripted faults
-instead), active leases counted against ``availableSlots``, ``transition`` and
-``attestations`` (503 ``worker_ingress_unavailable``).
+instead), active leases counted against ``availableSlots``, and ``attestations``
+(503 ``worker_ingress_unavailable``).
 """
 
 from __future__ import annotations
@@ -83,6 +95,7 @@ from typing import Any
 from qinglong_edge.contracts.credentials import WORKER_DIGEST_PREFIX, decode_secret
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.placement import canonical_capabilities
+from qinglong_edge.contracts.placement_decision import evaluate_placement
 from tests.support.cluster_execution import EXECUTION_OPS, Executions
 from tests.support.cluster_wire import (
     MAX_SAFE,
@@ -107,6 +120,7 @@ __all__ = ["MAX_SAFE", "Candidate", "ClusterState", "Credential", "LeaseRow", "R
 OFFER_SCHEMA = "qinglong/remote-execution-offer@v1"
 REGISTER_SCHEMA = "qinglong/worker-session-register@v1"
 HEARTBEAT_SCHEMA = "qinglong/worker-session-heartbeat@v1"
+TRANSITION_SCHEMA = "qinglong/worker-session-transition@v1"
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
 DEFAULT_LEASE_DURATION_MS = 30_000
 
@@ -323,6 +337,8 @@ class ClusterState:
                     answer = self._register(worker_id, session_id, document)
                 elif op == "heartbeat":
                     answer = self._heartbeat(worker_id, session_id, document)
+                elif op == "transition":
+                    answer = self._transition(worker_id, session_id, document)
                 elif op == "offers":
                     answer = self._offers(worker_id, session_id, document)
                 elif op in EXECUTION_OPS:
@@ -465,6 +481,33 @@ class ClusterState:
         row.lease_expires_at_ms = now + self._granted(lease_ms)
         return _session_json(row, HEARTBEAT_SCHEMA)
 
+    def _transition(self, worker_id: str, session_id: str, document: object) -> dict[str, Any]:
+        body = _exact(document, ("schema", "generation", "expectedVersion", "status"))
+        try:
+            if body["schema"] != TRANSITION_SCHEMA or body["status"] not in ("draining", "offline"):
+                raise TypeError("schema or status")
+            generation = _js_int(body["generation"], 1)
+            expected = _js_int(body["expectedVersion"])
+        except TypeError:
+            raise _Failure(400, "invalid_worker_request") from None
+        now = self.clock_ms()
+        row = self.sessions.get(worker_id)
+        if (
+            row is None
+            or row.session_id != session_id
+            or row.generation != generation
+            or row.version != expected
+            or row.status == "offline"
+            or row.lease_expires_at_ms <= now
+        ):
+            raise _Failure(409, "worker_session_fenced")
+        row.version += 1
+        row.status = str(body["status"])
+        row.available_slots = 0
+        if row.status == "offline":
+            row.lease_expires_at_ms = now
+        return _session_json(row, TRANSITION_SCHEMA)
+
     # -- offers (2, claimNext) -------------------------------------------------------------------
 
     def _session_current(self, worker_id: str, session_id: str, generation: int, now: int,
@@ -504,7 +547,8 @@ class ClusterState:
         planned = [c for c in page if c.plan_available]
         if not planned:
             return _idle("plans_unavailable", _stats(pages=1, candidates=len(page), plans=len(page)))
-        matching = [c for c in planned if _placement_matches(c.revision, row.capabilities)]
+        scores = {id(c): _placement_score(c.revision, row.capabilities) for c in planned}
+        matching = [c for c in planned if scores[id(c)] is not None]
         mismatches = len(planned) - len(matching)
         if not matching:
             return _idle("no_match", _stats(pages=1, candidates=len(page), plans=len(page) - len(planned),
@@ -520,7 +564,7 @@ class ClusterState:
         self.leases[(worker_id, offer_id)] = lease
         stats = _stats(pages=1, candidates=len(page), plans=len(page) - len(planned), mismatches=mismatches,
                        attempts=1)
-        return _offered(lease, "new_claim", chosen.placement_score, stats)
+        return _offered(lease, "new_claim", scores[id(chosen)] or chosen.placement_score, stats)
 
     def _recover(self, lease: LeaseRow, request: tuple[str, str, int], token_digest: str,
                  now: int) -> dict[str, Any]:
@@ -591,19 +635,8 @@ def _offered(lease: LeaseRow, kind: str, score: int, stats: dict[str, int]) -> d
     }
 
 
-def _placement_matches(revision: dict[str, Any], capabilities: dict[str, Any]) -> bool:
-    """The placement subset the double checks: executors, architectures, support tiers
-    (default ``["tier1"]``, section 5.1), operating systems, labels and features."""
-    required = revision.get("placement", {}).get("required", {"executors": ["remote-worker"]})
-    if not set(required.get("executors", ())) <= set(capabilities["executors"]):
-        return False
-    if "architectures" in required and capabilities["architecture"] not in required["architectures"]:
-        return False
-    if capabilities["supportTier"] not in required.get("supportTiers", ["tier1"]):
-        return False
-    if "operatingSystems" in required and capabilities.get("operatingSystem") not in required["operatingSystems"]:
-        return False
-    labels = capabilities.get("labels", {})
-    if any(labels.get(key) != value for key, value in required.get("labels", {}).items()):
-        return False
-    return set(required.get("features", ())) <= set(capabilities.get("features", ()))
+def _placement_score(revision: dict[str, Any], capabilities: dict[str, Any]) -> int | None:
+    """The reference's placement decision for this revision here: its score, or None when
+    it does not match (the session's availability is checked by the caller)."""
+    decision = evaluate_placement(capabilities, revision.get("placement"))
+    return decision.score if decision.matches else None

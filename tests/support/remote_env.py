@@ -110,6 +110,12 @@ class RemoteEnv(PullEnv):
     def spawn_json(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         return self.spawn("--json", *args, env=env)
 
+    def spawn_json_cli(self, *args: str) -> subprocess.Popen[bytes]:
+        """Another command (``drain``...) with ``--json`` and this device's config, in the background."""
+        return subprocess.Popen(self.entry.argv("--config", str(self.config_path), "--json", *args),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.entry.environment(None),
+                                cwd=self.entry.cwd)
+
     @staticmethod
     def stop(proc: subprocess.Popen[bytes], signum: int = signal.SIGTERM, timeout: float = 30) -> Outcome:
         os.kill(proc.pid, signum)

@@ -24,7 +24,12 @@ from typing import Any
 import pytest
 
 from qinglong_edge.contracts.offer import ClaimAuthority, OfferedResponse, claim_request_body, parse_offer_response
-from qinglong_edge.contracts.session import capabilities_snapshot, heartbeat_request_body, register_request_body
+from qinglong_edge.contracts.session import (
+    capabilities_snapshot,
+    heartbeat_request_body,
+    register_request_body,
+    transition_request_body,
+)
 from qinglong_edge.worker.session import local_capabilities
 from tests.support.cluster_double import ClusterDouble, Fault
 from tests.support.pull_env import REPO, child_env
@@ -497,3 +502,46 @@ def test_runs_as_its_own_process_and_provisions_the_worker(tmp_path: pathlib.Pat
         if proc.poll() is None:
             proc.kill()
         proc.communicate(timeout=10)
+
+
+# -- transitions (the reference's rules, no stricter) ----------------------------------------------
+
+def _transition(cluster: ClusterDouble, status: str, expected: int, generation: int = 1) -> Answer:
+    return call(cluster, path("transition"), transition_request_body(generation=generation,
+                                                                     expected_version=expected, status=status))
+
+
+def test_draining_then_a_replay_then_offline(registered: ClusterDouble) -> None:
+    first = _transition(registered, "draining", 0)
+    assert first.status == 200 and (first.json()["status"], first.json()["version"]) == ("draining", 1)
+    replay = _transition(registered, "draining", 1)  # draining -> draining: allowed
+    assert replay.status == 200 and replay.json()["version"] == 2
+    row = registered.state.sessions["edge-1"]
+    beat = call(registered, path("heartbeat"), heartbeat_request_body(generation=1, expected_version=2,
+                                                                      available_slots=3, lease_duration_ms=60_000))
+    assert beat.status == 200 and beat.json()["status"] == "draining"
+    assert row.available_slots == 0  # a draining session's heartbeat advertises no slot
+    idle = call(registered, path("offers"), offers_body())
+    assert idle.status == 200 and (idle.json()["status"], idle.json()["reason"]) == ("idle", "worker_unavailable")
+    offline = _transition(registered, "offline", 3)
+    assert offline.status == 200 and offline.json()["status"] == "offline"
+    assert row.lease_expires_at_ms <= registered.now_ms()
+    assert _transition(registered, "draining", 4).code == "worker_session_fenced"  # nothing leaves offline
+    assert call(registered, path("heartbeat"), heartbeat_request_body(
+        generation=1, expected_version=4, available_slots=1, lease_duration_ms=60_000)).status == 409
+
+
+def test_online_to_offline_directly_is_allowed(registered: ClusterDouble) -> None:
+    answer = _transition(registered, "offline", 0)
+    assert answer.status == 200 and answer.json()["status"] == "offline"
+
+
+@pytest.mark.parametrize(("expected", "generation"), [(1, 1), (0, 2)])
+def test_a_transition_takes_the_heartbeat_fence(registered: ClusterDouble, expected: int, generation: int) -> None:
+    assert _transition(registered, "draining", expected, generation).code == "worker_session_fenced"
+
+
+def test_a_transition_with_another_status_is_a_bad_request(registered: ClusterDouble) -> None:
+    body = json.dumps({"schema": "qinglong/worker-session-transition@v1", "generation": 1, "expectedVersion": 0,
+                       "status": "online"}).encode()
+    assert call(registered, path("transition"), body).status == 400
