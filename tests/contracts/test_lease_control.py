@@ -238,7 +238,8 @@ def test_mutated_answers_are_valid_or_refused(key: str, value: Any, source: byte
     if result is not None and result.renews:
         assert result.lease_version == 4
         assert result.expires_at_ms is not None and result.renewed_at_ms is not None
-        assert result.expires_at_ms > result.renewed_at_ms >= 21
+        # renewedAtMs is not ordered against the stored lease (spec README "Decisions for clocks")
+        assert result.expires_at_ms > result.renewed_at_ms >= 0
     vr.only_call_errors(lambda: lease_control_request_body(value), "lease_control_request_invalid")
 
 
