@@ -52,11 +52,13 @@ PLAN: dict[str, tuple[list[str], list[str]]] = {
     "idle_writes": (["--cycles", "20"], ["--cycles", "5"]),
     "availability": (["--seconds", "20"], ["--seconds", "3", "--requests", "10000", "--timing-rounds", "300"]),
     "job_wrapper": (["--runs", "30", "--jobs", "4"], ["--runs", "5", "--jobs", "2"]),
+    "job_isolation": (["--runs", "30"], ["--runs", "5"]),
     "transport": (["--requests", "60", "--repetitions", "5"], ["--requests", "10", "--repetitions", "1"]),
     "storage_caps": (["--runs", "20000"], ["--runs", "2000", "--baseline-runs", "300", "--disk-runs", "100"]),
     "remote_execution": (["--runs", "7", "--window-s", "60"], ["--runs", "2", "--window-s", "15"]),
     "lease_writes": (["--window-s", "60"], ["--window-s", "12"]),
     "renewal_skew": (["--window-s", "12"], ["--window-s", "6", "--offsets-s=-600,0,600"]),
+    "inbox_week": (["--days", "7", "--baseline-days", "1"], ["--days", "1", "--baseline-days", "1"]),
 }
 TIMEOUT_S = 420
 _PR_SET_CHILD_SUBREAPER = 36

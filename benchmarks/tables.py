@@ -372,6 +372,37 @@ def job_wrapper(j: dict[str, Any]) -> list[Section]:
     return [Section("", rows, notes)]
 
 
+def job_isolation(j: dict[str, Any]) -> list[Section]:
+    if "skipped" in j:
+        return [Section("", [], [f"Skipped: {j['skipped']}"])]
+    cycle, cpu, running, added = j["cycle_ms_median"], j["cycle_cpu_ms_median"], j["running"], j["added"]
+    met, targets = j["met"], j["targets"]
+
+    def mib(kib: float) -> str:
+        return _r(kib * MIB_PER_KIB, 2)
+
+    rows = [
+        Row("a `/bin/true` job, start to reaped (ms)", cycle["ours"], cycle["baseline"],
+            _ratio(cycle["ours"], cycle["baseline"])),
+        Row("CPU of that process tree (ms)", cpu["ours"], cpu["baseline"], _ratio(cpu["ours"], cpu["baseline"])),
+        Row("added CPU per launch (ms)", added["cpu_ms"], target=f"<= {targets['cpu_ms']}", met=met["cpu_ms"]),
+        Row("while a job runs: private memory (USS) of the wrapper (+ the init) (MiB)",
+            mib(running["ours"]["uss_kib"]), mib(running["baseline"]["uss_kib"])),
+        Row("added private memory per job, the init included (MiB)", mib(added["private_kib"]),
+            target=f"<= {mib(targets['private_kib'])}", met=met["private_kib"]),
+        Row("their PSS (MiB)", mib(running["ours"]["pss_kib"]), mib(running["baseline"]["pss_kib"])),
+    ]
+    notes = [
+        f"Ours: a PID namespace ({j['level']}), read-only binds, the memory leaf "
+        f"({'v1/v2 memory' if j['memory_leaf'] else 'none here'}); baseline: today's user + mount namespace, "
+        "no PID namespace, no memory leaf. Both with a log, a fact and a receipt, and the per-run cgroups "
+        f"({'yes' if j['cgroups'] else 'none here'}); `oom_score_adj` 1000 is in both.",
+        "USS = private clean + dirty pages; PSS shares the pages the init still shares with its wrapper.",
+        f"{j['runs']} runs of each, interleaved; medians.",
+    ]
+    return [Section("", rows, notes)]
+
+
 def transport(j: dict[str, Any]) -> list[Section]:
     raw, renewal, upload = j["handshake_raw_ssl_cpu_ms"], j["renewal_cpu_ms_per_call"], j["upload_rss_growth_mib"]
     rows = [
@@ -542,6 +573,24 @@ def generic(j: dict[str, Any]) -> list[Section]:
     return [Section("", rows, ["No table for this benchmark yet: see the raw JSON."])]
 
 
+def inbox_week(j: dict[str, Any]) -> list[Section]:
+    ours, base, cap = j["ours"], j["baseline"], j["inboxMaximumEntries"]
+    rows = [
+        Row("claims refused (inbox full while a task waited)", ours["claimsRefused"], base["claimsRefused"], None, "0",
+            ours["claimsRefused"] == 0),
+        Row("largest number of inbox entries after a cycle", ours["mostInboxFiles"], base["mostInboxFiles"], None,
+            f"<= {cap}", ours["mostInboxFiles"] <= cap),
+        Row("jobs offered / accepted / left unclaimed", f"{ours['offered']} / {ours['accepted']} / "
+            f"{ours['unclaimedAtEnd']}", f"{base['offered']} / {base['accepted']} / {base['unclaimedAtEnd']}"),
+        Row("wall time of the simulation (s)", ours["wallSeconds"], base["wallSeconds"]),
+    ]
+    notes = [f"{j['days']} virtual days (baseline {j['baselineDays']}) of one cron cycle a minute at the device's "
+             f"splay phase and a job every {j['everyMinutes']} minutes: the real cycle (retention, make_room, session "
+             "and claim pacing) on a real journal, the cluster double's state machine in process, the jobs through "
+             "the journal's own state steps. Baseline: finished records hold inbox entries (before issue 23)."]
+    return [Section("", rows, notes)]
+
+
 ADAPTERS: dict[str, Callable[[dict[str, Any]], list[Section]]] = {
     "journal": journal,
     "local_api": local_api,
@@ -553,9 +602,11 @@ ADAPTERS: dict[str, Callable[[dict[str, Any]], list[Section]]] = {
     "idle_writes": idle_writes,
     "availability": availability,
     "job_wrapper": job_wrapper,
+    "job_isolation": job_isolation,
     "transport": transport,
     "storage_caps": storage_caps,
     "remote_execution": remote_execution,
     "lease_writes": lease_writes,
     "renewal_skew": renewal_skew,
+    "inbox_week": inbox_week,
 }

@@ -58,7 +58,8 @@ Shape (camelCase, like the QingLong configs; defaults in brackets)::
         "maxLogBytes": 1024-67108864,               [1048576]
         "maxTotalLogBytes": 1048576-1099511627776,  [4 MiB edge, 256 MiB standalone; >= maxLogBytes x maxConcurrentRuns]
         "cgroups": "auto" | "off",                  ["auto"]
-        "maxRunPids": 0-4194304                     [16 edge, 28 standalone; 0: no cap]
+        "maxRunPids": 0-4194304,                    [16 edge, 28 standalone; 0: no cap]
+        "maxRunMemoryBytes": 4194304-1099511627776  [16 MiB edge, 512 MiB standalone: the job's memory leaf]
       }
     }
 
@@ -99,6 +100,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_CONFIG_PATH",
     "DEFAULT_RUNTIME_DIRECTORY",
+    "DEFAULT_RUN_MEMORY",
     "DEFAULT_SPLAY_MAX_MS",
     "SCHEMA",
     "EdgeConfig",
@@ -124,6 +126,13 @@ ENV_CONFIG = "QINGLONG_EDGE_CONFIG"
 #: ``execution.maxRunPids`` by profile. Edge: Local 2 Runs x 16 + remote 1 x 16 + the
 #: agent's own threads fit the 64-task envelope (docs/architecture.md, "PIDs").
 DEFAULT_RUN_PIDS = {"edge": 16, "standalone": 28}
+#: ``execution.maxRunMemoryBytes`` by profile: the memory limit of one job's cgroup leaf
+#: (its wrapper is outside it). Edge: on a 128 MiB router, OpenWrt itself (~24 MiB), serve
+#: and a resident pull (~22 MiB each), 3 job wrappers with the init (~4 MiB each) and
+#: 2 Local + 1 remote jobs at 16 MiB fit (README, "What a remote job can do").
+DEFAULT_RUN_MEMORY = {"edge": 16 * 1024 * 1024, "standalone": 512 * 1024 * 1024}
+MIN_RUN_MEMORY = 4 * 1024 * 1024
+MAX_RUN_MEMORY = 1 << 40
 MAX_CONFIG_BYTES = 64 * 1024
 _WORKER_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
 
@@ -329,6 +338,7 @@ class ExecutionConfig(Frozen):
         "max_run_pids",
         "max_total_log_bytes",
         "work_directory",
+        "max_run_memory_bytes",
     )
 
     max_concurrent_runs: int
@@ -345,10 +355,13 @@ class ExecutionConfig(Frozen):
     #: Working directory and ``HOME`` of a Run whose task names none (``""``: the caller
     #: must give one, e.g. tests; the parser's default is ``<stateDirectory>/work``).
     work_directory: str
+    #: The memory limit of each job's cgroup leaf (bytes; ``None``: no leaf, e.g. tests).
+    max_run_memory_bytes: int | None
 
     def __init__(self, max_concurrent_runs: int, terminate_grace_ms: int, kill_grace_ms: int,  # noqa: PLR0917 (the dataclass signature)
                  control_interval_ms: int, log_directory: str, max_log_bytes: int, cgroups: str,
-                 max_run_pids: int = 0, max_total_log_bytes: int = 4 * 1024 * 1024, work_directory: str = "") -> None:
+                 max_run_pids: int = 0, max_total_log_bytes: int = 4 * 1024 * 1024, work_directory: str = "",
+                 max_run_memory_bytes: int | None = None) -> None:
         _set = object.__setattr__
         _set(self, "max_concurrent_runs", max_concurrent_runs)
         _set(self, "terminate_grace_ms", terminate_grace_ms)
@@ -360,6 +373,7 @@ class ExecutionConfig(Frozen):
         _set(self, "max_run_pids", max_run_pids)
         _set(self, "max_total_log_bytes", max_total_log_bytes)
         _set(self, "work_directory", work_directory)
+        _set(self, "max_run_memory_bytes", max_run_memory_bytes)
 
 
 class EdgeConfig(Frozen):
@@ -598,6 +612,8 @@ def _parse_execution(sec: _Section, state_dir: str, profile: str) -> ExecutionCo
         max_log_bytes=sec.integer("maxLogBytes", 1024, 64 * 1024 * 1024, 1024 * 1024),
         cgroups=sec.choice("cgroups", ("auto", "off"), "auto"),
         max_run_pids=sec.integer("maxRunPids", 0, 4_194_304, DEFAULT_RUN_PIDS[profile]),
+        max_run_memory_bytes=sec.integer("maxRunMemoryBytes", MIN_RUN_MEMORY, MAX_RUN_MEMORY,
+                                         DEFAULT_RUN_MEMORY[profile]),
         max_total_log_bytes=sec.integer(
             "maxTotalLogBytes", _MIB, 1024 * 1024 * _MIB, (4 if profile == "edge" else 256) * _MIB
         ),

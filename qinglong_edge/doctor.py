@@ -322,27 +322,71 @@ def check_cgroups() -> Check:
     )
 
 
+def check_memory(config: EdgeConfig) -> Check:
+    """Whether jobs run in a memory leaf of their own (issue 24: ``execution.maxRunMemoryBytes``),
+    found as the launch finds it (:class:`~qinglong_edge.process.cgroups.CgroupManager`).
+
+    Not required: without one a job's memory is bounded only by the service's (systemd
+    ``MemoryMax=``) or the device's; jobs still get ``oom_score_adj`` 1000, so the kernel's
+    OOM killer takes a job before the agent.
+    """
+    from qinglong_edge.process.cgroups import CgroupManager
+    from qinglong_edge.worker.remote_files import remote_limits
+
+    execution = config.execution
+    if execution is not None:
+        mode, limit = execution.cgroups, execution.max_run_memory_bytes
+    else:
+        limits = remote_limits(config)
+        mode, limit = limits.cgroups, limits.max_run_memory_bytes
+    manager = CgroupManager.detect(mode, memory_max=limit)
+    mib = f"{(limit or 0) / (1024 * 1024):g} MiB"
+    if manager.memory_available:
+        where = "cgroup v2" if manager.v2_memory else "cgroup v1 memory"
+        return Check("memory", True, False, f"each job runs in a memory leaf of its own ({where}): {mib}, no swap; "
+                     "an OOM kill there is reported as the job's outcome (out_of_memory)")
+    why = manager.memory_reason or manager.reason or "cgroups are off"
+    return Check("memory", False, False,
+                 f"no memory limit for jobs ({why}); they still get oom_score_adj 1000: the kernel's OOM killer "
+                 "takes a job before the agent",
+                 "systemd: Delegate=yes with DelegateSubgroup=agent (systemd >= 254), as the shipped units do; "
+                 "elsewhere run the agent as root or in a delegated cgroup leaf")
+
+
 def check_isolation(config: EdgeConfig) -> Check:
     """Which isolation a remote job gets, by running one (spec README, "Isolation").
 
     Not required: without it the device still works, and the detail says plainly what a
-    remote job can then read.
+    remote job can then read and change. With it, the detail names the PID level (none,
+    PID namespace, PID namespace with private /proc) and, below the highest, why.
     """
     from qinglong_edge.process.isolation import probe_isolation
-    from qinglong_edge.worker.job_isolation import remote_hidden_paths
+    from qinglong_edge.worker.job_isolation import remote_hidden_paths, remote_readonly_paths
 
     paths = ", ".join(remote_hidden_paths(config))
+    readonly = ", ".join(remote_readonly_paths(config)) or "none"
     base = config.state_directory if _exists(config.state_directory) else None
     probe = probe_isolation(base)
     if probe.available:
+        level = probe.level
+        pid = {"none": "no PID namespace: they see every process and may signal the agent's",
+               "PID namespace": "a PID namespace: they cannot signal or trace the agent, but see the host's "
+                                "/proc (no private /proc: " + probe.pid_reason + ")",
+               }.get(level, "a PID namespace with a private /proc: they see and reach only their own processes")
+        if level == "none":
+            pid += f" ({probe.pid_reason})"
         return Check("isolation", True, False,
-                     f"remote jobs run in a private user+mount namespace ({probe.via}); hidden from them: {paths} "
-                     "(they still see other processes, may signal the agent's, and share the network)")
+                     f"remote jobs run in a private user+mount namespace ({probe.via}), level: {level} ({pid}); "
+                     f"hidden from them: {paths}; read-only for them: {readonly} (they share the network)",
+                     "" if level == "PID namespace with private /proc" else
+                     "allow the PID namespace and a fresh /proc: systemd RestrictNamespaces=user mnt pid without "
+                     "ProtectKernelTunables= and ProtectKernelLogs= (as the shipped pull unit does)")
     user = f"uid {os.geteuid()}"
     return Check(
         "isolation", False, False,
-        f"no isolation for remote jobs ({probe.reason}); a remote job runs as {user}, the agent's user, and can "
-        f"read everything it can: {paths}",
+        f"no isolation for remote jobs ({probe.reason}), level: none; a remote job runs as {user}, the agent's "
+        f"user, and can read everything it can: {paths}, change what it can (the agent's runtime directory, "
+        "journal and state included), and signal and trace the agent",
         probe.remedy or "see the README, Security model",
     )
 
@@ -604,6 +648,59 @@ def check_runtime_directory(worker: WorkerConfig) -> Check:
     return Check("runtime_dir", True, False, detail + " (RAM: an idle pull writes nothing to persistent storage)")
 
 
+def _runtime_paths(worker: WorkerConfig) -> list[str]:
+    """This journal's runtime directories that exist: the configured one, the fallback."""
+    from qinglong_edge.worker.runtime import FALLBACK_NAME, journal_key
+
+    return [path for path in (os.path.join(worker.runtime_directory, journal_key(worker.journal_directory)),
+                              os.path.join(worker.journal_directory, FALLBACK_NAME)) if os.path.isdir(path)]
+
+
+def check_runtime_files(worker: WorkerConfig) -> Check:
+    """Damaged files in the runtime directory (issue 23): each is named with what the agent
+    does about it (never a permanent error; read-only here, nothing is repaired)."""
+    from qinglong_edge.worker.runtime_files import damaged_files
+
+    found: list[str] = []
+    for path in _runtime_paths(worker):
+        try:
+            found += [f"{os.path.join(path, name)}: {problem}: {meaning}"
+                      for name, problem, meaning in damaged_files(path)]
+        except OSError as exc:
+            found.append(f"{path}: cannot be listed ({exc.strerror})")
+    if not found:
+        return Check("runtime_files", True, False, "no damaged file in the runtime directory")
+    return Check("runtime_files", False, False, "; ".join(found),
+                 "nothing to do: the next pull treats each as said (or remove the file)")
+
+
+def check_identity(worker: WorkerConfig) -> Check | None:
+    """Another device uses this worker id (issue 23 item 6): the quiet window, if any."""
+    from qinglong_edge.worker.identity_guard import THRESHOLD, WINDOW_MS, IdentityGuard, conflict_message
+    from qinglong_edge.worker.runtime import RuntimeDirectory
+
+    for path in _runtime_paths(worker):
+        try:
+            store = RuntimeDirectory.existing(path)  # nothing is created
+        except OSError:
+            continue
+        try:
+            state = IdentityGuard(store, worker.worker_id).describe()
+        finally:
+            store.close()
+        if state["quietMs"] > 0:
+            return Check("worker_identity", False, False,
+                         conflict_message(worker.worker_id, -(-state["quietMs"] // 60_000)),
+                         "give each device its own worker id and credential (the cluster issues them)")
+        if state["foreignReplacements"]:
+            return Check("worker_identity", False, False,
+                         f"a session this device did not register replaced its session {state['foreignReplacements']}"
+                         f" times in the last {WINDOW_MS // 60_000} minutes (at {THRESHOLD} it stops claiming for "
+                         f"{WINDOW_MS // 60_000} minutes): another device may use worker id {worker.worker_id}",
+                         "give each device its own worker id and credential (the cluster issues them)")
+    return None
+
+
 def _file_system_type(path: str) -> str | None:
     """The type of the mount holding ``path`` (``/proc/self/mountinfo``), or None."""
     try:
@@ -801,34 +898,53 @@ def check_local_store_caps(config: EdgeConfig) -> list[Check]:
 
 
 def check_journal_caps(config: EdgeConfig) -> list[Check]:
-    """The worker journal's inbox and ``abandoned/`` against their caps (read-only)."""
+    """The worker journal's inbox and ``abandoned/`` against their caps (read-only).
+
+    Issue 23: only records that still need this device hold inbox entries; finished ones
+    make room (the oldest first) and go after ``inboxRetentionMs``. A warning when records
+    in flight fill the inbox (no claim is made) or finished ones are past retention.
+    """
     worker = config.worker
     if worker is None or not _exists(worker.journal_directory):
         return []
     from qinglong_edge.errors import EdgeError
-    from qinglong_edge.worker.journal import TERMINAL_STATES
     from qinglong_edge.worker.journal_view import JournalReader
 
+    now = int(time.time() * 1000)
     try:
         with JournalReader.open(worker.journal_directory) as reader:
             ids = reader.list_offers()
-            terminal_times = []
+            finished_times = []
+            busy = 0
+            if ids:
+                from qinglong_edge.worker.remote_files import in_flight
             for offer_id in ids:
                 record = reader.read_offer(offer_id)
-                if record is not None and record["state"] in TERMINAL_STATES:
-                    terminal_times.append(int(record["updatedAtMs"]))
+                if record is None:
+                    continue
+                if in_flight(record, now):
+                    busy += 1
+                else:
+                    finished_times.append(int(record["updatedAtMs"]))
             abandoned = reader.count_abandoned()
     except EdgeError as exc:
         return [Check("store_inbox", False, False, f"{worker.journal_directory}: {exc.code}",
                       "run `qinglong-edge inbox list` for the details")]
-    now = int(time.time() * 1000)
-    oldest = max((now - t for t in terminal_times), default=None)
+    cap = worker.inbox_maximum_entries
+    oldest = max((now - t for t in finished_times), default=None)
     due = oldest is not None and oldest > worker.inbox_retention_ms
+    detail = (f"{busy} of {cap} entries held by records that need this device; {len(finished_times)} finished"
+              + ("" if oldest is None else f" (oldest {_days(max(0, oldest))} of {_days(worker.inbox_retention_ms)};"
+                 " the oldest goes when room is needed)"))
+    if busy >= cap:
+        remedy = ("no claim is made until one of them ends: `qinglong-edge inbox list` shows them (the resident "
+                  "pull drives each to its end); `qinglong-edge inbox discard OFFER_ID --yes --force` gives one up")
+    elif due:
+        remedy = "every pull cycle prunes them; `qinglong-edge admin prune` does it now"
+    else:
+        remedy = ""
     return [
-        _cap("store_inbox", not due and len(ids) <= worker.inbox_maximum_entries,
-             f"{len(ids)} records of {worker.inbox_maximum_entries} ({len(terminal_times)} terminal"
-             + ("" if oldest is None else f", oldest {_days(max(0, oldest))} of {_days(worker.inbox_retention_ms)}")
-             + ")"),
+        Check("store_inbox", busy < cap and not due, False, detail, remedy),
         _cap("store_abandoned", abandoned <= worker.abandoned_maximum_entries,
              f"{abandoned} abandoned claims of {worker.abandoned_maximum_entries}"),
     ]
@@ -877,6 +993,10 @@ def run_checks(config: EdgeConfig) -> list[Check]:
             if not ok:
                 broken.append(journal)
         checks.append(check_runtime_directory(worker))
+        checks.append(check_runtime_files(worker))
+        identity = check_identity(worker)
+        if identity is not None:
+            checks.append(identity)
         files = {
             "worker_credential": (worker.credential_file, "credential file", 0o077),
             "worker_private_key": (worker.private_key_file, "private key file", 0o077),
@@ -908,6 +1028,8 @@ def run_checks(config: EdgeConfig) -> list[Check]:
             ))
     if config.execution is not None:
         checks.append(check_cgroups())
+    if config.execution is not None or worker is not None:
+        checks.append(check_memory(config))
     if worker is not None:
         checks.append(check_isolation(config))
     checks.append(check_clock())

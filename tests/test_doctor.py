@@ -381,3 +381,19 @@ def test_doctor_fails_a_keyring_that_serve_refuses_with_serves_words(
     assert str(pepper["detail"]) in served.stderr  # serve's very line
     assert remedy in str(pepper["remedy"])
     keyring.chmod(0o700)  # let pytest clean up (0500)
+
+
+def test_memory_says_whether_jobs_get_a_memory_leaf(tmp_path: pathlib.Path) -> None:
+    """Issue 24 item 3: found as the launch finds it (CgroupManager with the configured
+    execution.maxRunMemoryBytes); not required either way."""
+    from qinglong_edge.process.cgroups import CgroupManager
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    check = _checks(run_cli("--config", str(_worker_config(tmp_path, state)), "doctor", "--json").json())["memory"]
+    assert check["required"] is False
+    if CgroupManager.detect("auto", memory_max=16 << 20).memory_available:
+        assert check["ok"] and "16 MiB, no swap" in check["detail"] and "out_of_memory" in check["detail"]
+    else:
+        assert not check["ok"] and "no memory limit for jobs" in check["detail"] and "oom_score_adj 1000" in \
+            check["detail"]

@@ -10,8 +10,10 @@
 (:class:`qinglong_edge.local.retention.Pruner`) until every cap holds, safe while
 ``serve`` runs (each step is one SQLite transaction; rows go before files). With a
 ``worker`` section it also prunes the journal: terminal inbox records past
-``inboxRetentionMs`` and abandoned claims beyond ``abandonedMaximumEntries`` (skipped,
-and said so, while a ``pull`` owns the journal). Exit 0; 74 when the store fails.
+``inboxRetentionMs``, the oldest terminal one when the inbox files fill
+``inboxMaximumEntries`` (so the next claim has room, as a pull would make it), and
+abandoned claims beyond ``abandonedMaximumEntries`` (skipped, and said so, while a
+``pull`` owns the journal). Exit 0; 74 when the store fails.
 
 ``admin runs log`` prints the log of the Run's latest attempt (or ``--attempt N``):
 the first ``--max-bytes`` bytes (default: ``execution.maxLogBytes``, else 1 MiB; at most
@@ -65,7 +67,7 @@ def _prune_journal(config: Any) -> dict[str, Any]:
         if exc.code == "already_owned":
             return {"skipped": "a pull owns the journal (it prunes it every cycle)"}
         raise
-    from qinglong_edge.worker.remote_files import process_gone, remove_job_files, worker_record_files
+    from qinglong_edge.worker.remote_files import in_flight, process_gone, remove_job_files, worker_record_files
 
     def remove_files(record: dict[str, Any]) -> None:  # the remote run's log, receipt, fact
         files = worker_record_files(worker, record)
@@ -73,7 +75,12 @@ def _prune_journal(config: Any) -> dict[str, Any]:
             remove_job_files(files)
 
     with journal:
-        inbox = journal.prune_inbox(now_ms(), process_gone=process_gone, remove_files=remove_files)
+        now = now_ms()
+        kept: list[dict[str, Any]] = []
+        inbox = journal.prune_inbox(now, process_gone=process_gone, remove_files=remove_files, kept=kept)
+        # Issue 23: an inbox that finished records fill gets one entry free now, as the next
+        # pull would make it (the oldest finished first); records in flight are never touched.
+        inbox += journal.make_room(lambda r: not in_flight(r, now), remove_files=remove_files, records=kept)
         abandoned = journal.prune_abandoned()
         left = len(journal.list_offers())
     return {"inboxRecords": inbox, "abandonedClaims": abandoned, "inboxLeft": left}
@@ -129,7 +136,8 @@ def _prune(args: argparse.Namespace) -> int:
         if "skipped" in journal:
             lines.append(f"journal: skipped: {journal['skipped']}")
         else:
-            lines.append(f"journal: {len(journal['inboxRecords'])} terminal inbox records past retention,"
+            lines.append(f"journal: {len(journal['inboxRecords'])} terminal inbox records removed (past retention,"
+                         " or the oldest to free an entry of a full inbox),"
                          f" {len(journal['abandonedClaims'])} abandoned claims beyond the bound removed;"
                          f" {journal['inboxLeft']} inbox records left")
     if args.json:

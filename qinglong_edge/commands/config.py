@@ -48,7 +48,8 @@ agent's default applies, or the key is reported as required)::
     config execution 'execution'                 execution   (rendered only when enabled=1)
         enabled          0|1
         max_concurrent_runs  terminate_grace_ms  kill_grace_ms  control_interval_ms
-        max_log_bytes  max_run_pids  max_total_log_bytes  execution.<camelCase>, integers
+        max_log_bytes  max_run_pids  max_total_log_bytes  max_run_memory_bytes
+                                 execution.<camelCase>, integers
         log_directory            execution.logDirectory
         work_directory           execution.workDirectory
         cgroups                  execution.cgroups
@@ -195,6 +196,7 @@ UCI_SCHEMA: tuple[UciSectionType, ...] = (
         _text("cgroups", "cgroups"),
         _int("max_run_pids", "maxRunPids"),
         _int("max_total_log_bytes", "maxTotalLogBytes"),
+        _int("max_run_memory_bytes", "maxRunMemoryBytes"),
     )),
 )
 _BY_TYPE = {section.type: section for section in UCI_SCHEMA}

@@ -7,7 +7,9 @@ take the owner lock (records change only by atomic link/rename), so they work wh
 * ``list``: per record its offerId, state, runId, attemptId, acceptedAtMs, the job's
   exit code (from its receipt, or what the resident pull noted in the runtime
   directory once the receipt is deleted; none before the job ended or after a reboot),
-  the log path and its size (none once deleted).
+  the log path and its size (none once deleted), whether it is in flight; then what
+  fills the inbox (``capacity``: ``maximumEntries``, ``inFlight``, ``finished``): only
+  records in flight count against ``worker.inboxMaximumEntries``, finished ones make room.
 * ``show OFFER_ID``: the record with the lease token replaced by ``"[redacted]"`` (the
   record holds no secret otherwise: the callback token is only its digest), then one
   ``# exit code: ..; log: ..; in flight: ..`` line (with ``--json`` a ``local`` object:
@@ -179,12 +181,15 @@ def _list(args: argparse.Namespace) -> int:
                         "exitCode": local["exitCode"],
                         "logPath": local["logPath"] if local["logBytes"] is not None else None,
                         "logBytes": local["logBytes"],
+                        "inFlight": local["inFlight"],
                     })
         finally:
             if runtime is not None:
                 runtime.close()
+    busy = sum(1 for row in rows if row["inFlight"])
+    capacity = {"maximumEntries": worker.inbox_maximum_entries, "inFlight": busy, "finished": len(rows) - busy}
     if args.json:
-        print_json({"ok": True, "offers": rows})
+        print_json({"ok": True, "offers": rows, "capacity": capacity})
         return 0
     if not rows:
         print("inbox: empty")
@@ -196,7 +201,21 @@ def _list(args: argparse.Namespace) -> int:
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
         print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+    print(capacity_line(len(rows), capacity))
     return 0
+
+
+def capacity_line(records: int, capacity: dict[str, int]) -> str:
+    """What fills the inbox (issue 23): only records that need this device count against
+    ``worker.inboxMaximumEntries``; finished ones make room, the oldest first."""
+    cap, busy, done = capacity["maximumEntries"], capacity["inFlight"], capacity["finished"]
+    line = f"inbox: {records} records of {cap}: {busy} need this device, {done} finished"
+    if busy >= cap:
+        return line + ("; full: no claim is made until one of them ends (each is driven by the resident pull; "
+                       "`inbox discard OFFER_ID --yes --force` gives one up)")
+    if done:
+        line += "; the oldest finished record goes when room is needed (else after worker.inboxRetentionMs)"
+    return line
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -327,7 +346,7 @@ def _discard_here(config: Any, offer_id: str, busy: bool) -> str | None:
             from qinglong_edge.process.cgroups import CgroupManager
             from qinglong_edge.worker.remote_job import adopt, stop_job
 
-            cgroups = CgroupManager.detect(limits.cgroups)
+            cgroups = CgroupManager.detect(limits.cgroups, memory_max=limits.max_run_memory_bytes)  # its leaf too
             job = adopt(handle, cgroups if cgroups.available else None, record["offer"]["candidate"]["attemptId"])
             if job is not None:
                 result = stop_job(job, limits)

@@ -11,12 +11,13 @@ splay it checks the owner lock: a live owner (a resident pull) makes it exit 0 a
 =====  =====================================================================
 0      accepted, replayed, idle, backoff not yet due, no slot free (``no_slot``:
        every one holds a record in flight), another pull holds the journal (cron
-       overlap or a resident pull: "busy"), or SIGTERM/SIGINT to a resident pull
-       (persisted; its jobs go on and the next pull re-adopts them)
+       overlap or a resident pull: "busy"), or SIGTERM/SIGINT/SIGHUP to a resident
+       pull (persisted; its jobs go on and the next pull re-adopts them; its summary says
+       how long their leases have left and what to run)
 73/74  the journal's storage is unsafe / unavailable (the claim is intact)
 75     temporary: cluster unavailable or invalid response (claim kept, retried
        with backoff), claim abandoned (reported, a new claim next cycle), inbox
-       full (no claim made), clock not set, or aborted by SIGTERM/SIGINT
+       full (no claim made), clock not set, or aborted by SIGTERM/SIGINT/SIGHUP
 77     the cluster rejected the worker credential (401/403 on a session call or
        on the offer pull; the claim is kept and backs off)
 78     configuration, including unreadable credential/certificate/key files, a bad
@@ -26,8 +27,14 @@ splay it checks the owner lock: a live owner (a resident pull) makes it exit 0 a
        advertisement it started with), and
        ``unsupported_architecture``: QingLong cannot place work on this machine
        (mips...). Said in one line once per boot (remembered in the runtime
-       directory), then quietly (``--json`` still prints its line)
+       directory), then quietly (``--json`` still prints its line); and
+       ``identity_conflict``: another device uses this worker id (a cloned SD card):
+       no session call and no claim for 10 minutes
+       (:mod:`qinglong_edge.worker.identity_guard`)
 =====  =====================================================================
+
+Failures also go to stderr, once per distinct failure per hour with their remedy, where
+cron's logger and the pull unit's journal listen (:mod:`qinglong_edge.worker.failure_log`).
 
 Splay: before anything else (before the TLS client is even imported), the cycle waits
 for this device's stable phase in the minute (``worker.splayMaxMs``,
@@ -46,7 +53,7 @@ stderr).
 With ``--duration`` the status is the last cycle's (a ``credential_rejected`` cycle
 ends the loop at once).
 
-SIGTERM/SIGINT: a request in flight is aborted at once; a journal write in progress
+SIGTERM/SIGINT/SIGHUP: a request in flight is aborted at once; a journal write in progress
 finishes first; no new request starts. The pending claim stays, with the attempt's
 marker in the runtime directory, so the next cycle counts that attempt (its outcome
 is unknown) and replays the same offerId and token; the cluster answers
@@ -98,6 +105,10 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from types import FrameType
 
+    from qinglong_edge.config import WorkerConfig
+    from qinglong_edge.errors import EdgeError
+    from qinglong_edge.worker.failure_log import FailureLog
+
 _EXIT_BY_STATUS = {
     "accepted": 0,
     "replayed": 0,
@@ -112,6 +123,7 @@ _EXIT_BY_STATUS = {
 }
 _EXIT_BY_ERROR = {
     "credential_rejected": 77,
+    "identity_conflict": 78,
     "unsupported_architecture": 78,
     "credentials_unavailable": 78,
     "invalid_configuration": 78,
@@ -257,7 +269,10 @@ def _describe(report: object, device: dict[str, str | None]) -> str:
     elif status == "backoff":
         text = f"backoff: claim {result.offer_id} is due at {_iso(result.next_attempt_at_ms)}"
     elif status == "inbox_full":
-        text = "inbox full: no new claim made (see `qinglong-edge inbox list`)"
+        held = result.detail or "records that need this device fill it"
+        kept = f"claim {result.offer_id} kept, not sent" if result.offer_id else "no new claim made"
+        text = (f"inbox full: {held} (worker.inboxMaximumEntries; finished records make room); {kept} "
+                "(see `qinglong-edge inbox list`)")
     elif status == "abandoned":
         text = f"claim {result.offer_id} abandoned ({result.reason}); the next cycle makes a new claim"
     else:
@@ -440,7 +455,7 @@ def release_holder(worker: object) -> tuple[str, int | None]:
 
 def _run(args: argparse.Namespace) -> int:
     from qinglong_edge.config import load_config
-    from qinglong_edge.errors import ConfigError, JournalError, UsageError
+    from qinglong_edge.errors import ConfigError, EdgeError, JournalError, UsageError
     from qinglong_edge.worker.abort import AbortSignal, PullAborted
     from qinglong_edge.worker.session import platform_architecture
 
@@ -466,10 +481,12 @@ def _run(args: argparse.Namespace) -> int:
     def _notice(line: str) -> None:
         print(f"pull: warning: {line}", file=sys.stderr, flush=True)
 
-    previous = {sig: signal.signal(sig, _abort) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # SIGHUP (the terminal of a hand-run pull closed) is a SIGTERM: summary and handover.
+    previous = {sig: signal.signal(sig, _abort) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     # SIGUSR1 only wakes a resident pull (a forced `inbox discard`); its default would kill.
     previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda _signum, _frame: None)
     status = 0
+    failures = _FailureSink(worker)
     try:
         if _resident_owner(worker):
             _check_capabilities_file(worker, architecture)
@@ -480,10 +497,14 @@ def _run(args: argparse.Namespace) -> int:
         for item in run_pull(worker, duration_s=args.duration, abort=abort, notice=_notice, config=config):
             if isinstance(item, CycleReport):
                 status = _exit_status(item)
+                payload = _with_remedy(item.to_json())
+                line = _describe(item, device)
                 if args.json:
-                    print_json({"device": device, **_with_remedy(item.to_json())})
+                    print_json({"device": device, **payload})
                 else:
-                    print(_describe(item, device), flush=True)
+                    print(line, flush=True)
+                if status != 0 or item.error is not None:
+                    failures.say(line, payload)
                 continue
             # A record event or the resident summary (worker/runner_state.py, worker/resident.py).
             summary = getattr(item, "resident_ms", None) is not None
@@ -491,8 +512,12 @@ def _run(args: argparse.Namespace) -> int:
                 status = 0  # SIGTERM to a resident pull: persisted, jobs left running, exit 0
             if args.json:
                 print_json({**item.to_json(), "exitStatus": status} if summary else item.to_json())
-            elif summary or getattr(item, "event", "") not in _QUIET_EVENTS:
+            elif summary:
+                print(item.describe(resume=_resume_command(args)), flush=True)
+            elif getattr(item, "event", "") not in _QUIET_EVENTS:
                 print(item.describe(), flush=True)
+            if getattr(item, "event", "") in _FAILED_EVENTS:
+                failures.say(item.describe(), item.to_json())
     except PullAborted as exc:
         name = str(exc.signal_name)
         if args.json:
@@ -503,9 +528,61 @@ def _run(args: argparse.Namespace) -> int:
         return 75
     except JournalError as exc:
         if exc.code != "already_owned":
-            raise
+            return failures.failed(args, exc)
         return _busy(args)
+    except EdgeError as exc:
+        return failures.failed(args, exc)
     finally:
+        failures.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return status
+
+
+def _resume_command(args: argparse.Namespace) -> str:
+    """The command that takes a stopped pull's jobs over (said in its summary)."""
+    import shlex
+
+    config = getattr(args, "config", None)
+    return "qinglong-edge " + (f"--config {shlex.quote(config)} " if config else "") + "pull"
+
+
+#: Record events that are failures (said on stderr once an hour, as a failed cycle).
+_FAILED_EVENTS = frozenset({"call_failed", "storage_failed", "recovery_required"})
+
+
+class _FailureSink:
+    """Each failure of a pull to stderr once per distinct failure per hour, with its remedy
+    (issue 23 item 5: cron and the pull unit keep stderr, not stdout;
+    :mod:`qinglong_edge.worker.failure_log`). Imported only when a failure happens."""
+
+    def __init__(self, worker: WorkerConfig) -> None:
+        self._worker = worker
+        self._log: FailureLog | None = None
+
+    def say(self, line: str, payload: dict[str, object]) -> bool:
+        from qinglong_edge.worker.failure_log import FailureLog, failure_key
+
+        if self._log is None:
+            self._log = FailureLog(self._worker)
+        return self._log.say(line, failure_key(payload))
+
+    def failed(self, args: argparse.Namespace, exc: EdgeError) -> int:
+        """A failure that ends the pull (storage, the capabilities file, configuration read
+        at run time): the CLI's own line (``qinglong-edge: code: message``) on stderr once
+        per hour, on stdout the other times (a terminal always shows it; cron's logger gets
+        it once); ``--json`` prints the CLI's own JSON line (unchanged)."""
+        from qinglong_edge.errors import exit_status_for
+
+        status = exit_status_for(exc)
+        line = f"qinglong-edge: {exc.code}: {exc.message}"
+        said = self.say(line, {"status": "failed", "code": exc.code})
+        if args.json:
+            raise exc
+        if not said:
+            print(line, flush=True)
+        return status
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()

@@ -98,7 +98,7 @@ from qinglong_edge.execution.transitions import (
 )
 from qinglong_edge.local.run_logs import LEGACY_LOG_NAME, parse_log_name
 from qinglong_edge.local.store import Store, now_ms
-from qinglong_edge.process.cgroups import CgroupManager, RunCgroup
+from qinglong_edge.process.cgroups import CgroupManager, RunCgroup, out_of_memory
 from qinglong_edge.process.identity import decode_handle, inspect
 from qinglong_edge.process.stop import StopResult, stop
 
@@ -194,7 +194,8 @@ class ExecutionController:
     @property
     def cgroups(self) -> CgroupManager:
         if self._cgroups is None:
-            self._cgroups = CgroupManager.detect(self.config.cgroups, pids_max=self._pids_max)
+            self._cgroups = CgroupManager.detect(self.config.cgroups, pids_max=self._pids_max,
+                                                 memory_max=self.config.max_run_memory_bytes)
         return self._cgroups
 
     def start(self) -> None:
@@ -505,9 +506,10 @@ class ExecutionController:
         leftovers = self._stop(active.handle, active.cgroup)
         if leftovers.status == "stopped":
             _log.info("run %s: stopped leftover processes after the leader exited", active.run_id)
+        reason = out_of_memory(active.cgroup)
         status = self.store.run(lambda c: record_completion(
             c, active.run_id, active.attempt_id, exit_code=code, finished_at_ms=active.exited_at_ms or 0,
-            now_ms=self.clock(), new_id=self.new_id,
+            now_ms=self.clock(), new_id=self.new_id, reason=reason,
         ))
         _log.info("run %s: exited with %d: %s", active.run_id, code, status or "already recorded")
         self._finish(active, active.attempt_id)

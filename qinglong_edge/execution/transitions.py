@@ -351,8 +351,13 @@ def record_completion(
     finished_at_ms: int,
     now_ms: int,
     new_id: Callable[[], str] = new_uuid4,
+    reason: str | None = None,
 ) -> str | None:
     """The process exited by itself (observed by its parent, us): the completion path.
+
+    ``reason`` (``out_of_memory``: the kernel's OOM killer ended a process of the job in
+    its memory leaf) goes into the stored ``attempt.<status>`` event's payload; the wire's
+    RunEvent fields are unchanged (payloads are never served).
 
     Returns:
         the terminal status written, or ``None`` when the attempt was not ``running``
@@ -374,7 +379,8 @@ def record_completion(
         sequence = attempt.callback_sequence + 1
         ch.event(f"attempt.{status}", f"local-completion:{attempt_id}:{sequence}:attempt", ("executor", EXECUTOR),
                  {"attempt_id": attempt_id, "from_status": attempt.status, "to_status": status,
-                  "callback_sequence": sequence, "exit_code": exit_code, "version": 0})
+                  "callback_sequence": sequence, "exit_code": exit_code, "version": 0,
+                  **({"reason": reason} if reason is not None else {})})
         ch.event(f"run.{status}", f"local-completion:{attempt_id}:{sequence}:run", ("executor", EXECUTOR),
                  {"from_status": run.status, "to_status": status, "version": 0})
         ch.commit_rows(

@@ -15,6 +15,10 @@ budget and its subtree), else the hierarchy's root (root on a router without sys
 * cgroup v1 ``freezer``: freeze, SIGKILL every member, thaw (members cannot fork or
   exit while frozen, so the pid list is stable while we signal it).
 * cgroup v1 ``pids``: membership and an optional ``pids.max`` cap for the Run.
+* the job's memory leaf (``memory_max``, :mod:`qinglong_edge.process.cgroup_memory`): the
+  v1 ``memory`` hierarchy's ``qinglong-edge/<name>`` or, on v2 with the agent in a leaf of
+  a delegated cgroup, ``<name>/job`` beside ``<name>/wrapper``. The job enters it itself
+  (:meth:`RunCgroup.job_procs_files`); the wrapper never does.
 
 How a process gets in: the launcher starts the job through a tiny ``/bin/sh`` wrapper
 that writes its own pid (``$$``) into every ``cgroup.procs`` of :meth:`RunCgroup.procs_files`
@@ -24,8 +28,10 @@ in a process that has threads (the HTTP pool, the store thread).
 
 We never touch a cgroup we did not create: every path is ``<base>/qinglong-edge/<name>``
 with ``name`` matching the Local API id grammar, and :meth:`CgroupManager.owned_names`
-lists only that directory. No controller is ever enabled (``cgroup.subtree_control`` is
-not written), so cgroup v2's "no internal processes" rule never applies to our parent.
+lists only that directory. No controller is enabled (``cgroup.subtree_control`` is not
+written) but for the v2 memory leaves, and only below a cgroup that holds no process
+(:func:`qinglong_edge.process.cgroup_memory.v2_memory_base`), so cgroup v2's "no internal
+processes" rule never applies to the agent's own cgroup.
 Detection (``execution.cgroups``: ``auto`` | ``off``) happens once, at controller start,
 by creating and removing a probe cgroup.
 """
@@ -42,14 +48,24 @@ from collections.abc import Callable, Iterable
 from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.contracts.digest import random_hex
 from qinglong_edge.errors import ExecutionError
+from qinglong_edge.process.cgroup_memory import (
+    JOB_LEAF,
+    WRAPPER_LEAF,
+    create_v1_leaf,
+    create_v2_leaves,
+    oom_kills,
+    v2_memory_base,
+)
 from qinglong_edge.process.identity import read_proc_stat
 
 __all__ = [
+    "OUT_OF_MEMORY",
     "PARENT",
     "CgroupManager",
     "Hierarchy",
     "RunCgroup",
     "find_hierarchies",
+    "out_of_memory",
     "own_cgroups",
     "signal_pids",
 ]
@@ -94,7 +110,7 @@ def _unescape_mount(text: str) -> str:
 
 
 def find_hierarchies(mountinfo: str) -> list[Hierarchy]:
-    """The v2, v1 freezer and v1 pids mounts in a ``/proc/self/mountinfo`` text.
+    """The v2, v1 freezer, v1 pids and v1 memory mounts in a ``/proc/self/mountinfo`` text.
 
     Only mounts of the hierarchy root (mountinfo field 4 is ``/``) are used: below a
     bind-mounted sub-tree the paths in ``/proc/<pid>/cgroup`` would not line up.
@@ -114,10 +130,10 @@ def find_hierarchies(mountinfo: str) -> list[Hierarchy]:
         if fstype == "cgroup2":
             found.setdefault("v2", Hierarchy("v2", mount))
         elif fstype == "cgroup":
-            for kind in ("freezer", "pids"):
+            for kind in ("freezer", "pids", "memory"):
                 if kind in options:
                     found.setdefault(kind, Hierarchy(kind, mount))
-    return [found[k] for k in ("v2", "freezer", "pids") if k in found]
+    return [found[k] for k in ("v2", "freezer", "pids", "memory") if k in found]
 
 
 def own_cgroups(text: str) -> dict[str, str]:
@@ -133,7 +149,7 @@ def own_cgroups(text: str) -> dict[str, str]:
         controllers = set(parts[1].split(",")) if parts[1] else set()
         if parts[0] == "0" and not controllers:
             found.setdefault("v2", parts[2])
-        for kind in ("freezer", "pids"):
+        for kind in ("freezer", "pids", "memory"):
             if kind in controllers:
                 found.setdefault(kind, parts[2])
     return found
@@ -223,11 +239,14 @@ class RunCgroup:
         paths: hierarchy kind -> directory.
     """
 
-    __slots__ = ("name", "paths")
+    __slots__ = ("leaves", "name", "paths")
 
-    def __init__(self, name: str, paths: dict[str, str] | None = None) -> None:
+    def __init__(self, name: str, paths: dict[str, str] | None = None, *, leaves: bool = False) -> None:
         self.name = name
         self.paths: dict[str, str] = {} if paths is None else paths
+        #: v2 with a memory leaf: the wrapper in ``<v2>/wrapper``, the job in ``<v2>/job``
+        #: (:mod:`qinglong_edge.process.cgroup_memory`).
+        self.leaves = leaves
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -241,19 +260,48 @@ class RunCgroup:
         return f"RunCgroup(name={self.name!r}, paths={self.paths!r})"
 
     def procs_files(self) -> list[str]:
-        """The ``cgroup.procs`` files the launched process must write its pid into."""
-        return [os.path.join(path, "cgroup.procs") for path in self.paths.values()]
+        """The ``cgroup.procs`` files the job wrapper writes its pid into (not the memory
+        leaf: that one is the job's, :meth:`job_procs_files`)."""
+        return [os.path.join(self._wrapper_dir(kind, path), "cgroup.procs")
+                for kind, path in self.paths.items() if kind != "memory"]
 
-    def _membership_path(self) -> str:
-        for kind in ("v2", "freezer", "pids"):
+    def _wrapper_dir(self, kind: str, path: str) -> str:
+        return os.path.join(path, WRAPPER_LEAF) if kind == "v2" and self.leaves else path
+
+    def job_procs_files(self) -> list[str]:
+        """The ``cgroup.procs`` of the job's memory leaf, entered by the job itself (the
+        wrapper's forked child) before anything else: empty without one."""
+        leaf = self.memory_leaf()
+        return [] if leaf is None else [os.path.join(leaf, "cgroup.procs")]
+
+    def memory_leaf(self) -> str | None:
+        """The job's memory cgroup (v2 ``<run>/job``, v1 the memory hierarchy's), or None."""
+        if self.leaves and "v2" in self.paths:
+            return os.path.join(self.paths["v2"], JOB_LEAF)
+        return self.paths.get("memory")
+
+    def oom_kills(self) -> int | None:
+        """Processes of the job the kernel's OOM killer ended in its memory leaf (its
+        ``oom_kill`` counter), or None without a leaf or a counter."""
+        leaf = self.memory_leaf()
+        return None if leaf is None else oom_kills(leaf, v2=self.leaves and "v2" in self.paths)
+
+    def _membership_paths(self) -> list[str]:
+        for kind in ("v2", "freezer", "pids", "memory"):
             if kind in self.paths:
-                return os.path.join(self.paths[kind], "cgroup.procs")
+                base = self.paths[kind]
+                if kind == "v2" and self.leaves:
+                    return [os.path.join(base, leaf, "cgroup.procs") for leaf in (WRAPPER_LEAF, JOB_LEAF)]
+                return [os.path.join(base, "cgroup.procs")]
         raise ExecutionError("cgroup has no hierarchy", code="provider_unavailable")
 
     def members(self) -> set[int]:
         """Pids of the processes in the Run's cgroup (v2 if present, else v1)."""
         try:
-            return _read_pids(self._membership_path())
+            found: set[int] = set()
+            for path in self._membership_paths():
+                found |= _read_pids(path)
+            return found
         except OSError as exc:
             raise ExecutionError(f"cgroup {self.name}: {exc.strerror}", code="provider_unavailable") from None
 
@@ -326,7 +374,9 @@ class RunCgroup:
         A directory that still holds processes (EBUSY) is kept; it is swept later.
         """
         left = False
-        for path in self.paths.values():
+        leaves = [os.path.join(self.paths["v2"], leaf) for leaf in (WRAPPER_LEAF, JOB_LEAF)
+                  ] if self.leaves and "v2" in self.paths else []
+        for path in [*leaves, *self.paths.values()]:
             try:
                 os.rmdir(path)
             except FileNotFoundError:
@@ -334,6 +384,17 @@ class RunCgroup:
             except OSError:
                 left = True
         return not left
+
+
+#: The outcome's reason when the kernel's OOM killer ended a process in the job's memory leaf.
+OUT_OF_MEMORY = "out_of_memory"
+
+
+def out_of_memory(cgroup: RunCgroup | None) -> str | None:
+    """:data:`OUT_OF_MEMORY` when the job's memory leaf counted an OOM kill (read before
+    the cgroup is removed), else None (no leaf, no counter, no kill)."""
+    kills = cgroup.oom_kills() if cgroup is not None else None
+    return OUT_OF_MEMORY if kills else None
 
 
 def _probe(parent: str) -> bool:
@@ -359,16 +420,29 @@ class CgroupManager:
         hierarchies: the usable hierarchies, v2 first.
         reason: why cgroups are not used, when they are not.
         pids_max: per-Run ``pids.max`` on the v1 pids hierarchy (``None``: no cap).
+        memory_max: the job's memory limit in bytes (``None``: no memory leaf asked for).
+        v2_memory: the v2 hierarchy's run cgroups get ``wrapper``/``job`` leaves, the
+            job's with ``memory.max`` (:mod:`qinglong_edge.process.cgroup_memory`).
+        memory_reason: why jobs get no memory leaf although ``memory_max`` asks for one.
     """
 
-    def __init__(self, hierarchies: list[Hierarchy], *, reason: str = "", pids_max: int | None = None) -> None:
+    def __init__(self, hierarchies: list[Hierarchy], *, reason: str = "", pids_max: int | None = None,
+                 memory_max: int | None = None, v2_memory: bool = False, memory_reason: str = "") -> None:
         self.hierarchies = hierarchies
         self.reason = reason
         self.pids_max = pids_max
+        self.memory_max = memory_max
+        self.v2_memory = v2_memory
+        self.memory_reason = memory_reason
 
     @property
     def available(self) -> bool:
         return bool(self.hierarchies)
+
+    @property
+    def memory_available(self) -> bool:
+        """Jobs run in a memory leaf with ``memory_max`` (v2 or the v1 memory hierarchy)."""
+        return self.memory_max is not None and (self.v2_memory or any(h.kind == "memory" for h in self.hierarchies))
 
     @classmethod
     def detect(
@@ -378,11 +452,15 @@ class CgroupManager:
         mountinfo_path: str = "/proc/self/mountinfo",
         self_cgroup_path: str = "/proc/self/cgroup",
         pids_max: int | None = None,
+        memory_max: int | None = None,
     ) -> CgroupManager:
         """Find the hierarchies where we can create and remove a probe cgroup.
 
         Per hierarchy the agent's own cgroup is tried first, then the hierarchy root.
-        Never raises: any failure leaves that hierarchy out (and all out for ``off``).
+        With ``memory_max``, the v1 memory hierarchy is used too, or, on v2, the layout of
+        :mod:`qinglong_edge.process.cgroup_memory` where the agent's cgroup allows it
+        (else ``memory_reason`` says why not). Never raises: any failure leaves that
+        hierarchy out (and all out for ``off``).
         """
         if mode == "off":
             return cls([], reason="disabled by configuration (execution.cgroups=off)")
@@ -395,7 +473,16 @@ class CgroupManager:
         except OSError:
             own = {}
         usable = []
+        v2_memory, memory_reason = False, ""
         for hierarchy in find_hierarchies(mountinfo):
+            if hierarchy.kind == "memory" and memory_max is None:
+                continue
+            if hierarchy.kind == "v2" and memory_max is not None:
+                base, memory_reason = v2_memory_base(hierarchy.mount, own.get("v2", "/"))
+                if base is not None and _probe(Hierarchy("v2", hierarchy.mount, base).parent):
+                    usable.append(Hierarchy("v2", hierarchy.mount, base))
+                    v2_memory = True
+                    continue
             bases = []
             relative = own.get(hierarchy.kind, "/").strip("/")
             if relative and ".." not in relative.split("/"):
@@ -407,8 +494,14 @@ class CgroupManager:
                     usable.append(candidate)
                     break
         if not usable:
-            return cls([], reason="no writable cgroup hierarchy")
-        return cls(usable, pids_max=pids_max)
+            return cls([], reason="no writable cgroup hierarchy", memory_max=memory_max,
+                       memory_reason="no writable cgroup hierarchy")
+        if memory_max is None or v2_memory or any(h.kind == "memory" for h in usable):
+            memory_reason = ""
+        else:
+            memory_reason = memory_reason or "no writable memory cgroup hierarchy (v1 memory or v2 with memory)"
+        return cls(usable, pids_max=pids_max, memory_max=memory_max, v2_memory=v2_memory,
+                   memory_reason=memory_reason)
 
     def _check_name(self, name: str) -> None:
         if not _NAME.fullmatch(name):
@@ -441,6 +534,13 @@ class CgroupManager:
                 group.paths[hierarchy.kind] = path
                 if hierarchy.kind == "pids" and self.pids_max is not None:
                     _write(os.path.join(path, "pids.max"), str(self.pids_max))
+                elif hierarchy.kind == "memory" and self.memory_max is not None:
+                    create_v1_leaf(path, self.memory_max)
+                elif hierarchy.kind == "v2" and self.v2_memory and self.memory_max is not None:
+                    group.leaves = True
+                    if group.members():
+                        raise ExecutionError(f"cgroup {name} already holds processes", code="cgroup_unavailable")
+                    create_v2_leaves(path, self.memory_max, self.pids_max)
         except OSError as exc:
             group.remove()
             raise ExecutionError(f"cgroup {name}: {exc.strerror}", code="cgroup_unavailable") from None
@@ -458,6 +558,8 @@ class CgroupManager:
             path = os.path.join(hierarchy.parent, name)
             if os.path.isdir(path):
                 group.paths[hierarchy.kind] = path
+                if hierarchy.kind == "v2" and os.path.isdir(os.path.join(path, JOB_LEAF)):
+                    group.leaves = True
         return group if group.paths else None
 
     def owned_names(self) -> set[str]:

@@ -23,11 +23,13 @@ the covers, and dropping that again needs a second nested namespace and options
 program. ``opkg install python3-ctypes`` is the
 remedy :func:`probe_isolation` gives.
 
-What isolation does not do: the job still sees every process in ``/proc`` and may signal
-those of the agent's user (same uid; no PID namespace), and it shares the network.
-What it does beyond the covers: processes outside its user namespace (the agent, other
-jobs) are out of reach of ``/proc/<pid>/root``, ``/environ``, ``/fd``, ``/mem`` and
-``ptrace`` (the kernel demands the same user namespace or ``CAP_SYS_PTRACE`` over theirs).
+What isolation does not do: the job shares the network, and without a PID namespace
+(level ``none``) it sees every process and may signal those of the agent's user. What
+it does beyond the covers: processes outside its user namespace (the agent, other jobs)
+are out of reach of ``/proc/<pid>/root``, ``/environ``, ``/fd``, ``/mem`` and ``ptrace``
+(the kernel demands the same user namespace or ``CAP_SYS_PTRACE`` over theirs); in its
+PID namespace (the probe's levels: :data:`PID_LEVELS`) it can signal none of them, and
+with a private ``/proc`` it sees none.
 """
 
 from __future__ import annotations
@@ -39,13 +41,20 @@ import time
 
 from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.errors import EdgeError
-from qinglong_edge.process.spawn import Isolation, JobSpec, start_job
+from qinglong_edge.process.spawn import (
+    PID_NAMESPACE,
+    PID_NONE,
+    PID_PRIVATE_PROC,
+    Isolation,
+    JobSpec,
+    start_job,
+)
 
-__all__ = ["IsolationProbe", "probe_isolation"]
+__all__ = ["PID_LEVELS", "IsolationProbe", "probe_isolation"]
 
 #: What the probe job runs: ``python -I -S -c CHECK SECRET`` in the kept directory.
 _CHECK = """
-import sys
+import os, sys
 try:
     open(sys.argv[1], "rb").read()
     print("visible")
@@ -56,7 +65,15 @@ except OSError as exc:
 with open("written", "w") as handle:
     handle.write("ok")
 print("cwd-writable")
+print("pid", os.getpid())
+print("proc", os.readlink("/proc/self"))
 """
+#: What the PID levels mean, for people (doctor, the README).
+PID_LEVELS = {
+    PID_NONE: "no PID namespace",
+    PID_NAMESPACE: "a PID namespace",
+    PID_PRIVATE_PROC: "a PID namespace with a private /proc",
+}
 
 
 class IsolationProbe(Frozen):
@@ -69,24 +86,38 @@ class IsolationProbe(Frozen):
             ``"ctypes unshare(2) + mount(2)"``; ``""`` otherwise.
         reason: one line: what was verified, or why it is not available.
         remedy: what to do about it (``""`` when available or unknown).
+        pid: the PID level that works with it (``Isolation.pid``): ``none``, ``pidns``
+            or ``pidns+proc`` (``none`` when not available).
+        pid_reason: why the PID level is not the highest (``""`` when it is).
     """
 
-    __slots__ = ("available", "mechanism", "via", "reason", "remedy")  # noqa: RUF023 (field order)
+    __slots__ = ("available", "mechanism", "via", "reason", "remedy", "pid", "pid_reason")  # noqa: RUF023
 
     available: bool
     mechanism: str
     via: str
     reason: str
     remedy: str
+    pid: str
+    pid_reason: str
 
-    def __init__(self, available: bool, mechanism: str, via: str, reason: str,
-                 remedy: str = "") -> None:
+    def __init__(self, available: bool, mechanism: str, via: str, reason: str,  # noqa: PLR0917
+                 remedy: str = "", pid: str = PID_NONE, pid_reason: str = "") -> None:
         _set = object.__setattr__
         _set(self, "available", available)
         _set(self, "mechanism", mechanism)
         _set(self, "via", via)
         _set(self, "reason", reason)
         _set(self, "remedy", remedy)
+        _set(self, "pid", pid)
+        _set(self, "pid_reason", pid_reason)
+
+    @property
+    def level(self) -> str:
+        """What doctor reports: ``none``, ``PID namespace`` or ``PID namespace with private /proc``."""
+        if not self.available or self.pid == PID_NONE:
+            return "none"
+        return "PID namespace" if self.pid == PID_NAMESPACE else "PID namespace with private /proc"
 
 
 def _read(path: str) -> str | None:
@@ -126,28 +157,65 @@ def probe_isolation(work_directory: str | None = None, *, timeout_s: float = 30.
     The probe makes ``<work_directory>/.isolation-probe-<hex>/`` with a hidden directory
     holding a secret file and a kept working directory inside it, runs
     ``python -I -S -c CHECK`` there under the job wrapper with that directory hidden, and
-    checks from the job's output that the secret was invisible and the working directory
-    writable (and from outside that the write landed). Everything is removed afterwards.
-    Costs two Python start-ups (some 50 ms here, about a second on a slow router).
+    checks from the job's output that the secret was invisible, the working directory
+    writable (and from outside that the write landed), and which PID level holds: it
+    asks for a PID namespace with a private ``/proc`` first (the job must be PID 2 and
+    ``/proc/self`` must say so), then, when the kernel refuses the ``/proc`` mount (a
+    locked overmount such as systemd's ``ProtectKernelTunables=``), a PID namespace
+    alone, then, when the PID namespace itself is refused (systemd
+    ``RestrictNamespaces=`` without ``pid``), none. Everything is removed afterwards.
+    Costs two Python start-ups per attempt (some 50 ms here, about a second on a slow
+    router); one attempt where everything works.
 
     Args:
         work_directory: an existing directory the agent's user can write
             (default: ``$TMPDIR`` or ``/tmp``).
-        timeout_s: how long the probe job may take.
+        timeout_s: how long each probe job may take.
         python: the wrapper's interpreter (default ``sys.executable``, as for jobs).
 
     Returns:
         an :class:`IsolationProbe`; never raises for a platform that cannot isolate.
     """
-    via = "os.unshare + ctypes mount(2)" if hasattr(os, "unshare") else "ctypes unshare(2) + mount(2)"
     if not sys.platform.startswith("linux"):
         return IsolationProbe(False, "none", "", f"not Linux ({sys.platform}): no user namespaces")
+    found = _attempt(work_directory, PID_PRIVATE_PROC, timeout_s, python)
+    if isinstance(found, IsolationProbe):
+        return found
+    first = found
+    if "private /proc" in first:
+        found = _attempt(work_directory, PID_NAMESPACE, timeout_s, python)
+        if isinstance(found, IsolationProbe):
+            return _lower(found, "the kernel refused a private /proc (a locked overmount of /proc, e.g. "
+                                 f"systemd ProtectKernelTunables=): {first}")
+    found = _attempt(work_directory, PID_NONE, timeout_s, python)
+    if isinstance(found, IsolationProbe):
+        return _lower(found, f"the kernel refused a PID namespace (systemd RestrictNamespaces= without pid?): {first}")
+    return _failure(found)
+
+
+def _lower(probe: IsolationProbe, why: str) -> IsolationProbe:
+    return IsolationProbe(probe.available, probe.mechanism, probe.via, probe.reason, probe.remedy, probe.pid,
+                          why[:300])
+
+
+def _failure(text: str) -> IsolationProbe:
+    """The probe's result when no level worked, from its last failure text."""
+    if text.startswith("qinglong-edge: "):
+        reason, remedy = _why(text[len("qinglong-edge: "):])
+        return IsolationProbe(False, "none", "", reason, remedy)
+    return IsolationProbe(False, "none", "", text)
+
+
+def _attempt(work_directory: str | None, pid: str, timeout_s: float, python: str | None) -> IsolationProbe | str:
+    """One probe job at ``pid``: the :class:`IsolationProbe` when it held, else the text of
+    what went wrong (a wrapper line ``qinglong-edge: ...`` when the job did not start)."""
+    via = "os.unshare + ctypes mount(2)" if hasattr(os, "unshare") else "ctypes unshare(2) + mount(2)"
     base = work_directory or os.environ.get("TMPDIR") or "/tmp"  # noqa: S108 - a private 0700 subdirectory
     root = os.path.join(base, f".isolation-probe-{os.urandom(8).hex()}")
     try:
         os.mkdir(root, 0o700)
     except OSError as exc:
-        return IsolationProbe(False, "none", "", f"cannot probe in {base}: {exc.strerror}")
+        return f"cannot probe in {base}: {exc.strerror}"
     try:
         hidden = os.path.join(root, "hidden")
         cwd = os.path.join(hidden, "work")
@@ -157,11 +225,11 @@ def probe_isolation(work_directory: str | None = None, *, timeout_s: float = 30.
             handle.write("secret")
         log = os.path.join(root, "probe.log")
         spec = JobSpec([sys.executable, "-I", "-S", "-c", _CHECK, secret], {}, cwd, log, 4096,
-                       drain_ms=0, isolation=Isolation(hide=[hidden]), label="isolation-probe")
+                       drain_ms=0, isolation=Isolation(hide=[hidden], pid=pid), label="isolation-probe")
         try:
             job = start_job(spec, ready_timeout_s=timeout_s, python=python)
         except EdgeError as exc:
-            return IsolationProbe(False, "none", "", f"the probe job could not start: {exc}")
+            return f"the probe job could not start: {exc}"
         job.release()
         deadline = time.monotonic() + timeout_s
         code = None
@@ -171,21 +239,29 @@ def probe_isolation(work_directory: str | None = None, *, timeout_s: float = 30.
                 time.sleep(0.01)
         if code is None:
             job.abort()
-            return IsolationProbe(False, "none", "", f"the probe job did not finish within {timeout_s:g} s")
+            return f"the probe job did not finish within {timeout_s:g} s"
         output = _read(log) or ""
         lines = output.splitlines()
         written = _read(os.path.join(cwd, "written")) == "ok"
-        if code == 0 and lines == ["hidden", "cwd-writable"] and written:
+        if code == 0 and lines[:2] == ["hidden", "cwd-writable"] and written and _pid_held(pid, lines[2:]):
             return IsolationProbe(True, "user+mount namespace", via,
-                                  "verified: a hidden file was invisible to a job and its working directory writable")
+                                  "verified: a hidden file was invisible to a job and its working directory writable",
+                                  pid=pid)
         if lines and lines[0].startswith("qinglong-edge: "):
-            reason, remedy = _why(lines[0][len("qinglong-edge: "):])
-            return IsolationProbe(False, "none", "", reason, remedy)
+            return lines[0]
         if lines[:1] == ["visible"]:
-            return IsolationProbe(False, "none", "", "the probe job could read a hidden file")
-        return IsolationProbe(False, "none", "", f"the probe job ended with {code}: {output[:200]!r}")
+            return "the probe job could read a hidden file"
+        return f"the probe job ended with {code}: {output[:200]!r}"
     finally:
         with contextlib.suppress(OSError):
             import shutil  # not at the top: a resident pull probes once per boot and needs no more
 
             shutil.rmtree(root)
+
+
+def _pid_held(pid: str, lines: list[str]) -> bool:
+    """The job's ``pid N`` and ``proc N`` lines match the PID level asked for."""
+    if pid == PID_NONE:
+        return True
+    seen = dict(line.split(" ", 1) for line in lines if " " in line)
+    return seen.get("pid") == "2" and (pid != PID_PRIVATE_PROC or seen.get("proc") == "2")

@@ -30,6 +30,9 @@ __all__ = [
     "MAX_SPEC_BYTES",
     "NOT_FOUND",
     "NOT_STARTED",
+    "PID_NAMESPACE",
+    "PID_NONE",
+    "PID_PRIVATE_PROC",
     "READY",
     "RELEASE",
     "Isolation",
@@ -83,6 +86,11 @@ class Publication:
         return f"Publication({self.path!r}, <{len(self.prefix)} bytes>)"
 
 
+#: :attr:`Isolation.pid` values: no PID namespace, one (the host's ``/proc`` stays
+#: mounted), one with a private ``/proc`` (the levels ``doctor`` reports).
+PID_NONE, PID_NAMESPACE, PID_PRIVATE_PROC = "none", "pidns", "pidns+proc"
+
+
 class Isolation:
     """A private user + mount namespace for the job (spec README, "Isolation").
 
@@ -91,19 +99,30 @@ class Isolation:
             read-only tmpfs, a file a read-only ``/dev/null``); missing ones are skipped.
         keep: absolute paths below a hidden directory that stay visible and writable
             (the job's ``cwd`` is kept automatically).
+        readonly: absolute paths the job still sees but only read-only (each bound onto
+            itself read-only: write EROFS, rename or unlink EBUSY); missing ones skipped.
+        pid: :data:`PID_NONE`, :data:`PID_NAMESPACE` (a PID namespace whose PID 1 is our
+            init, the command PID 2 in a session of its own) or :data:`PID_PRIVATE_PROC`
+            (the same with a private ``/proc``).
 
     The job fails with 126 (one line in its log, never run) when the namespace cannot be
-    made; :func:`qinglong_edge.process.isolation.probe_isolation` says beforehand.
+    made; :func:`qinglong_edge.process.isolation.probe_isolation` says beforehand which
+    level works.
     """
 
-    __slots__ = ("hide", "keep")
+    __slots__ = ("hide", "keep", "pid", "readonly")
 
-    def __init__(self, hide: Sequence[str], keep: Sequence[str] = ()) -> None:
+    def __init__(self, hide: Sequence[str], keep: Sequence[str] = (), readonly: Sequence[str] = (),
+                 pid: str = PID_NONE) -> None:
+        if pid not in (PID_NONE, PID_NAMESPACE, PID_PRIVATE_PROC):
+            raise _invalid(f"isolation pid level must be {PID_NONE}, {PID_NAMESPACE} or {PID_PRIVATE_PROC}")
         self.hide = tuple(hide)
         self.keep = tuple(keep)
+        self.readonly = tuple(readonly)
+        self.pid = pid
 
     def __repr__(self) -> str:
-        return f"Isolation(hide={self.hide!r}, keep={self.keep!r})"
+        return f"Isolation(hide={self.hide!r}, keep={self.keep!r}, readonly={self.readonly!r}, pid={self.pid!r})"
 
 
 class JobSpec:
@@ -254,6 +273,8 @@ def encode_spec(spec: JobSpec, cgroup: RunCgroup | None = None) -> bytearray:
         if cgroup is not None:
             for procs in cgroup.procs_files():
                 _frame(buffer, b"cgroup", _path(procs, "cgroup.procs"))
+            for procs in cgroup.job_procs_files():
+                _frame(buffer, b"jobcgroup", _path(procs, "cgroup.procs"))
         _frame(buffer, b"argv", _path(spec.argv[0], "argv[0]"))
         for arg in spec.argv[1:]:
             raw = os.fsencode(arg)
@@ -305,6 +326,10 @@ def encode_spec(spec: JobSpec, cgroup: RunCgroup | None = None) -> bytearray:
                 _frame(buffer, b"hide", _path(path, "a hidden path"))
             for path in spec.isolation.keep:
                 _frame(buffer, b"keep", _path(path, "a kept path"))
+            for path in spec.isolation.readonly:
+                _frame(buffer, b"readonly", _path(path, "a read-only path"))
+            if spec.isolation.pid != PID_NONE:
+                _frame(buffer, b"pidns", b"proc" if spec.isolation.pid == PID_PRIVATE_PROC else b"noproc")
         _lease_frames(buffer, spec)
         _frame(buffer, b"end")
     except BaseException:

@@ -65,6 +65,9 @@ from qinglong_edge.process.jobspec import (
     MAX_SPEC_BYTES,
     NOT_FOUND,
     NOT_STARTED,
+    PID_NAMESPACE,
+    PID_NONE,
+    PID_PRIVATE_PROC,
     READY,
     RELEASE,
     Isolation,
@@ -86,6 +89,9 @@ __all__ = [
     "MAX_SPEC_BYTES",
     "NOT_FOUND",
     "NOT_STARTED",
+    "PID_NAMESPACE",
+    "PID_NONE",
+    "PID_PRIVATE_PROC",
     "READY",
     "RELEASE",
     "HeldJob",
@@ -202,9 +208,20 @@ def remember_wrapper_bytecode(python: str, data: bytes) -> bool:
     e.g. in its runtime directory, from an earlier :func:`wrapper_bytecode`), so this
     process need not run the compiler. Only an image that starts with this interpreter's
     magic number is taken (True), and only for ``sys.executable``; the caller keys its
-    cache by the interpreter and the source's digest."""
+    cache by the interpreter and the source's digest. An image that does not load as one
+    code object (truncated or garbage after the header: a damaged cache) is refused
+    (False), so the caller compiles again: a damaged cache never fails every launch."""
     magic = getattr(sys.modules.get("_frozen_importlib_external"), "MAGIC_NUMBER", None)
     if python != sys.executable or not isinstance(magic, bytes) or len(data) <= 16 or not data.startswith(magic):
+        return False
+    import marshal  # built in; only here (a cached image is checked once per process)
+
+    try:
+        # Our own cache (a private file of this user, which runs it anyway): checked, not trusted more.
+        code = marshal.loads(memoryview(data)[16:])  # noqa: S302
+    except (EOFError, ValueError, TypeError):
+        return False
+    if type(code).__name__ != "code":
         return False
     _bytecode[python] = data
     return True

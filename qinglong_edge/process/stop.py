@@ -17,7 +17,9 @@ SIGKILL, grace); the spec README and field-lessons.md 3-5 add what we do beyond 
    forwards any more: the group is signalled directly. (The wrapper, a child subreaper,
    also passes the TERM on to its descendants outside the group, ends its leftovers itself
    and reaps them before it exits: see its module.) Then every member of the Run's
-   cgroup outside the group (``setsid`` escapees, which no ``killpg`` reaches). Those are
+   cgroup outside the group (``setsid`` escapees, which no ``killpg`` reaches), but not
+   those in a PID namespace below the leader's (an isolated remote job: its init, in the
+   wrapper's group, passes the TERM on to each of them once). Those are
    pinned with a pidfd first and re-verified afterwards (still in the cgroup, still
    outside the group) before the signal goes through the pidfd, so a pid that exits and
    is recycled between enumeration and signal is never hit (ESRCH is tolerated). Poll
@@ -76,7 +78,7 @@ from qinglong_edge.process.identity import (
     scan_processes,
 )
 
-__all__ = ["MAX_GRACE_MS", "StopResult", "stop"]
+__all__ = ["MAX_GRACE_MS", "StopResult", "pid_namespace_depth", "stop"]
 
 #: Upper bound of every grace and poll interval (local-api.md 7.3).
 MAX_GRACE_MS = 30_000
@@ -215,12 +217,15 @@ class _Target:
             return
         pgid = self.identity.pgid
         cgroup = self.cgroup
+        depth = pid_namespace_depth(self.identity.pid)
 
         def outside_group(pids: set[int]) -> set[int]:
             found = set()
             for pid in pids:
                 stat = read_proc_stat(pid)
-                if stat is not None and stat.pgrp != pgid:
+                # A process in a PID namespace below the leader's is reached through that
+                # namespace's init (the wrapper's: it passes the TERM on to each, once).
+                if stat is not None and stat.pgrp != pgid and not pid_namespace_depth(pid) > depth:
                     found.add(pid)
             return found
 
@@ -230,10 +235,14 @@ class _Target:
         """Live descendants of the running leader outside its group, by ppid (``/proc``).
 
         The job wrapper is a child subreaper, so while it runs every process the job left
-        (a ``setsid`` escapee whose parent exited included) is below it."""
+        (a ``setsid`` escapee whose parent exited included) is below it. Those in a PID
+        namespace below the leader's are left out: they die with their init, which is in
+        the group (the kernel ends a PID namespace whose init dies), so the job and its
+        wrapper end at once, as for a job in the wrapper's group."""
         if self.leader() is not Liveness.RUNNING:
             return set()
         pgid = self.identity.pgid
+        depth = pid_namespace_depth(self.identity.pid)
         children: dict[int, list[tuple[int, bool]]] = {}
         for s in scan_processes():
             children.setdefault(s.ppid, []).append((s.pid, s.pgrp != pgid and not s.exited))
@@ -245,7 +254,7 @@ class _Target:
                 if pid not in seen:
                     seen.add(pid)
                     todo.append(pid)
-                    if outside:
+                    if outside and not pid_namespace_depth(pid) > depth:
                         found.add(pid)
         return found
 
@@ -264,6 +273,20 @@ class _Target:
         self._signal_group(signal.SIGKILL)
         if self.cgroup is not None:
             self.cgroup.kill()
+
+
+def pid_namespace_depth(pid: int) -> int:
+    """How many PID namespaces ``pid`` is in, as seen from ours (``NSpid:`` in
+    ``/proc/<pid>/status``: one pid per level); 1 when unreadable or gone, or before
+    Linux 4.1 (no ``NSpid``)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("NSpid:"):
+                    return max(1, len(line.split()) - 1)
+    except OSError:
+        pass
+    return 1
 
 
 def _check_duration(name: str, value: int) -> None:

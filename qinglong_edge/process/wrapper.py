@@ -36,8 +36,14 @@ Protocol (all bytes):
 4. The wrapper forks the command: only fds 0 (``/dev/null``), 1 and 2 (the write end of
    its output pipe), default signal dispositions, an empty signal mask, the wrapper's
    process group and session, the spec's ``cwd`` and exactly the spec's environment; with
-   ``isolate``, first a private user + mount namespace hiding the ``hide`` paths (see
-   :func:`_isolate`). A failed ``exec`` (or ``chdir``, or isolation) writes one line into
+   ``isolate``, first a private user + mount namespace hiding the ``hide`` paths and
+   binding the ``readonly`` ones read-only (see :func:`_isolate`); with ``pidns`` also a
+   PID namespace whose PID 1 is our init, the command PID 2 in a session of its own
+   (:func:`_pid_namespace`, :func:`_init_loop`: the init passes signals on, reaps orphans,
+   ends leftovers and exits with the command's status, which is then the wrapper's
+   "command"). Before that the child raises its ``oom_score_adj`` to 1000 and enters the
+   ``jobcgroup`` leaves (the job's memory leaf: the wrapper stays outside it). A failed
+   ``exec`` (or ``chdir``, or isolation) writes one line into
    the log and ends with :data:`CANNOT_EXECUTE` (126) or, for a missing file,
    :data:`NOT_FOUND` (127), as a shell would.
 5. While the command runs (and after, while the wrapper drains and publishes): a TERM, INT
@@ -75,7 +81,9 @@ Protocol (all bytes):
    ms clamped >= ``startedatms``). Each is a temp file ``.<name>.<32 hex>.tmp`` (0600,
    ``O_EXCL``), written, fsynced, ``link``\\ ed to its name (an existing file is never
    replaced), the directory fsynced, the temp name unlinked. Then the wrapper exits E:
-   the command's exit code, or 128 + the signal that killed it.
+   the command's exit code, or 128 + the signal that killed it. (The directories of the
+   log, fact and receipt that the wrapper made at the start, 0700, had their parents
+   fsynced then: :func:`fsync_parents`.)
 
 If the wrapper itself is killed (SIGKILL to the group, the OOM killer), nothing is
 published: that is the caller's "No receipt" case. If the agent dies after the release,
@@ -92,6 +100,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import ctypes
     import signal as _signal
     from collections.abc import Callable
 
@@ -144,11 +153,14 @@ TAGS = {
     b"isolate": "'userns': a private user + mount namespace, or the job does not run",
     b"hide": "repeated: an absolute path the isolated job must not see",
     b"keep": "repeated: an absolute path under a hidden one that stays visible",
+    b"readonly": "repeated: an absolute path the isolated job sees read-only (bound onto itself)",
+    b"pidns": "'proc' or 'noproc': a PID namespace (our init as PID 1), with or without a private /proc",
+    b"jobcgroup": "repeated: a cgroup.procs file the job (not the wrapper) enters: its memory leaf",
     b"leasefile": "absolute path of the agent's lease file of this job: stop it by its lease (step 5a)",
     b"leasestop": "absolute path of the mark created when the job is stopped for its lease",
     b"end": "the last frame (empty)",
 }
-REPEATED = frozenset({b"cgroup", b"argv", b"env", b"hide", b"keep"})
+REPEATED = frozenset({b"cgroup", b"argv", b"env", b"hide", b"keep", b"readonly", b"jobcgroup"})
 COMM = b"qinglong-job"
 _CHUNK = 65536
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -170,6 +182,20 @@ MS_REMOUNT = 32
 MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
+CLONE_NEWPID = 0x20000000
+MS_NOATIME = 1024
+MS_NODIRATIME = 2048
+MS_RELATIME = 1 << 21
+#: statvfs f_flag bit -> the mount(2) flag a remount in a user namespace must repeat.
+_ST_TO_MS = ((1, MS_RDONLY), (2, MS_NOSUID), (4, MS_NODEV), (8, MS_NOEXEC), (1024, MS_NOATIME),
+             (2048, MS_NODIRATIME), (4096, MS_RELATIME))
+#: The job's ``/proc/self/oom_score_adj``: the kernel's OOM killer takes a job before the agent.
+JOB_OOM_SCORE_ADJ = 1000
+#: Attempts to publish the receipt (and the fact) on a failing or full disk; waits between (s).
+PUBLISH_ATTEMPTS = 5
+_PUBLISH_WAIT_S = 0.1
+#: Marks the init's pid on the failure pipe (never in a failure text: those have no NUL).
+_INIT_MARK = b"\0init "
 #: statvfs f_flag bits that a remount of a bind must keep (locked in a user namespace).
 _ST_KEEP = 1 | 2 | 4 | 8 | 1024 | 2048 | 4096
 
@@ -317,7 +343,8 @@ def _absolute(path: bytes, what: str) -> bytes:
 
 
 def open_directory(path: bytes, what: str) -> int:
-    """An ``O_DIRECTORY`` fd of ``path``, creating missing directories 0700 on the way.
+    """An ``O_DIRECTORY`` fd of ``path``, creating missing directories 0700 on the way
+    (each one's parent fsynced: :func:`fsync_parents`).
 
     The directory itself must not be a symlink (``O_NOFOLLOW``), must be ours and not
     writable by group/other (reference 4.3: the log directories are 0700 and not
@@ -330,11 +357,14 @@ def open_directory(path: bytes, what: str) -> int:
             missing = [path]
             while not os.path.isdir(os.path.dirname(missing[-1])) and os.path.dirname(missing[-1]) != missing[-1]:
                 missing.append(os.path.dirname(missing[-1]))
+            created = []
             for directory in reversed(missing):
                 try:
                     os.mkdir(directory, 0o700)
                 except FileExistsError:
-                    pass
+                    continue
+                created.append(directory)
+            fsync_parents(created)
             fd = os.open(path, _OPEN_DIR)
     except OSError as exc:
         raise SpecError(f"{what}_unavailable", f"{os.fsdecode(path)}: {exc.strerror}") from None
@@ -343,6 +373,20 @@ def open_directory(path: bytes, what: str) -> int:
         os.close(fd)
         raise SpecError(f"{what}_unavailable", f"{os.fsdecode(path)}: not ours or writable by group/other")
     return fd
+
+
+def fsync_parents(created: list[bytes]) -> None:
+    """fsync the parent of each directory just made (outermost first): a new directory's
+    name is durable only once its parent is, so a receipt published into ``receipts/<aa>/``
+    that this wrapper created survives a power loss (its own directory is fsynced when it
+    is published). Raises OSError (a launch failure: nothing ran yet)."""
+    for directory in created:
+        # The parent may be a symlink (OpenWrt's /var/run): followed, only fsynced.
+        fd = os.open(os.path.dirname(directory) or b"/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 class Publication:
@@ -628,6 +672,9 @@ class Job:
         self.isolate = isolate is not None
         self.hide = [_absolute(p, "hide") for p in spec.all(b"hide")]
         self.keep = [_absolute(p, "keep") for p in spec.all(b"keep")]
+        self.readonly = [_absolute(p, "readonly") for p in spec.all(b"readonly")]
+        self.pidns = _pid_level(spec.one(b"pidns"), self.isolate)
+        self.job_cgroups = [_open_job_cgroup(p) for p in spec.all(b"jobcgroup")]
         self.log = Log(spec.need(b"log"), cap, spec.one(b"notice", b"") or b"")
         self.fact = self.receipt = None
         if spec.one(b"fact") is not None:
@@ -818,7 +865,8 @@ def _under(path: bytes, root: bytes) -> bool:
     return path == root or path.startswith(root.rstrip(b"/") + b"/")
 
 
-def _isolate(hide: list[bytes], keep: list[bytes]) -> None:
+def _isolate(hide: list[bytes], keep: list[bytes], readonly: list[bytes] | None = None, *,
+             pid: bool = False) -> None:
     """Enter a private user + mount namespace in which the ``hide`` paths are empty.
 
     Runs in the forked child only, so the wrapper keeps the real view (its log, fact and
@@ -842,17 +890,15 @@ def _isolate(hide: list[bytes], keep: list[bytes]) -> None:
     """
     import ctypes
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    mount = libc.mount
-    mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-    mount.restype = ctypes.c_int
+    libc, mount = _libc_mount()
     uid, gid = os.geteuid(), os.getegid()
+    flags = CLONE_NEWUSER | CLONE_NEWNS | (CLONE_NEWPID if pid else 0)
     unshare = getattr(os, "unshare", None)
     if unshare is not None:
-        unshare(CLONE_NEWUSER | CLONE_NEWNS)
+        unshare(flags)
     else:
         libc.unshare.argtypes = [ctypes.c_int]
-        _libc_call(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), "unshare")
+        _libc_call(libc.unshare(flags), "unshare")
     try:
         _write_proc("/proc/self/setgroups", "deny")
     except FileNotFoundError:
@@ -893,6 +939,9 @@ def _isolate(hide: list[bytes], keep: list[bytes]) -> None:
                        f"remount {os.fsdecode(path)} read-only")
     for fd in kept.values():
         os.close(fd)
+    _bind_readonly(mount, [p for p in readonly or () if not any(_under(p, c) for c in covers)])
+    if uid == 0:
+        _drop_capabilities(libc)
 
 
 def _cover(mount: _Mount, path: bytes) -> bool:
@@ -912,6 +961,231 @@ def _cover(mount: _Mount, path: bytes) -> bool:
     return True
 
 
+def _libc_mount() -> tuple[ctypes.CDLL, _Mount]:
+    """libc (``ctypes``) and its ``mount(2)``, typed; in a forked child only."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    mount = libc.mount
+    mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    mount.restype = ctypes.c_int
+    return libc, mount
+
+
+def _locked_flags(path: bytes) -> int:
+    """The ``mount(2)`` flags of the mount holding ``path`` that a remount in a user
+    namespace must keep (the kernel locks them: nosuid, nodev, noexec, the atime mode)."""
+    flags = os.statvfs(path).f_flag
+    return sum(ms for st, ms in _ST_TO_MS if flags & st and ms != MS_RDONLY)
+
+
+def _bind_readonly(mount: _Mount, paths: list[bytes]) -> None:
+    """Bind each existing path onto itself read-only (in the job's mount namespace only).
+
+    The agent reads these back (its configuration, trust anchors, its own code): a job
+    that could write them as the agent's user now gets EROFS, and EBUSY for a rename or
+    an unlink over them (a mount point); a hard link from elsewhere is EXDEV. A failure
+    is an isolation failure (the job does not run): these are promises, not best effort.
+    """
+    for path in sorted(set(paths), key=len):
+        try:
+            os.stat(path)
+        except FileNotFoundError:
+            continue
+        _libc_call(mount(path, path, None, MS_BIND | MS_REC, None), f"bind {os.fsdecode(path)}")
+        _libc_call(mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _locked_flags(path), None),
+                   f"remount {os.fsdecode(path)} read-only")
+
+
+#: prctl(2) option (<linux/prctl.h>): drop one capability from the bounding set.
+PR_CAPBSET_DROP = 24
+
+
+def _drop_capabilities(libc: ctypes.CDLL) -> None:
+    """An agent running as root: empty the bounding set, so that the job, root of its user
+    namespace, has no capability there after ``exec`` either (it could otherwise unmount
+    the covers, which it made itself: they are not locked). Its files are still its own.
+
+    Raises:
+        OSError: a capability could not be dropped (the job does not run).
+    """
+    import ctypes
+
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    for cap in range(64):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            code = ctypes.get_errno()
+            if code == errno.EINVAL:
+                return  # past the kernel's last capability
+            raise OSError(code, f"drop capability {cap}: {os.strerror(code)}")
+
+
+# -- memory: the job's cgroup leaf and its OOM score ----------------------------------------
+
+
+def _open_job_cgroup(procs_file: bytes) -> int:
+    """An open ``cgroup.procs`` of the job's memory leaf (checked now, entered by the job)."""
+    try:
+        return os.open(procs_file, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SpecError("cgroup_unavailable", f"{os.fsdecode(procs_file)}: {exc.strerror}") from None
+
+
+def _enter_job(job: Job) -> None:
+    """In the forked child, before anything: raise its OOM score and enter its leaves.
+
+    ``oom_score_adj`` 1000 makes the kernel's OOM killer take the job (and what it
+    starts: the value is inherited) before anything of the agent's, the wrapper
+    included; best effort (a job may lower it again, to the agent's level; the agent
+    never raises its own). The job, not its wrapper, then enters its memory leaf
+    (``jobcgroup``): a job at its limit is OOM-killed there and the wrapper lives on to
+    write the receipt.
+
+    Raises:
+        OSError: a leaf refused the job (reported as a start failure, 126).
+    """
+    try:
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, str(JOB_OOM_SCORE_ADJ).encode("ascii"))
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+    pid = str(os.getpid()).encode("ascii")
+    for fd in job.job_cgroups:
+        os.write(fd, pid)
+        os.close(fd)
+    job.job_cgroups = []
+
+
+# -- the PID namespace: our init as PID 1 ----------------------------------------------------
+
+
+def _pid_level(value: bytes | None, isolate: bool) -> bytes | None:
+    if value is None:
+        return None
+    if value not in (b"proc", b"noproc") or not isolate:
+        raise SpecError("invalid_spec", "pidns must be 'proc' or 'noproc', with isolate")
+    return value
+
+
+def _pid_namespace(job: Job, err_w: int) -> None:
+    """In the child that made the namespaces: fork the init, hand it over, exit.
+
+    The first process forked after ``unshare(CLONE_NEWPID)`` is PID 1 of the new
+    namespace: our init (this code, no ``exec``). Its pid goes to the wrapper on the
+    failure pipe; this process then exits, and the init re-parents to the wrapper (a
+    child subreaper). A TERM, INT or HUP that reached this process meanwhile is passed on
+    to the init, which keeps them blocked until it waits for them. The init mounts a
+    private ``/proc`` when asked (``pidns proc``), forks the command and returns in it
+    alone: PID 2, in a session of its own, goes on to ``exec``. The init itself never
+    returns (:func:`_init_loop`).
+
+    Raises:
+        OSError, ImportError: before the command exists (reported, 126).
+    """
+    init = os.fork()
+    if init > 0:
+        pending = _signal.sigpending()
+        _write_all(err_w, _INIT_MARK + str(init).encode("ascii") + b"\0")
+        for number in _FORWARDED:
+            if number in pending:
+                try:
+                    os.kill(init, number)
+                except OSError:
+                    pass
+        os._exit(0)
+    if job.pidns == b"proc":
+        _, mount = _libc_mount()
+        _libc_call(mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount a private /proc")
+    command = os.fork()
+    if command == 0:
+        os.setsid()
+        return
+    code = 255
+    try:
+        code = _init_loop(job, command, err_w)
+    finally:
+        os._exit(code)
+
+
+def _kill_all(number: int) -> None:
+    """From PID 1: ``number`` to every process of the namespace but ourselves, once each."""
+    try:
+        os.kill(-1, number)
+    except OSError:
+        pass  # ESRCH: nobody left
+
+
+def _init_loop(job: Job, command: int, err_w: int) -> int:
+    """The init's life: pass signals on, reap orphans, end leftovers; the command's code.
+
+    A TERM, INT or HUP sent from outside the namespace (the wrapper forwarding a stop:
+    ``si_pid`` 0) goes to every process of the namespace once (``kill(-1)``); one a job
+    sends to its init is dropped. When the command has exited, what it left gets one TERM
+    (none if a stop's TERM already reached it), then SIGKILL passes from
+    ``termgracems`` on, every 20 ms, until no child is left; a stop's TERM starts the same
+    clock. Then the init exits with the command's exit code (or 128 + its signal), which
+    the wrapper records as the command's: PID 1 of a namespace cannot die of most signals.
+    The signals stay blocked here since the wrapper blocked them before its fork, so none
+    is lost; they are taken with ``sigtimedwait``.
+    """
+    os.close(err_w)
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)  # the output pipe stays the job's alone: its end is the job's end
+    os.close(null)
+    watched = (*_FORWARDED, _signal.SIGCHLD)
+    status: int | None = None
+    termed = False
+    kill_at: float | None = None
+    while True:
+        while True:
+            try:
+                pid, raw = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return exit_code(status) if status is not None else 255
+            if pid == 0:
+                break
+            if pid == command:
+                status = raw
+        now = boot_s()
+        if status is not None and not termed:
+            termed = True
+            kill_at = now + job.terminate_grace_ms / 1000
+            _kill_all(_signal.SIGTERM)
+        if kill_at is not None and now >= kill_at:
+            _kill_all(_signal.SIGKILL)
+            kill_at = now + _KILL_PASS_S
+        info = _signal.sigtimedwait(watched, 30.0 if kill_at is None else max(kill_at - now, 0.001))
+        if info is None or info.si_signo == _signal.SIGCHLD or info.si_pid != 0:
+            continue
+        if info.si_signo == _signal.SIGTERM:
+            if termed:
+                continue
+            termed = True
+            kill_at = boot_s() + job.terminate_grace_ms / 1000
+        _kill_all(info.si_signo)
+
+
+def publish_retried(publication: Publication, data: bytes) -> bool:
+    """:meth:`Publication.publish`, tried up to :data:`PUBLISH_ATTEMPTS` times with growing
+    waits (0.1, 0.2, 0.4, 0.8 s) while it fails and nothing is published at its name (a
+    full or failing disk: a job may have filled it); then the caller's "No receipt" path."""
+    for attempt in range(PUBLISH_ATTEMPTS):
+        if publication.publish(data):
+            return True
+        try:
+            os.stat(publication.name, dir_fd=publication.dir_fd, follow_symlinks=False)
+            return False  # published meanwhile (never replaced)
+        except OSError:
+            pass
+        if attempt + 1 < PUBLISH_ATTEMPTS:
+            time.sleep(_PUBLISH_WAIT_S * (1 << attempt))
+    return False
+
+
 def _child(job: Job, out_w: int, err_w: int) -> None:
     """In the forked child: set up and exec the command; never returns."""
     stage = "setup"
@@ -926,6 +1200,8 @@ def _child(job: Job, out_w: int, err_w: int) -> None:
         os.dup2(devnull, 0)
         os.dup2(out_w, 1)
         os.dup2(out_w, 2)
+        stage = "cgroup"
+        _enter_job(job)
         for name in os.listdir("/proc/self/fd"):  # belt and braces: ours are all O_CLOEXEC
             if int(name) > 2 and int(name) != err_w:
                 try:
@@ -937,7 +1213,9 @@ def _child(job: Job, out_w: int, err_w: int) -> None:
             keep = list(job.keep)
             if any(_under(job.cwd, h) for h in job.hide):
                 keep.append(job.cwd)
-            _isolate(job.hide, keep)
+            _isolate(job.hide, keep, job.readonly, pid=job.pidns is not None)
+            if job.pidns is not None:
+                _pid_namespace(job, err_w)  # returns in the command only: PID 2, in a session of its own
         stage = "chdir"
         os.chdir(job.cwd)
         stage = "exec"
@@ -973,6 +1251,8 @@ def _failure_line(job: Job, report: bytes) -> str:
         return f"cannot change to {os.fsdecode(job.cwd)}: {reason}"
     if stage == "isolation":
         return f"job isolation failed, {command} was not started: {text or reason}"
+    if stage == "cgroup":
+        return f"cannot start {command}: its memory cgroup: {reason}"
     return f"cannot start {command}: {text or reason}"
 
 
@@ -1032,7 +1312,7 @@ class Runner:
                 _signal.signal(number, self._forward)
         except OSError:
             pass
-        if self.reaper:
+        if self.reaper and self.job.pidns is None:  # in a PID namespace our init passes it on
             try:
                 signal_descendants(number, skip_group=os.getpid())
             except OSError:
@@ -1047,6 +1327,10 @@ class Runner:
         """
         job, log = self.job, self.job.log
         self.reaper = become_subreaper()
+        if job.pidns is not None and not self.reaper:  # the init must re-parent to us
+            job.env.clear()
+            log.line(f"job isolation failed, {os.fsdecode(job.argv[0])} was not started: no child subreaper")
+            return CANNOT_EXECUTE
         try:
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
             err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -1082,6 +1366,19 @@ class Runner:
                 if pid == self.pid:
                     self.status = raw
         return exit_code(self.status) if self.status is not None else 255
+
+    def _adopt_init(self, report: bytes) -> bytes:
+        """Take the init's pid off the failure pipe (a PID namespace): from now on the
+        command, for us, is that init (it re-parented to us, a subreaper, when the process
+        that forked it exited); the rest is a failure report as before."""
+        start = report.find(_INIT_MARK)
+        if start < 0:
+            return report
+        end = report.find(b"\0", start + 1)
+        number = report[start + len(_INIT_MARK): end if end > 0 else len(report)]
+        if number.isdigit():
+            self.pid = int(number)
+        return report[:start] + (report[end + 1:] if end > 0 else b"")
 
     def _reap(self) -> None:
         """Collect every child that exited: the command (its status) and, as a subreaper,
@@ -1135,6 +1432,7 @@ class Runner:
                 break
             report += chunk
         os.close(err_r)
+        report = self._adopt_init(report)
         if report:
             log.line(_failure_line(job, report))
         os.set_blocking(out_r, False)
@@ -1249,7 +1547,7 @@ def _finish(job: Job, code: int) -> None:
         job.fact.publish(job.fact.prefix + fact_suffix(
             job.fact_keys, truncated=log.truncated, observed_ms=finished, kept=log.kept, discarded=log.discarded))
     if job.receipt is not None:
-        job.receipt.publish(job.receipt.prefix + receipt_suffix(finished, code))
+        publish_retried(job.receipt, job.receipt.prefix + receipt_suffix(finished, code))
 
 
 def main(argv: list[str]) -> int:

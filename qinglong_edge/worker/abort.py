@@ -1,6 +1,6 @@
 """Aborting a ``pull`` from a signal handler without tearing a journal write.
 
-The ``pull`` command's SIGTERM/SIGINT handler calls :meth:`AbortSignal.trip`. While a
+The ``pull`` command's SIGTERM/SIGINT/SIGHUP handler calls :meth:`AbortSignal.trip`. While a
 network call (or a sleep) is in progress it raises :class:`PullAborted` at once;
 anywhere else -- in the middle of a journal write -- it only records the request, and
 the next network call (or the cycle loop) raises it. Kept apart from

@@ -53,7 +53,7 @@ from qinglong_edge.worker.runtime import HANDOVER_NAME, RuntimeDirectory
 from qinglong_edge.worker.session import SessionKeeper, SessionOutcome, local_capabilities, migrate_legacy_record
 from qinglong_edge.worker.transport import IngressTransport, TransportResponse
 
-__all__ = ["CLOCK_FLOOR_MS", "CycleReport", "run_pull", "wall_ms"]
+__all__ = ["CLOCK_FLOOR_MS", "CycleReport", "inbox_full", "run_pull", "wall_ms"]
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
@@ -145,6 +145,8 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
                         kept=kept)
     journal.prune_abandoned()
     busy = 0
+    finished: set[str] = set()
+    sessions: list[tuple[str, str, int]] = []  # of the records in flight (a lost session record)
     if kept:
         # Imported only with records in the inbox: an idle cycle on an empty inbox does
         # not load the job files' names (contracts.receipt, launch, ingress).
@@ -152,26 +154,44 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
     for stored in kept:
         if in_flight(stored, now):
             busy += 1
-        elif stored["state"] == "completion_acknowledged":
+            bound = stored["offer"]["worker"]
+            sessions.append((bound["workerId"], bound["sessionId"], bound["generation"]))
+            continue
+        finished.add(stored["offer"]["offerId"])
+        if stored["state"] == "completion_acknowledged":
             _leftovers(worker, stored)  # a crash between T10 and the files' removal
-    # Spec README "Slots": records in flight hold slots; never more than free inbox entries.
-    free = journal.options.maximum_entries - len(kept)
+    # Spec README "Slots": records in flight hold slots; never more than free inbox entries,
+    # and only records in flight hold entries (issue 23: a finished record makes room).
+    free = journal.options.maximum_entries - busy
     slots = max(0, min(worker.max_concurrent_runs - busy, free))
     try:
-        session = keeper.ensure(slots, in_flight=busy)
+        session = keeper.ensure(slots, in_flight=busy, sessions_in_flight=sessions)
     except SessionError as exc:
         return CycleReport(None, None, exc.code, exc.message, reason=exc.reason, remedy=exc.remedy), busy
     record = session.session
     if keeper.deferred:  # no new work under the old advertisement; re-registered once these are done
         coordinator.settle_claim()
         return CycleReport(session, PullResult("no_slot", reason="capabilities_changed")), busy
-    if busy and not slots:
+    if busy and worker.max_concurrent_runs <= busy:
         coordinator.settle_claim()
         return CycleReport(session, PullResult("no_slot", reason="slots_in_use")), busy
+    if slots:
+        journal.make_room(lambda r: r["offer"]["offerId"] in finished, records=kept,
+                          remove_files=lambda r: _remove_files(worker, runtime, r))
     result = coordinator.pull(SessionAuthority(record.worker_id, record.session_id, record.generation))
+    if result.status == "inbox_full":
+        result = inbox_full(result, busy, journal.options.maximum_entries)
     if result.status in ("accepted", "replayed"):
         busy += 1  # executed by the resident loop at once (a replay of a finished one leaves it)
     return CycleReport(session, result), busy
+
+
+def inbox_full(result: PullResult, in_flight: int, maximum_entries: int) -> PullResult:
+    """The ``inbox_full`` result with its true reason: how many entries records that still
+    need this device hold (finished records never do: they make room)."""
+    return PullResult("inbox_full", offer_id=result.offer_id, reason="capacity_exhausted",
+                      attempt_count=result.attempt_count,
+                      detail=f"{in_flight} of {maximum_entries} entries held by records that need this device")
 
 
 def _process_gone(record: dict[str, Any]) -> bool:
@@ -325,6 +345,10 @@ def _run_journal(
         runtime.remove(HANDOVER_NAME)  # ours now (RAM; absent in the steady state: one ENOENT)
     try:
         migrate_legacy_record(journal.take_legacy_session_record(), runtime)
+        if notice is not None and runtime.on_fallback and runtime.once_per_boot("runtime-fallback"):
+            # A runtime directory that is not a private directory of ours (a symlink, a FIFO,
+            # a file put in its place) is never followed: say so once, use the fallback.
+            notice(f"runtime directory refused ({runtime.fallback_reason}); using {runtime.path}")
         if notice is not None:
             warning = daily_expiry_warning(worker.certificate_file, worker.trust_anchor_files, runtime, clock_ms())
             if warning is not None:
@@ -365,7 +389,7 @@ def _run_journal(
 
                     yield from Resident(config=config, worker=worker, journal=journal, runtime=runtime, wire=wire,
                                         keeper=keeper, coordinator=coordinator, abort=abort, clock_ms=boot_ms,
-                                        wall_ms=clock_ms, cluster=cluster, random=random).run()
+                                        wall_ms=clock_ms, cluster=cluster, random=random, notice=notice).run()
                     if abort.tripped:
                         return
                 if report.error == "credential_rejected" or (

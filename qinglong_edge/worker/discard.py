@@ -135,6 +135,8 @@ def pending_requests(runtime: RuntimeDirectory) -> list[tuple[str, str]]:
                 value = _read(runtime, name)
                 if value is not None and name == _key(value["offerId"]) + ".request":
                     found.append((str(value["offerId"]), str(value.get("requestId", ""))))
+                else:
+                    runtime.remove(name)  # damaged (issue 23): dropped, never asked for again
     return found
 
 

@@ -598,6 +598,52 @@ class Journal(RecordReads):
                 pruned.append(offer_id)
             return pruned
 
+    def make_room(
+        self,
+        finished: Callable[[InboxRecord], bool],
+        *,
+        remove_files: Callable[[InboxRecord], object] | None = None,
+        records: list[InboxRecord] | None = None,
+    ) -> list[str]:
+        """Make one inbox entry free for a new offer by removing the oldest finished records.
+
+        Issue 23, "Finished records never block work": only records that still need this
+        device count against ``maximum_entries``; when the inbox files fill it, the oldest
+        records for which ``finished`` is True (terminal for residency and pruning) go first,
+        by ``updatedAtMs`` then offerId, their files first (``remove_files``, as
+        :meth:`prune_inbox`). A record in flight is never removed, so the inbox stays full
+        when records in flight fill it (then no claim is made: ``inbox_full``).
+
+        Args:
+            finished: whether a record is terminal for residency and pruning (the caller's
+                :func:`~qinglong_edge.worker.remote_files.in_flight` negated).
+            remove_files: called with each record before it is removed.
+            records: the records as the caller read them this cycle (each file is read
+                again only when this is None); only used when the inbox is full.
+
+        Returns:
+            The offerIds removed, oldest first (none while an entry is free: nothing is read).
+        """
+        with self._owned():
+            names = self._list_offers()
+            excess = len(names) - self.options.maximum_entries + 1
+            if excess <= 0:
+                return []
+            if records is None:
+                records = [r for r in (self._read_offer(name) for name in names) if r is not None]
+            present = set(names)
+            candidates = sorted(
+                ((r["updatedAtMs"], r["offer"]["offerId"], r) for r in records
+                 if r["offer"]["offerId"] in present and finished(r)),
+                key=lambda item: (item[0], item[1]))
+            removed = []
+            for _, offer_id, record in candidates[:excess]:
+                if remove_files is not None:
+                    remove_files(record)
+                self._remove(self._offers_fd, files.record_file_name(offer_id), "offer_discard")
+                removed.append(offer_id)
+            return removed
+
     # -- a Worker Session record left by an older version -----------------------------------
 
     def take_legacy_session_record(self) -> bytes | None:

@@ -8,7 +8,8 @@ One call of :meth:`PullCoordinator.pull` is one step of the algorithm::
       bound to another session/generation   -> no attempt counted: drop it (no lease can
                                                exist); else abandon (stale_session), stop
       16 attempts used                      -> abandon (attempt_budget_exhausted), stop
-      absent, inbox full                    -> inbox_full: no claim is made
+      inbox full (records in flight fill it) -> inbox_full: no claim is made, a kept one
+                                               is not sent
       absent                                -> create {offerId=uuid4, leaseToken=32 random bytes}
     not due (nextAttemptAtMs > now)         -> backoff (no I/O at all)
     marker {offerId, revision} -> runtime directory, BEFORE sending (not fsynced: RAM)
@@ -133,6 +134,7 @@ __all__ = [
     "PullResult",
     "SessionAuthority",
     "backoff_delay_ms",
+    "parse_marker",
 ]
 
 #: The attempt-in-flight marker's name in the runtime directory.
@@ -167,7 +169,7 @@ class PullResult(Frozen):
     Attributes:
         status: ``accepted``, ``replayed``, ``idle``, ``backoff``, ``inbox_full``,
             ``abandoned``, ``unavailable``, ``invalid_response`` or ``credential_rejected``.
-        offer_id: the claim's offerId (None for ``inbox_full``).
+        offer_id: the claim's offerId (None for ``inbox_full`` without a kept claim).
         run_id: the offered Run (accepted/replayed).
         reason: idle reason, abandon reason, or the failure code (a transport failure's
             typed reason, :attr:`~qinglong_edge.errors.TransportError.reason`).
@@ -267,7 +269,7 @@ def _marker_bytes(claim: PendingClaim, now_ms: int) -> bytes:
                         "startedAtMs": now_ms}) + b"\n"
 
 
-def _parse_marker(data: bytes) -> tuple[str, int, int]:
+def parse_marker(data: bytes) -> tuple[str, int, int]:
     """``(offerId, revision, startedAtMs)`` of a marker. Raises ContractError."""
     value = loads(data, max_bytes=4096, min_bytes=2)
     if not isinstance(value, dict):
@@ -354,9 +356,13 @@ class PullCoordinator:
                 claim = None
             elif claim.attempt_count >= MAX_ATTEMPTS:
                 return self._abandon(claim, "attempt_budget_exhausted", now)
+        if not self._journal.has_capacity():
+            # No room for the offer the claim could bring (records in flight fill the
+            # inbox; the caller made room from finished ones): a kept claim is not sent
+            # either (the cluster would answer idle worker_unavailable to 0 slots).
+            return PullResult("inbox_full", offer_id=None if claim is None else claim.offer_id,
+                              reason="capacity_exhausted", attempt_count=None if claim is None else claim.attempt_count)
         if claim is None:
-            if not self._journal.has_capacity():
-                return PullResult("inbox_full", reason="capacity_exhausted")
             authority = ClaimAuthority(
                 session.worker_id,
                 session.session_id,
@@ -395,14 +401,23 @@ class PullCoordinator:
     def _settle_marker(self, claim: PendingClaim | None, now: int) -> PendingClaim | None:
         """A marker left by a process that died with a request in flight counts as an
         attempt of unknown outcome (spec README), once: the claim is rewritten with the
-        attempt, then the marker removed. A marker of another claim or revision is stale."""
-        data = self._runtime.read(MARKER_NAME)
+        attempt, then the marker removed. A marker of another claim or revision is stale.
+
+        A damaged marker (empty or truncated by a power loss with the runtime directory on
+        disk, garbage, a file that breaks the private-file rules) counts as present, of the
+        claim on disk: an attempt of unknown outcome (issue 23: never a permanent error)."""
+        try:
+            data = self._runtime.read(MARKER_NAME)
+        except JournalError:
+            data = b""  # unreadable: damaged, not absent
         if data is None:
             return claim
         try:
-            offer_id, revision, started_at = _parse_marker(data)
+            offer_id, revision, started_at = parse_marker(data)
         except ContractError:
             offer_id, revision, started_at = "", -1, 0
+            if claim is not None:
+                offer_id, revision, started_at = claim.offer_id, claim.revision, claim.updated_at_ms
         if claim is not None and (offer_id, revision) == (claim.offer_id, claim.revision):
             at = max(now, claim.updated_at_ms)
             counted = claim.replace(

@@ -29,7 +29,7 @@ import contextlib
 import os
 import stat
 
-from qinglong_edge.config import DEFAULT_RUN_PIDS, EdgeConfig, WorkerConfig
+from qinglong_edge.config import DEFAULT_RUN_MEMORY, DEFAULT_RUN_PIDS, EdgeConfig, WorkerConfig
 from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.receipt import log_artifact_id, log_file_names, receipt_file_names
@@ -51,6 +51,7 @@ __all__ = [
     "record_files",
     "remote_limits",
     "remove_job_files",
+    "remove_scratch",
     "remove_tree",
     "worker_record_files",
 ]
@@ -73,10 +74,14 @@ class RemoteLimits(Frozen):
         terminate_grace_ms, kill_grace_ms: the stop's graces (process/stop.py).
         cgroups: ``auto`` or ``off``; max_run_pids: the per-run ``pids.max`` (0: none).
         hidden: the paths an isolated job must not see.
+        readonly: the paths an isolated job sees read-only (what the agent reads back
+            and its user could change: :func:`~qinglong_edge.worker.job_isolation.remote_readonly_paths`).
+        max_run_memory_bytes: the memory limit of the job's cgroup leaf.
     """
 
     __slots__ = ("log_directory", "max_log_bytes", "minimum_free_bytes", "receipt_directory",  # noqa: RUF023
-                 "terminate_grace_ms", "kill_grace_ms", "cgroups", "max_run_pids", "hidden")
+                 "terminate_grace_ms", "kill_grace_ms", "cgroups", "max_run_pids", "hidden", "readonly",
+                 "max_run_memory_bytes")
 
     log_directory: str
     max_log_bytes: int
@@ -87,10 +92,13 @@ class RemoteLimits(Frozen):
     cgroups: str
     max_run_pids: int
     hidden: tuple[str, ...]
+    readonly: tuple[str, ...]
+    max_run_memory_bytes: int | None
 
     def __init__(self, log_directory: str, max_log_bytes: int, minimum_free_bytes: int,  # noqa: PLR0917
                  receipt_directory: str, terminate_grace_ms: int, kill_grace_ms: int, cgroups: str,
-                 max_run_pids: int, hidden: tuple[str, ...] = ()) -> None:
+                 max_run_pids: int, hidden: tuple[str, ...] = (), readonly: tuple[str, ...] = (),
+                 max_run_memory_bytes: int | None = None) -> None:
         _set = object.__setattr__
         _set(self, "log_directory", log_directory)
         _set(self, "max_log_bytes", max_log_bytes)
@@ -101,6 +109,8 @@ class RemoteLimits(Frozen):
         _set(self, "cgroups", cgroups)
         _set(self, "max_run_pids", max_run_pids)
         _set(self, "hidden", hidden)
+        _set(self, "readonly", readonly)
+        _set(self, "max_run_memory_bytes", max_run_memory_bytes)
 
 
 def remote_limits(config: EdgeConfig) -> RemoteLimits:
@@ -116,14 +126,17 @@ def remote_limits(config: EdgeConfig) -> RemoteLimits:
     if execution is not None:
         term, kill, cgroups, pids = (execution.terminate_grace_ms, execution.kill_grace_ms, execution.cgroups,
                                      execution.max_run_pids)
+        memory = execution.max_run_memory_bytes
     else:
         term, kill, cgroups = EDGE_LIMITS
         pids = DEFAULT_RUN_PIDS[config.profile]
-    from qinglong_edge.worker.job_isolation import remote_hidden_paths
+        memory = DEFAULT_RUN_MEMORY[config.profile]
+    from qinglong_edge.worker.job_isolation import remote_hidden_paths, remote_readonly_paths
 
     hidden = tuple(sorted({*remote_hidden_paths(config), os.path.normpath(worker.log_directory)}))
     return RemoteLimits(worker.log_directory, worker.max_log_bytes, worker.log_minimum_free_bytes,
-                        os.path.join(worker.journal_directory, RECEIPTS_DIR), term, kill, cgroups, pids, hidden)
+                        os.path.join(worker.journal_directory, RECEIPTS_DIR), term, kill, cgroups, pids, hidden,
+                        remote_readonly_paths(config), memory)
 
 
 class JobFiles(Frozen):
@@ -183,6 +196,19 @@ def remove_job_files(files: JobFiles) -> list[str]:
             remove_tree(files.work_path)
             removed.append(files.work_path)
     return removed
+
+
+def remove_scratch(files: JobFiles) -> bool:
+    """Remove the attempt's scratch working directory now that its job is gone (its
+    contents are never uploaded): a job that filled its file system frees it before
+    the agent's own writes of the outcome need room. True when it is gone."""
+    if not os.path.isdir(files.work_path) or os.path.islink(files.work_path):
+        return not os.path.lexists(files.work_path)
+    try:
+        remove_tree(files.work_path)
+    except OSError:
+        return False
+    return True
 
 
 def remove_tree(path: str) -> None:

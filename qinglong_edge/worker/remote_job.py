@@ -14,16 +14,20 @@ remote rules of remote-execution.md 4 and the spec README decisions:
 * **No receipt**: a job verified gone without one completes with what was observed:
   the status reaped as its parent, else 143/137 when we signalled SIGTERM/SIGKILL last,
   else 255 ("outcome lost").
-* **Isolation** ("Isolation"): where :func:`isolation_available` (a real isolated job,
-  run once per boot and remembered in the runtime directory) says it works, the command
-  runs in a private user + mount namespace hiding ``RemoteLimits.hidden``.
+* **Isolation** ("Isolation"): where :func:`isolation_available` (a real isolated job;
+  a positive answer remembered in the runtime directory for the boot) says it works, the
+  command runs in a private user + mount + PID namespace hiding ``RemoteLimits.hidden``
+  and binding ``RemoteLimits.readonly`` read-only, at the PID level the probe found.
 * **Cgroup** per job, ``remote-<attemptId>`` under the agent's ``qinglong-edge/``
   (a Local Run's cgroup is named by its UUID attempt id, so the names never meet), with
   ``pids.max`` = the PID cap on the v1 pids hierarchy, exactly as Local Runs.
 * **The wrapper's program** is compiled once per boot and interpreter: the ``.pyc`` image
   is kept in the runtime directory under a name keyed by the interpreter, its version
   and the source's digest (:func:`prime_wrapper`), so a cron ``pull`` that launches a job
-  does not pay a compiler start-up.
+  does not pay a compiler start-up; only while remote jobs are isolated (without, a job
+  could replace it: nothing a job can write is trusted later, issue 24).
+* **Memory**: the job runs in its memory leaf (``execution.maxRunMemoryBytes``); an OOM
+  kill there is the outcome's ``reason`` ``out_of_memory`` (:func:`read_outcome`).
 
 Errors: :class:`LaunchFailure` (a ``start_failed`` reason: the job never ran) and
 :class:`~qinglong_edge.errors.ExecutionError` from the process core.
@@ -51,10 +55,13 @@ from qinglong_edge.contracts.receipt import (
 )
 from qinglong_edge.contracts.strictjson import dumps_bytes, loads
 from qinglong_edge.errors import EdgeError, ExecutionError, JournalError
-from qinglong_edge.process.cgroups import CgroupManager, RunCgroup
+from qinglong_edge.process.cgroups import CgroupManager, RunCgroup, out_of_memory
 from qinglong_edge.process.identity import Liveness, ProcessIdentity, decode_handle, probe
 from qinglong_edge.process.logs import read_receipt, read_truncation_fact
 from qinglong_edge.process.spawn import (
+    PID_NAMESPACE,
+    PID_NONE,
+    PID_PRIVATE_PROC,
     HeldJob,
     Isolation,
     JobSpec,
@@ -70,12 +77,13 @@ from qinglong_edge.worker.remote_files import JobFiles, RemoteLimits, remove_tre
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from qinglong_edge.worker.runtime import RuntimeDirectory
 
-__all__ = ["LaunchFailure", "Outcome", "RemoteJob", "adopt", "allocate_log", "cgroup_name", "isolation_available",
-           "launch", "open_log", "prime_wrapper", "read_outcome", "read_truncated", "stop_job"]
+__all__ = ["LaunchFailure", "Outcome", "RemoteJob", "adopt", "allocate_log", "cgroup_name", "forget_caches",
+           "isolation_available", "launch", "open_log", "prime_wrapper", "read_outcome", "read_truncated", "stop_job"]
 
 #: The latest time a receipt may carry (JSON safe integers): its wall time is not judged.
 _ANY_TIME_MS = 2**53 - 1
@@ -99,21 +107,27 @@ class LaunchFailure(EdgeError):
 
 class Outcome:
     """How a job ended: ``exit_code`` 0-255, ``finished_at_ms``, ``source`` (``receipt``,
-    ``reaped``, ``signalled`` or ``lost``) and why a receipt was not used (``note``)."""
+    ``reaped``, ``signalled`` or ``lost``), why a receipt was not used (``note``) and why
+    it ended, when the device knows (``reason``: ``out_of_memory``, the kernel's OOM
+    killer ended a process of it in its memory leaf)."""
 
-    __slots__ = ("exit_code", "finished_at_ms", "note", "source")
+    __slots__ = ("exit_code", "finished_at_ms", "note", "reason", "source")
 
-    def __init__(self, exit_code: int, finished_at_ms: int, source: str, note: str = "") -> None:
+    def __init__(self, exit_code: int, finished_at_ms: int, source: str, note: str = "",
+                 reason: str | None = None) -> None:
         self.exit_code = exit_code
         self.finished_at_ms = finished_at_ms
         self.source = source
         self.note = note
+        self.reason = reason
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {"exitCode": self.exit_code, "finishedAtMs": self.finished_at_ms,
                                   "source": self.source}
         if self.note:
             out["note"] = self.note
+        if self.reason is not None:
+            out["reason"] = self.reason
         return out
 
 
@@ -341,10 +355,11 @@ def launch(
     token: CallbackToken,
     limits: RemoteLimits,
     cgroups: CgroupManager | None,
-    isolate: bool,
+    isolate: str | None,
     lease_files: tuple[str, str] | None = None,
 ) -> tuple[HeldJob, RunCgroup | None]:
-    """T6: start the job held at the start barrier (``record`` is ``launching``).
+    """T6: start the job held at the start barrier (``record`` is ``launching``);
+    ``isolate`` is the PID level of its isolation (:func:`isolation_available`), or None.
 
     ``lease_files``: ``(lease file, stop mark)`` paths of :mod:`qinglong_edge.worker.job_lease`:
     the wrapper stops the job itself when the lease file is not moved on in time.
@@ -380,7 +395,9 @@ def launch(
                        files.log_path, limits.max_log_bytes, truncation_fact=Publication(files.fact_path, fact),
                        terminate_grace_ms=limits.terminate_grace_ms, kill_grace_ms=limits.kill_grace_ms,
                        receipt=Publication(files.receipt_path, prefix), started_at_ms=started_at,
-                       isolation=Isolation(hide=limits.hidden) if isolate else None, label=candidate["attemptId"],
+                       isolation=None if isolate is None else Isolation(
+                           hide=limits.hidden, readonly=limits.readonly, pid=isolate),
+                       label=candidate["attemptId"],
                        lease_file=lease_files[0] if lease_files else None,
                        lease_stop_file=lease_files[1] if lease_files else None)
         held = start_job(spec, cgroup=cgroup)
@@ -397,12 +414,20 @@ def launch(
 
 def read_outcome(record: dict[str, Any], files: JobFiles, job: RemoteJob | None, now_ms: int) -> Outcome:
     """How a job that is gone ended: its authenticated receipt, else what was observed
-    ("No receipt": reaped as its parent, else 143/137 after our signal, else 255).
+    ("No receipt": reaped as its parent, else 143/137 after our signal, else 255); with
+    the reason ``out_of_memory`` when its memory leaf counted an OOM kill (read here,
+    before the caller removes the cgroup).
 
     The receipt's ``finishedAtMs <= now`` check is not applied against the wall clock as
     it is now: a wall clock stepped back after the job ended would make an honest receipt
     look as if from the future (spec README "Decisions for clocks"); the callback token
     authenticates it, and the completion's times are translated and clamped anyway."""
+    outcome = _read_outcome(record, files, job, now_ms)
+    outcome.reason = out_of_memory(job.cgroup if job is not None else None)
+    return outcome
+
+
+def _read_outcome(record: dict[str, Any], files: JobFiles, job: RemoteJob | None, now_ms: int) -> Outcome:
     started = int(record.get("executorStartedAtMs", now_ms))
     note = ""
     try:
@@ -424,54 +449,104 @@ def read_outcome(record: dict[str, Any], files: JobFiles, job: RemoteJob | None,
 
 
 # -- caches in the runtime directory -------------------------------------------------------------
+#
+# Nothing a job can write is trusted later (issue 24 item 1): the compiled job wrapper and
+# the isolation answer are kept in the runtime directory only while remote jobs run
+# isolated, i.e. cannot see that directory (it is hidden from them). Without isolation a job
+# could replace them (the wrapper runs outside any namespace with the next job's secrets),
+# so nothing is read from or written to them, and what is there is removed.
 
-def prime_wrapper(runtime: RuntimeDirectory | None) -> None:
-    """Load the compiled job wrapper from the runtime directory, or compile it once and
-    keep it there (keyed by interpreter, version and the source's digest)."""
-    python = sys.executable
+WRAPPER_PREFIX = "wrapper-"
+
+
+def _wrapper_name(python: str) -> str | None:
+    """``wrapper-<16 hex>.pyc``, keyed by the interpreter, its version and the source."""
     try:
         st = os.stat(python)
         key = sha256_hex(f"{python}\0{sys.version}\0{st.st_size}\0{st.st_mtime_ns}\0".encode("utf-8", "replace")
                          + bytes.fromhex(sha256_hex(wrapper_source())))[:16]
     except (OSError, ExecutionError):
+        return None
+    return f"{WRAPPER_PREFIX}{key}.pyc"
+
+
+def _read_cache(runtime: RuntimeDirectory, name: str, notice: Callable[[str], None] | None,
+                max_bytes: int = 4096) -> bytes | None:
+    """A cache file, or None when absent or refused: a symlink, FIFO, directory, a file
+    not ours or too large is never followed nor read, and says so in one line."""
+    try:
+        return runtime.read(name, max_bytes=max_bytes)
+    except JournalError as exc:
+        if notice is not None and exc.code == "unsafe_storage":
+            notice(f"runtime directory: {name} refused ({exc.message}); the launch goes on with a fresh copy")
+        return None
+
+
+def forget_caches(runtime: RuntimeDirectory | None) -> None:
+    """Remove the cached wrapper program and isolation answer (what a job that was not
+    isolated could have written); what is not a regular file is left (never read)."""
+    if runtime is None:
         return
-    name = f"wrapper-{key}.pyc"
-    if runtime is not None:
-        try:
-            data = runtime.read(name, max_bytes=1 << 20)
-        except JournalError:
-            data = None
-        if data is not None and remember_wrapper_bytecode(python, data):
-            return
+    with contextlib.suppress(JournalError):
+        for name in runtime.names():
+            if name == _ISOLATION_NAME or (name.startswith(WRAPPER_PREFIX) and name.endswith(".pyc")):
+                runtime.remove(name)
+
+
+def prime_wrapper(runtime: RuntimeDirectory | None, *, trusted: bool = False,
+                  notice: Callable[[str], None] | None = None) -> None:
+    """Have the compiled job wrapper ready for this process's launches.
+
+    ``trusted`` (remote jobs run isolated: none can see the runtime directory): load it
+    from the runtime directory, or compile it once and keep it there, keyed by the
+    interpreter, its version and the source's digest. Otherwise compile it in memory
+    only (one interpreter start for this process) and remove the cached copies.
+    """
+    python = sys.executable
+    name = _wrapper_name(python)
+    if not trusted or runtime is None or name is None:
+        forget_caches(runtime)
+        wrapper_bytecode(python)
+        return
+    data = _read_cache(runtime, name, notice, max_bytes=1 << 20)
+    if data is not None and remember_wrapper_bytecode(python, data):
+        return
     data = wrapper_bytecode(python)
-    if data and runtime is not None:
+    if data:
         with contextlib.suppress(JournalError):
             for old in runtime.names():
-                if old.startswith("wrapper-") and old != name:
+                if old.startswith(WRAPPER_PREFIX) and old != name:
                     runtime.remove(old)
             runtime.write(name, data, max_bytes=1 << 20)
 
 
-def isolation_available(runtime: RuntimeDirectory | None, work_directory: str, boot_id: str) -> tuple[bool, str]:
-    """``(available, reason)``: whether a remote job runs isolated here. A real isolated
-    job decides it once per boot (:func:`qinglong_edge.process.isolation.probe_isolation`,
-    two interpreter start-ups); the answer is kept in the runtime directory."""
+def isolation_available(runtime: RuntimeDirectory | None, work_directory: str, boot_id: str,
+                        notice: Callable[[str], None] | None = None) -> tuple[str | None, str]:
+    """``(pid level or None, reason)``: whether a remote job runs isolated here, and at
+    which PID level (``Isolation.pid``). A real isolated job decides it
+    (:func:`qinglong_edge.process.isolation.probe_isolation`, two interpreter start-ups);
+    only a positive answer is kept in the runtime directory (per boot): a negative one
+    means jobs see that directory, so nothing there is trusted and the probe runs again
+    in the next process that launches a job."""
     if runtime is not None:
-        with contextlib.suppress(JournalError, ContractError):
-            data = runtime.read(_ISOLATION_NAME)
+        with contextlib.suppress(ContractError):
+            data = _read_cache(runtime, _ISOLATION_NAME, notice)
             if data is not None:
                 value = loads(data, max_bytes=4096, min_bytes=2)
-                if isinstance(value, dict) and value.get("bootId") == boot_id and isinstance(value.get("available"),
-                                                                                              bool):
-                    return bool(value["available"]), str(value.get("reason", ""))
+                if (isinstance(value, dict) and value.get("bootId") == boot_id and value.get("available") is True
+                        and value.get("pid") in (PID_NONE, PID_NAMESPACE, PID_PRIVATE_PROC)):
+                    return str(value["pid"]), str(value.get("reason", ""))
     from qinglong_edge.process.isolation import probe_isolation
 
     found = probe_isolation(work_directory if os.path.isdir(work_directory) else None)
+    if not found.available:
+        forget_caches(runtime)
+        return None, found.reason
     if runtime is not None:
         with contextlib.suppress(JournalError):
-            runtime.write(_ISOLATION_NAME, dumps_bytes({"bootId": boot_id, "available": found.available,
+            runtime.write(_ISOLATION_NAME, dumps_bytes({"bootId": boot_id, "available": True, "pid": found.pid,
                                                         "reason": found.reason[:500]}) + b"\n")
-    return found.available, found.reason
+    return found.pid, found.reason
 
 
 def is_enospc(exc: OSError) -> bool:

@@ -21,10 +21,11 @@ busy nothing is pulled; an idle answer makes the next pull wait ``heartbeatInter
 (the cron cadence would be a minute; the profile's ``pullIntervalMs`` of ``--duration``
 would hammer the cluster from every busy device).
 
-SIGTERM/SIGINT (``AbortSignal``): the call in flight is abandoned (a journal write is
-finished first), nothing is stopped: jobs go on under their wrappers, their leases run
-on, and the next ``pull`` re-adopts them by their identity; this one exits 0 after its
-summary. SIGUSR1 only wakes it (forced discards).
+SIGTERM/SIGINT/SIGHUP (``AbortSignal``): the call in flight is abandoned (a journal write
+is finished first), nothing is stopped: jobs go on under their wrappers, their leases run
+on, and the next ``pull`` re-adopts them by their identity; this one leaves
+``handover.json`` (the next pull skips its splay) and exits 0 after its summary, which
+says how long the jobs' leases have left. SIGUSR1 only wakes it (forced discards).
 """
 
 from __future__ import annotations
@@ -43,13 +44,13 @@ from qinglong_edge.errors import JournalError, SessionError
 from qinglong_edge.worker.abort import AbortSignal, PullAborted
 from qinglong_edge.worker.calls import ExecutionCalls
 from qinglong_edge.worker.cluster_clock import ClusterClock
-from qinglong_edge.worker.cycle import CycleReport
+from qinglong_edge.worker.cycle import CycleReport, inbox_full
 from qinglong_edge.worker.discard import advertise, pending_requests, retract, write_result
 from qinglong_edge.worker.job_lease import remove_job_lease
 from qinglong_edge.worker.pacing import MAX_RETRY_AFTER_MS, retry_delay_ms
 from qinglong_edge.worker.pull import PullCoordinator, SessionAuthority
 from qinglong_edge.worker.remote_files import in_flight, outcome_name, record_files, remote_limits, remove_job_files
-from qinglong_edge.worker.remote_job import isolation_available, prime_wrapper
+from qinglong_edge.worker.remote_job import forget_caches, isolation_available, prime_wrapper
 from qinglong_edge.worker.runner import Runner
 from qinglong_edge.worker.runner_state import RecordEvent, Track
 from qinglong_edge.worker.runtime import HANDOVER_NAME, RuntimeDirectory, boot_id
@@ -72,33 +73,43 @@ NO_PIDFD_WAIT_S = 1.0
 class ResidentSummary(Frozen):
     """The summary line at exit: time resident, events, the records' final states."""
 
-    __slots__ = ("resident_ms", "events", "states", "in_flight", "aborted")  # noqa: RUF023
+    __slots__ = ("resident_ms", "events", "states", "in_flight", "aborted", "lease_left_ms")  # noqa: RUF023
 
     resident_ms: int
     events: int
     states: dict[str, int]
     in_flight: int
     aborted: str | None
+    #: Stopped with jobs in flight: the shortest time their leases have left (ms), else None.
+    lease_left_ms: int | None
 
-    def __init__(self, resident_ms: int, events: int, states: dict[str, int], in_flight: int,
-                 aborted: str | None) -> None:
+    def __init__(self, resident_ms: int, events: int, states: dict[str, int], in_flight: int,  # noqa: PLR0917
+                 aborted: str | None, lease_left_ms: int | None = None) -> None:
         _set = object.__setattr__
         _set(self, "resident_ms", resident_ms)
         _set(self, "events", events)
         _set(self, "states", states)
         _set(self, "in_flight", in_flight)
         _set(self, "aborted", aborted)
+        _set(self, "lease_left_ms", lease_left_ms)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"event": "summary", "residentMs": self.resident_ms, "events": self.events,
                                "records": dict(self.states), "inFlight": self.in_flight}
         if self.aborted is not None:
             out["aborted"] = self.aborted
+        if self.lease_left_ms is not None:
+            out["leaseLeftMs"] = self.lease_left_ms
         return out
 
-    def describe(self) -> str:
+    def describe(self, resume: str = "qinglong-edge pull") -> str:
+        """The human line; ``resume`` is the command that takes the jobs over (issue 23: a
+        hand-run pull stopped with jobs in flight says how long their leases last)."""
         states = ", ".join(f"{count} {state}" for state, count in sorted(self.states.items())) or "none"
         tail = f"; stopped by {self.aborted}, {self.in_flight} left running for the next pull" if self.aborted else ""
+        if self.aborted and self.in_flight and self.lease_left_ms is not None:
+            tail += (f": their leases run out in {max(0, self.lease_left_ms) // 1000} s unless a pull renews them: "
+                     f"run `{resume}` now (the next cron or timer pull also takes them over, if it comes in time)")
         return f"pull: resident {self.resident_ms / 1000:.1f} s, {self.events} events; records: {states}{tail}"
 
 
@@ -145,6 +156,7 @@ class Resident:
         cluster: ClusterClock | None = None,
         draining: bool = False,
         deadline_boot_ms: int | None = None,
+        notice: Callable[[str], None] | None = None,
     ) -> None:
         """``clock_ms`` is the boot clock (every timer), ``wall_ms`` the wall clock (the
         record's and the events' times), ``cluster`` the cluster's clock of the cycle."""
@@ -155,6 +167,7 @@ class Resident:
         #: ``drain``'s bound (clock.boot_ms): the loop stops then, whatever is left.
         self.deadline_boot_ms = deadline_boot_ms
         self.worker = worker
+        self.notice = notice
         self.journal = journal
         self.runtime = runtime
         self.keeper = keeper
@@ -165,7 +178,8 @@ class Resident:
         self.cluster = cluster or ClusterClock(runtime, boot_ms=clock_ms, wall_ms=self.wall_ms)
         self.limits = remote_limits(config)
         self._events: list[RecordEvent] = []
-        self._isolated: bool | None = None
+        #: The PID level of remote jobs' isolation ("" until asked; None: not isolated).
+        self._isolated: str | None = ""
         self.runner = Runner(journal, ExecutionCalls(wire), self.limits, clock_ms=clock_ms, session=self._session,
                              emit=self._emit, isolate=self._isolate, prepare=self._prepare, random=random,
                              wall_ms=self.wall_ms, cluster=self.cluster, runtime=runtime)
@@ -191,13 +205,16 @@ class Resident:
                                                    ("exitCode", "finishedAtMs", "source")}}) + b"\n")
 
     def _prepare(self) -> None:
-        prime_wrapper(self.runtime)
+        # The isolation answer first: the cached wrapper program is trusted only when no
+        # job can see the runtime directory (issue 24: nothing a job can write is trusted).
+        prime_wrapper(self.runtime, trusted=self._isolate() is not None, notice=self.notice)
 
-    def _isolate(self) -> bool:
-        if self._isolated is None:
+    def _isolate(self) -> str | None:
+        if self._isolated == "":
             with contextlib.suppress(OSError):
                 os.makedirs(self.limits.log_directory, 0o700, exist_ok=True)
-            self._isolated, _ = isolation_available(self.runtime, self.limits.log_directory, boot_id())
+            self._isolated, _ = isolation_available(self.runtime, self.limits.log_directory, boot_id(),
+                                                    self.notice)
         return self._isolated
 
     # -- records -------------------------------------------------------------------------------
@@ -232,7 +249,8 @@ class Resident:
                     remove_job_files(files)
 
     def _free_entries(self) -> int:
-        free = self.journal.options.maximum_entries - len(self.journal.list_offers())
+        # Only records in flight hold inbox entries (issue 23): finished ones make room.
+        free = self.journal.options.maximum_entries - len(self._live())
         return max(0, min(self.worker.max_concurrent_runs, free))
 
     def _live(self) -> list[Track]:
@@ -241,8 +259,23 @@ class Resident:
     def slots(self) -> int:
         if self.draining or self.keeper.deferred:
             return 0  # drain; or changed capabilities wait for these records (worker/session.py)
-        free = self.journal.options.maximum_entries - len(self.journal.list_offers())
-        return max(0, min(self.worker.max_concurrent_runs - len(self._live()), free))
+        # Only records in flight hold inbox entries (issue 23): finished ones make room.
+        live = len(self._live())
+        return max(0, min(self.worker.max_concurrent_runs - live, self.journal.options.maximum_entries - live))
+
+    def _make_room(self) -> None:
+        """Before a pull: the oldest finished records go when the inbox files fill it."""
+        live = {t.offer_id for t in self._live()}
+        now = self.clock_ms()
+        self.journal.make_room(lambda r: r["offer"]["offerId"] not in live and not in_flight(r, now),
+                               remove_files=self._remove_finished)
+
+    def _remove_finished(self, record: dict[str, Any]) -> None:
+        files = record_files(self.limits, record)
+        if files is not None:
+            remove_job_files(files)
+        with contextlib.suppress(JournalError):
+            self.runtime.remove(outcome_name(record["offer"]["offerId"]))
 
     def _discards(self) -> None:
         for offer_id, request_id in pending_requests(self.runtime):
@@ -335,6 +368,8 @@ class Resident:
                         "schemaVersion": 1, "inFlight": len(self._live()), "atMs": self.wall_ms(),
                         "signal": aborted}) + b"\n")
         finally:
+            if self._isolated is None:
+                forget_caches(self.runtime)  # what the unisolated jobs may have left there
             retract(self.runtime)
             wakeup.close()
             for track in self.tracks.values():
@@ -343,7 +378,12 @@ class Resident:
         states: dict[str, int] = {}
         for track in self.tracks.values():
             states[track.state] = states.get(track.state, 0) + 1
-        yield ResidentSummary(self.clock_ms() - started, count, states, len(self._live()), aborted)
+        live = self._live()
+        left = None
+        if aborted is not None and live:
+            now = self.clock_ms()
+            left = min(self.runner.expiry_ms(track) - now for track in live)
+        yield ResidentSummary(self.clock_ms() - started, count, states, len(live), aborted, left)
 
     def _drain(self) -> Iterator[RecordEvent]:
         events, self._events[:] = list(self._events), []
@@ -363,12 +403,17 @@ class Resident:
         if not changed and ((self._session_due(now) > now and not freed) or (final and not freed)
                             or now < self._session_retry_at):
             return None
+        bound = [t.record["offer"]["worker"] for t in self._live()]
         try:
             outcome = self.keeper.ensure(self.slots() if not changed else self._free_entries(), announce=True,
-                                         in_flight=len(self._live()))
+                                         in_flight=len(self._live()), sessions_in_flight=[
+                                             (b["workerId"], b["sessionId"], b["generation"]) for b in bound])
         except SessionError as exc:
             self._session_failed(now)
             return CycleReport(None, None, exc.code, exc.message, reason=exc.reason, remedy=exc.remedy)
+        except JournalError as exc:  # the runtime directory is full or read-only: retried, jobs go on
+            self._session_failed(now)
+            return CycleReport(None, None, exc.code, exc.message)
         if outcome.action == "stale":  # the heartbeat failed; the stored lease still runs
             self._session_failed(now)
         else:
@@ -389,7 +434,10 @@ class Resident:
         record = self.keeper.current()
         if record is None:
             return None, now + self.worker.heartbeat_interval_ms
+        self._make_room()
         result = self.coordinator.pull(SessionAuthority(record.worker_id, record.session_id, record.generation))
+        if result.status == "inbox_full":
+            result = inbox_full(result, len(self._live()), self.journal.options.maximum_entries)
         if result.status in ("accepted", "replayed") and result.offer_id is not None:
             stored = self.journal.read_offer(result.offer_id)
             if stored is not None and result.offer_id not in self.tracks and in_flight(stored,

@@ -248,7 +248,7 @@ class Runner(RunnerEnd):
         except ExecutionError:
             pass  # the wrapper is gone already: supervision completes it with its status (125)
         crashpoint("runner.released")
-        self._event(t, "started", pid=held.pid, isolated=self._isolate())
+        self._event(t, "started", pid=held.pid, isolated=self._isolate() is not None)
         self._running(t)
 
     def _start_failed(self, t: Track, code: str, **details: Any) -> None:

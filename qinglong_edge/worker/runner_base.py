@@ -71,7 +71,8 @@ class RunnerBase:
         clock_ms: the boot clock (ms): every timer.
         session: the current Worker Session as ``(workerId, sessionId, generation)``, or None.
         emit: called with each :class:`RecordEvent`.
-        isolate: whether jobs run isolated (asked once, at the first launch).
+        isolate: the PID level of the isolation jobs run in, or None when they are not
+            isolated (asked once, at the first launch).
         prepare: called once before the first launch (the wrapper's program, cgroups).
         random: uniform [0, 1) for the backoff jitter.
         wall_ms: the wall clock, for the record's times (default ``clock.wall_ms``).
@@ -89,7 +90,7 @@ class RunnerBase:
         clock_ms: Callable[[], int],
         session: Callable[[], tuple[str, str, int] | None],
         emit: Callable[[RecordEvent], None],
-        isolate: Callable[[], bool] = lambda: False,
+        isolate: Callable[[], str | None] = lambda: None,
         prepare: Callable[[], None] = lambda: None,
         random: Callable[[], float] = _random.random,
         wall_ms: Callable[[], int] = _clock.wall_ms,
@@ -115,7 +116,8 @@ class RunnerBase:
 
     def cgroups(self) -> CgroupManager | None:
         if self._cgroups is None:
-            self._cgroups = CgroupManager.detect(self.limits.cgroups, pids_max=self.limits.max_run_pids or None)
+            self._cgroups = CgroupManager.detect(self.limits.cgroups, pids_max=self.limits.max_run_pids or None,
+                                                 memory_max=self.limits.max_run_memory_bytes)
         return self._cgroups if self._cgroups.available else None
 
     def files(self, t: Track) -> JobFiles:

@@ -13,7 +13,7 @@ from qinglong_edge.contracts.clocks import result_times
 from qinglong_edge.contracts.inbox import to_completion_acknowledged, with_result_times
 from qinglong_edge.errors import RemoteCallError
 from qinglong_edge.worker.crashpoints import crashpoint
-from qinglong_edge.worker.remote_files import JobFiles, remove_job_files
+from qinglong_edge.worker.remote_files import JobFiles, remove_job_files, remove_scratch
 from qinglong_edge.worker.remote_job import RemoteJob, open_log, read_outcome, read_truncated, stop_job
 from qinglong_edge.worker.runner_base import AGAIN_MS, RunnerBase
 from qinglong_edge.worker.runner_state import Track
@@ -65,6 +65,7 @@ class RunnerEnd(RunnerBase):
                     return
             t.outcome = read_outcome(t.record, files, job, self.wall_ms())
             leftovers = job.finish(self.limits) if job is not None else None
+            remove_scratch(files)  # room for the writes of the outcome, should the job have filled its disk
             if leftovers is not None and leftovers.status == "stopped":
                 self._event(t, "stopped", reason="leftovers", result=leftovers.status, signal=leftovers.signal)
             crashpoint("runner.exited")

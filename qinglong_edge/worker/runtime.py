@@ -16,6 +16,9 @@ OpenWrt, where the init script creates it)::
         handover.json                     a resident pull stopped by a signal left jobs
                                           running: the next pull skips its splay (resident.py)
         notice.<key>                      once-per-boot and once-per-day notices
+        wrapper-<16 hex>.pyc, isolation.json  the compiled job wrapper and the isolation
+                                          answer, kept only while remote jobs are isolated
+                                          (remote_job.py; this directory is hidden from them)
 
 A reboot loses all of it, by design (docs/architecture.md, "What a reboot loses"): the
 next cycle registers a new session, a claim bound to the old one is dropped or
@@ -104,6 +107,14 @@ def journal_key(journal_root: str) -> str:
     return "journal-" + digest.hexdigest()[:16]
 
 
+def _unwritable(exc: OSError, what: str) -> JournalError:
+    """A failed write here, with what to do (a full or read-only RAM directory): nothing
+    that needed the file was done (the attempt marker goes first: no claim is sent)."""
+    error = files.journal_error(exc, what)
+    return JournalError(f"{error.message} (the runtime directory, worker.runtimeDirectory: free space in it or make "
+                        "it writable for the agent's user)", code=error.code)
+
+
 def _check_name(name: str) -> str:
     if not isinstance(name, str) or _NAME.fullmatch(name) is None:
         raise JournalError(f"runtime file name {name!r} is not allowed", code="invalid_configuration")
@@ -157,6 +168,12 @@ class RuntimeDirectory:
         finally:
             os.close(root_fd)
         return cls(fallback, fd, configured, reason)
+
+    @classmethod
+    def existing(cls, path: str) -> RuntimeDirectory:
+        """An existing runtime directory opened as it is, for reading (``doctor``): nothing
+        is created or checked. Raises OSError when it cannot be opened."""
+        return cls(path, os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), path, None)
 
     @property
     def on_fallback(self) -> bool:
@@ -224,7 +241,7 @@ class RuntimeDirectory:
         try:
             fd = os.open(tmp, _TEMP_FLAGS, 0o600, dir_fd=dir_fd)
         except OSError as exc:
-            raise files.journal_error(exc, f"{what}: create temp file") from None
+            raise _unwritable(exc, f"{what}: create temp file") from None
         try:
             try:
                 view = memoryview(data)
@@ -237,7 +254,7 @@ class RuntimeDirectory:
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dir_fd)
-            raise files.journal_error(exc, f"{what}: write") from None
+            raise _unwritable(exc, f"{what}: write") from None
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dir_fd)

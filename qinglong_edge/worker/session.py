@@ -80,7 +80,7 @@ cron cycle heartbeats; ``pull --duration`` cycles faster than the interval do no
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.contracts.errors import ContractError
@@ -107,6 +107,7 @@ from qinglong_edge.contracts.strictjson import dumps_bytes, loads
 from qinglong_edge.errors import JournalError, SessionError, TransportError
 from qinglong_edge.worker.cluster_clock import ClusterClock
 from qinglong_edge.worker.crashpoints import crashpoint
+from qinglong_edge.worker.identity_guard import IdentityGuard
 from qinglong_edge.worker.pacing import LEASE_MARGIN_MS, heartbeat_due_ms, retry_after_window, session_step, waiting
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
@@ -157,6 +158,8 @@ MAX_RECORD_BYTES = 4096
 STATE_NAME = "session.json"
 _STATE_KEYS = ("schemaVersion", "bootId", "session", "retryAfter")
 _LEGACY_STATE_KEYS = ("schemaVersion", "session", "retryAfter")
+#: availableSlots values a lost session's register replay tries (SessionKeeper._recover).
+_RECOVERY_TRIES = 4
 _WINDOW_KEYS = ("setAtMs", "untilMs")
 
 
@@ -446,6 +449,7 @@ class SessionKeeper:
         wall_ms: Callable[[], int] | None = None,
         boot_id: str | None = None,
         may_register: bool = True,
+        identity: IdentityGuard | None = None,
     ) -> None:
         import qinglong_edge.clock as _clock
 
@@ -480,6 +484,9 @@ class SessionKeeper:
         self._retry_after: tuple[int, int] | None = None
         self._saved: SessionState | None = None
         self._found = False
+        self._lost = False
+        #: Replacements of our session by another device (issue 23 item 6).
+        self.identity = identity if identity is not None else IdentityGuard(store, worker_id)
 
     @property
     def capabilities_hash(self) -> str | None:
@@ -493,6 +500,8 @@ class SessionKeeper:
             state = SessionState(None, None, self._boot_id) if data is None else parse_session_state(data)
         except (ContractError, OSError):
             state, bad = SessionState(None, None, self._boot_id), True  # unreadable: a new registration
+        #: The record is gone or damaged (not a session we dropped ourselves after a fence).
+        self._lost = bad or data is None
         if state.boot_id is None:  # schemaVersion 2 (an older version): wall times onto this boot, once
             state = _onto_boot(state, self._clock_ms(), self._wall_ms(), self._boot_id)
             try:
@@ -551,7 +560,8 @@ class SessionKeeper:
         state = self._load()
         return self._usable(state.record, state.boot_id)
 
-    def ensure(self, available_slots: int, *, announce: bool = False, in_flight: int = 0) -> SessionOutcome:
+    def ensure(self, available_slots: int, *, announce: bool = False, in_flight: int = 0,
+               sessions_in_flight: Sequence[tuple[str, str, int]] = ()) -> SessionOutcome:
         """Make sure an online session with a running lease exists (see module docstring).
 
         Args:
@@ -562,13 +572,20 @@ class SessionKeeper:
                 ``idle worker_unavailable`` to a session that announced none free).
             in_flight: the records in flight (their leases are bound to the stored
                 session: a capability change does not replace it while any is).
+            sessions_in_flight: ``(workerId, sessionId, generation)`` of those records. When
+                the session record is gone or damaged while records are in flight, the
+                session of the newest of them is registered again (a register replay, which
+                the cluster answers with its current row unchanged when that session is
+                still current: nothing is fenced), never a blind new session (issue 23).
 
         Raises:
             SessionError: ``credential_rejected``, ``credentials_unavailable``,
                 ``invalid_response`` or ``session_unavailable`` when no usable session
-                exists afterwards.
+                exists afterwards; ``identity_conflict`` while another device uses this
+                worker id (:mod:`qinglong_edge.worker.identity_guard`: no call is made).
             JournalError: the runtime directory cannot be written.
         """
+        self.identity.check()
         slots = max(0, min(available_slots, self._max_runs))
         self._in_flight = max(0, in_flight)
         state = self._load()
@@ -607,6 +624,8 @@ class SessionKeeper:
                 if exc.code == "session_fenced":
                     self._save(None)  # the session failed closed
                     self.deferred = False
+                    if self.identity.fenced():
+                        self.identity.check()  # another device's third replacement: quiet, not registered
                     return SessionOutcome(self._register(slots), "registered", replaced=True, detail=exc.code)
                 self._save(record)  # a new Retry-After window, if any
                 if exc.code in ("credential_rejected", "credentials_unavailable", "invalid_configuration"):
@@ -616,6 +635,12 @@ class SessionKeeper:
         if step == "wait_unavailable":
             raise SessionError("the cluster asked to retry the session call later (Retry-After)",
                                code="session_unavailable")
+        ours = [item for item in sessions_in_flight if item[0] == self._worker_id]
+        if stored is None and self._lost and ours:
+            _, session_id, generation = max(ours, key=lambda item: item[2])
+            recovered = self._recover(slots, session_id)
+            return SessionOutcome(recovered, "registered", replaced=recovered.generation != generation,
+                                  detail="recovered")
         changed = (stored is not None and stored.worker_id == self._worker_id and stored.status != "offline"
                    and stored.capabilities_hash != self._capabilities_hash)
         return SessionOutcome(self._register(slots), "registered",
@@ -652,17 +677,35 @@ class SessionKeeper:
     def _observe(self, projection: SessionProjection, sent: int, operation: str) -> None:
         """A register or heartbeat answer is a sample of the cluster's clock (spec README
         "Decisions for clocks"): its lease was granted now, ``leaseExpiresAtMs -
-        leaseDurationMs``. Never a register replay (this keeper never replays one: every
-        registration has a new session id)."""
+        leaseDurationMs``. Never a register replay (:meth:`_recover`: the row unchanged)."""
         if self._cluster is not None:
             self._cluster.observe(projection.lease_expires_at_ms - self._lease_ms, sent, self._clock_ms(), operation)
 
-    def _register(self, slots: int) -> SessionRecord:
+    def _recover(self, slots: int, session_id: str) -> SessionRecord:
+        """Register ``session_id`` again (the session of a record in flight, whose record
+        was lost): the reference answers a register of its current session with the row
+        unchanged, but only for the same snapshot, ``availableSlots`` included
+        (workerSessionRepository.ts ``register``), and the value last announced is lost
+        with the record. So a few values are tried, the likeliest first (what is free now,
+        then one more, as before the accept that filled it): each refusal is a 409 that
+        changes nothing. All refused: ``session_fenced`` (the records' own calls go on; the
+        next cycle tries again; once none is in flight a new session is registered)."""
+        values = sorted(range(self._max_runs + 1), key=lambda value: (value < slots, abs(value - slots)))
+        for value in values[:_RECOVERY_TRIES]:
+            try:
+                return self._register(value, session_id=session_id)
+            except SessionError as exc:
+                if exc.code != "session_fenced" or value == values[:_RECOVERY_TRIES][-1]:
+                    raise
+        raise SessionError("register: no value to try", code="session_fenced")  # unreachable: range has 0
+
+    def _register(self, slots: int, session_id: str | None = None) -> SessionRecord:
         if not self._may_register or self._capabilities_json is None or self._capabilities_hash is None:
             raise SessionError("no live session to keep (none stored, fenced or its lease ran out): nothing is "
                                "registered", code="session_lost")
         now = self._clock_ms()
-        session_id = new_uuid7(self._wall_ms(), self._random_bytes)
+        replay = session_id is not None  # a lost record's session registered again (_recover)
+        session_id = session_id or new_uuid7(self._wall_ms(), self._random_bytes)
         body = register_request_body(
             capabilities_json=self._capabilities_json,
             capabilities_hash=self._capabilities_hash,
@@ -680,12 +723,15 @@ class SessionKeeper:
         except ContractError as exc:
             raise SessionError(f"register: response rejected ({exc.code} at {exc.path})",
                                code="invalid_response") from None
-        self._observe(projection, now, "register")
+        if not replay:  # a replay's row is unchanged, its times stored ones: never a clock sample
+            self._observe(projection, now, "register")
         record = self._record(projection, registered_at_ms=now, heartbeat_at_ms=now,
                               capabilities_hash=self._capabilities_hash)
         self._retry_after = None
         self._save(record)
         self.announced_slots = slots
+        if self.identity.registered(projection.generation):
+            self.identity.check()  # the third replacement by another device: quiet from now on
         return record
 
     def _heartbeat(self, record: SessionRecord, slots: int, expected_version: int | None = None) -> SessionRecord:

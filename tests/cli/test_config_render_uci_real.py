@@ -100,6 +100,7 @@ def test_readme_sequence_then_lists_quotes_and_spaces(uci: RealUci, tmp_path: pa
             "runtimeDirectory": "/var/run/qinglong-edge",  # the shipped UCI default (RAM)
             "logDirectory": "/tmp/qinglong-edge/remote-logs",  # the shipped UCI default (RAM)
             "requestTimeoutMs": 20000,
+            "capabilitiesFile": "/etc/qinglong-edge/capabilities.json",  # the README's capabilities step
         },
         "localApi": {"listener": {"host": "127.0.0.1", "port": 5701}},
         "execution": {"logDirectory": "/tmp/qinglong edge/logs",

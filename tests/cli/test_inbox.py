@@ -44,7 +44,8 @@ def _accept(root: pathlib.Path, *offer_ids: str) -> None:
 def test_list_of_a_missing_journal_is_empty(config: pathlib.Path, journal_root: pathlib.Path) -> None:
     result = run_cli("--config", str(config), "inbox", "list", "--json")
     assert result.status == 0, result.stderr
-    assert result.json() == {"ok": True, "offers": []}
+    assert result.json() == {"ok": True, "offers": [],
+                             "capacity": {"maximumEntries": 64, "inFlight": 0, "finished": 0}}
     assert not journal_root.exists()  # reading creates nothing
 
 
@@ -52,7 +53,8 @@ def test_list_shows_id_state_run_and_acceptance(config: pathlib.Path, journal_ro
     _accept(journal_root, "offer-b", "offer-a")
     result = run_cli("--config", str(config), "inbox", "list", "--json")
     assert result.status == 0, result.stderr
-    none = {"exitCode": None, "logPath": None, "logBytes": None}  # not run yet: no exit code, no log
+    # not run yet: no exit code, no log; in flight (its lease is live), so it holds an entry
+    none = {"exitCode": None, "logPath": None, "logBytes": None, "inFlight": True}
     assert result.json()["offers"] == [
         {"offerId": "offer-a", "state": "accepted", "runId": "run-1", "attemptId": "attempt-1", "acceptedAtMs": 1001,
          **none},
@@ -64,6 +66,7 @@ def test_list_shows_id_state_run_and_acceptance(config: pathlib.Path, journal_ro
     lines = human.stdout.splitlines()
     assert lines[0].split() == ["OFFER_ID", "STATE", "RUN_ID", "ATTEMPT_ID", "EXIT", "LOG_BYTES", "LOG"]
     assert lines[1].split() == ["offer-a", "accepted", "run-1", "attempt-1", "-", "-", "-"]
+    assert lines[-1] == "inbox: 2 records of 64: 2 need this device, 0 finished"
 
 
 def test_list_works_while_a_pull_owns_the_journal(config: pathlib.Path, journal_root: pathlib.Path) -> None:

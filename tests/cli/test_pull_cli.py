@@ -435,17 +435,20 @@ def test_a_claim_failure_names_the_file_its_remedy_points_at(env: PullEnv) -> No
 
 # -- inbox capacity -----------------------------------------------------------------------------------------
 
-def test_full_inbox_makes_no_new_claim(env: PullEnv) -> None:
+def test_an_inbox_full_of_finished_records_still_claims(env: PullEnv) -> None:
+    """Issue 23: a finished record holds no inbox entry; the oldest makes room for the next
+    offer (a full inbox of records in flight makes no claim: tests/cli/test_pull_inbox_capacity.py)."""
     env.write_config(inboxMaximumEntries=1)
     env.cluster.add_task("python")
-    assert env.pull("--json").last()["status"] == "accepted"
-    offers_before = len(env.cluster.exchanges_for("offers"))
+    first = env.pull("--json")
+    assert first.last()["status"] == "accepted"
+    (done,) = env.inbox()
+    assert env.inbox()[done]["state"] == "completion_acknowledged"
+    env.cluster.add_task("python")
     outcome = env.pull("--json")
-    assert outcome.status == 75
-    assert outcome.last()["status"] == "inbox_full"
-    assert env.claim() is None
-    assert len(env.cluster.exchanges_for("offers")) == offers_before
-    assert len(env.cluster.state.candidates) == 1
+    assert outcome.status == 0, outcome.stdout
+    assert outcome.last()["status"] == "accepted"
+    assert done not in env.inbox() and len(env.inbox()) == 1
     assert env.cluster.exchanges_for("register")[0].json()["availableSlots"] == 1
 
 

@@ -11,14 +11,17 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
 import pytest
 
 from tests.support.cluster_double import ClusterDouble, Fault
+from tests.support.jobs import descendants_by_marker, kill_pids
 from tests.support.remote_env import RemoteEnv, dump, event_names, remote_cluster, wait_until
 
 SECRET = "s3cr3t-value-never-on-disk"
@@ -117,6 +120,54 @@ def test_output_beyond_the_cap_keeps_the_head_and_reports_truncation(env: Remote
     assert outcome.events("uploaded")[0]["truncated"] is True
 
 
+def test_a_job_past_its_memory_limit_is_reported_out_of_memory(env: RemoteEnv) -> None:
+    """Issue 24 item 3: the job (not its wrapper) runs in a memory leaf of
+    ``execution.maxRunMemoryBytes``; allocating past it gets it OOM-killed there, the
+    wrapper lives on and publishes 137, and ``pull --json`` says why."""
+    from qinglong_edge.process.cgroups import CgroupManager
+
+    if not CgroupManager.detect("auto", memory_max=8 << 20).memory_available:
+        pytest.skip("no memory cgroup for jobs here")
+    document = json.loads(env.config_path.read_text())
+    document["execution"] = {"maxRunMemoryBytes": 8 << 20}
+    env.config_path.write_text(json.dumps(document))
+    task = env.cluster.add_command_task([sys.executable, "-I", "-S", "-c", "b = bytearray(64 << 20)"])
+    outcome = env.run_to_end()
+    assert outcome.status == 0, dump(outcome)
+    exited = outcome.events("exited")[0]
+    assert (exited["exitCode"], exited["source"], exited["reason"]) == (137, "receipt", "out_of_memory"), exited
+    completion = env.cluster.completion(task.candidate["runId"])
+    assert completion is not None and (completion["status"], completion["result"]["exitCode"]) == ("failed", 137)
+
+
+def test_a_job_that_fills_its_disk_costs_the_agent_no_record(tmp_path: pathlib.Path) -> None:
+    """Issue 24 item 4: the state (journal, receipts, remote logs and the job's scratch
+    directory) on one small file system, which the job fills. The wrapper's receipt
+    cannot be written (tried 5 times, then "No receipt": the pull, its parent, has the
+    exit status), journal writes fail cleanly (``storage_failed``) and are retried, the
+    scratch directory goes once the job has ended, and the record ends as any other.
+    The cluster's own 30 s leases (renewed every 10 s): the disk is full for a few seconds."""
+    from tests.support.mounts import tmpfs
+
+    with ClusterDouble(lease_duration_ms=30_000, renewal_duration_ms=30_000) as cluster:
+        env = RemoteEnv(tmp_path, cluster)
+        with tmpfs(env.state_dir, "8m"):
+            _fill_the_disk(env)
+
+
+def _fill_the_disk(env: RemoteEnv) -> None:
+    task = env.cluster.add_command_task("head -c 16777216 /dev/zero > fill; echo filled; exit 5")
+    outcome = env.run_to_end(timeout=90)
+    assert outcome.status == 0, dump(outcome)
+    exited = outcome.events("exited")[0]
+    assert (exited["exitCode"], exited["source"]) == (5, "reaped"), exited
+    assert env.record()["state"] == "completion_acknowledged"
+    completion = env.cluster.completion(task.candidate["runId"])
+    assert completion is not None and completion["result"]["exitCode"] == 5
+    assert env.remote_logs() == [] and env.receipts() == []
+    assert not list((env.state_dir / "logs" / "remote" / "work").iterdir())  # the scratch directory went
+
+
 # -- stops -------------------------------------------------------------------------------------------------
 
 def test_a_cluster_side_cancel_stops_the_job_and_completes_it_cancelled(env: RemoteEnv) -> None:
@@ -147,39 +198,34 @@ def test_the_local_deadline_stops_the_job_and_the_cluster_records_timed_out(env:
     assert env.cluster.completion(task.candidate["runId"])["status"] == "timed_out"
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie waiting for its reaper does not)."""
-    try:
-        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def test_a_job_that_exits_leaving_a_child_in_its_group_has_it_stopped_without_a_cgroup(env: RemoteEnv) -> None:
     """Regression: with no cgroup (an unprivileged cron pull, the shipped OpenWrt state) a
     background child the command left in its process group outlived the completion: the
     leader was reaped without stopping its group. Its leftovers are stopped first, as
-    for Local Runs, while the unreaped leader still pins the group number."""
+    for Local Runs, while the unreaped leader still pins the group number. (The child is
+    found by its argv from outside: an isolated job's pids are its PID namespace's.)"""
     document = json.loads(env.config_path.read_text())
     document["execution"] = {"cgroups": "off", "terminateGraceMs": 1000, "killGraceMs": 1000}
     env.config_path.write_text(json.dumps(document))
-    pid_file = env.trace("leftover.pid")
-    task = env.cluster.add_command_task(f"sleep 300 & echo $! > {pid_file}; trap '' TERM; echo done")
-    outcome = env.run_to_end()
-    assert outcome.status == 0, dump(outcome)
-    assert env.record()["state"] == "completion_acknowledged"
-    leftover = int(pid_file.read_text())
+    marker = _marker()
+    task = env.cluster.add_command_task(f"sleep {marker} & trap '' TERM; echo done")
     try:
-        assert not _alive(leftover), "the job's background child outlived its completion"
+        outcome = env.run_to_end()
+        assert outcome.status == 0, dump(outcome)
+        assert env.record()["state"] == "completion_acknowledged"
+        assert not descendants_by_marker(marker), "the job's background child outlived its completion"
     finally:
-        if _alive(leftover):
-            os.kill(leftover, signal.SIGKILL)
+        kill_pids(descendants_by_marker(marker))
     # The job wrapper (a child subreaper) ended the leftover before its receipt, so the
     # runner's own stop of the leftovers found nothing left to stop.
     assert [e["reason"] for e in outcome.events("stopped")] == []
     assert outcome.events("exited")[0]["exitCode"] == 0  # the command's own status, not the stop's
     assert env.cluster.completion(task.candidate["runId"])["status"] == "succeeded"
+
+
+def _marker() -> str:
+    """A ``sleep`` argument no other process has: its processes are found by it from outside."""
+    return str(300_000_000 + int.from_bytes(os.urandom(3), "big"))
 
 
 def _cgroups_off(env: RemoteEnv) -> None:
@@ -189,29 +235,22 @@ def _cgroups_off(env: RemoteEnv) -> None:
     env.config_path.write_text(json.dumps(document))
 
 
-def _read_pid(path: pathlib.Path) -> int:
-    assert wait_until(lambda: path.exists() and path.read_text().strip().isdigit())
-    return int(path.read_text())
-
-
 @pytest.mark.parametrize("escape", ["setsid", "double-fork"])
 def test_an_escaped_child_does_not_outlive_the_completion_without_a_cgroup(env: RemoteEnv, escape: str) -> None:
     """(a), (c) Regression: a ``setsid`` child (or a double fork, then setsid) is in no group
     of ours; without a cgroup it outlived the job's completion and its receipt."""
     _cgroups_off(env)
-    pid_file = env.trace("escaped.pid")
-    script = {"setsid": f"setsid sleep 300 & echo $! > {pid_file}; echo done",
-              "double-fork": f"( setsid sh -c 'echo $$ > {pid_file}; exec sleep 300' & ); "
-                             f"while [ ! -s {pid_file} ]; do sleep 0.01; done; echo done"}[escape]
+    marker, flag = _marker(), env.trace("escaped.started")
+    script = {"setsid": f"setsid sleep {marker} & echo done",
+              "double-fork": f"( setsid sh -c 'echo started > {flag}; exec sleep {marker}' & ); "
+                             f"while [ ! -s {flag} ]; do sleep 0.01; done; echo done"}[escape]
     task = env.cluster.add_command_task(script)
-    outcome = env.run_to_end()
-    assert outcome.status == 0, dump(outcome)
-    escaped = _read_pid(pid_file)
     try:
-        assert not _alive(escaped), "the escaped child outlived the job's completion"
+        outcome = env.run_to_end()
+        assert outcome.status == 0, dump(outcome)
+        assert not descendants_by_marker(marker), "the escaped child outlived the job's completion"
     finally:
-        if _alive(escaped):
-            os.kill(escaped, signal.SIGKILL)
+        kill_pids(descendants_by_marker(marker))
     assert outcome.events("exited")[0]["exitCode"] == 0
     assert env.cluster.completion(task.candidate["runId"])["status"] == "succeeded"
 
@@ -220,38 +259,89 @@ def test_a_cancelled_job_leaves_no_setsid_escapee_without_a_cgroup(env: RemoteEn
     """(b) Regression: a cancel stopped the job's process group; its ``setsid`` child, in no
     group of ours and without a cgroup, survived the stop."""
     _cgroups_off(env)
-    pid_file = env.trace("escaped.pid")
-    task = env.cluster.add_command_task(f"setsid sleep 300 & echo $! > {pid_file}; "
-                                        "while :; do sleep 0.02; done")
+    marker = _marker()
+    task = env.cluster.add_command_task(f"setsid sleep {marker} & while :; do sleep 0.02; done")
     run_id = task.candidate["runId"]
     proc = env.spawn_json()
-    escaped = 0
     try:
         env.wait_state("running_acknowledged")
-        escaped = _read_pid(pid_file)
+        assert wait_until(lambda: descendants_by_marker(marker))
         assert env.cluster.request_cancel(run_id) == "accepted"
         outcome = env.finish(proc, timeout=30)
         assert outcome.status == 0, dump(outcome)
-        assert not _alive(escaped), "the escaped child outlived the cancel"
+        assert not descendants_by_marker(marker), "the escaped child outlived the cancel"
     finally:
-        if escaped and _alive(escaped):
-            os.kill(escaped, signal.SIGKILL)
+        kill_pids(descendants_by_marker(marker))
     stopped = outcome.events("stopped")[0]
     assert (stopped["reason"], stopped["result"], stopped["signal"]) == ("user", "stopped", "SIGTERM")
     assert outcome.events("exited")[0]["exitCode"] == 143
     assert env.cluster.completion(run_id)["status"] == "cancelled"
 
 
+#: Runs a command where the kernel refuses every new user namespace (as on a device
+#: without unprivileged user namespaces): the agent is root of a user namespace of its
+#: own (its uid mapped to itself) whose ``user.max_user_namespaces`` is 0.
+NO_USER_NAMESPACES = ["unshare", "-U", "-r", "sh", "-c", 'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"',
+                      "no-userns"]
+
+
 def _without_isolation(env: RemoteEnv) -> None:
-    """The device's remembered isolation answer says no (a kernel without unprivileged user
-    namespaces, Python without ctypes): remote jobs then run as the agent's user, seeing
-    its files (README "What a remote job can read")."""
+    """A device where job isolation cannot work: every pull of ``env`` runs where the kernel
+    refuses new user namespaces, so its probe finds no isolation and remote jobs run as the
+    agent's user, seeing its files (README "What a remote job can do"). (Writing a negative
+    isolation answer into the runtime directory no longer does it: nothing a job could
+    write there is trusted, :func:`test_a_planted_isolation_answer_does_not_turn_isolation_off`.)"""
+    if shutil.which("unshare") is None:
+        pytest.skip("util-linux unshare is not installed")
+    probe = subprocess.run([*NO_USER_NAMESPACES, "true"], capture_output=True, text=True, check=False, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"no user namespace for the test itself: {probe.stderr.strip()}")
+    argv = env.argv
+    env.argv = lambda *args: [*NO_USER_NAMESPACES, *argv(*args)]  # type: ignore[method-assign]
+
+
+def test_a_planted_isolation_answer_does_not_turn_isolation_off(env: RemoteEnv) -> None:
+    """Regression (issue 24): a job rewrote ``isolation.json`` in the runtime directory with
+    ``"available":false`` and the next job ran unisolated. The runtime directory is hidden
+    from isolated jobs now, and a negative answer is never read: the probe decides."""
+    from qinglong_edge.process.isolation import probe_isolation
     from qinglong_edge.worker.runtime import boot_id
 
+    if not probe_isolation().available:
+        pytest.skip("no job isolation here")
     env.runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
     answer = env.runtime / "isolation.json"
-    answer.write_text(json.dumps({"bootId": boot_id(), "available": False, "reason": "test"}) + "\n")
+    answer.write_text(json.dumps({"bootId": boot_id(), "available": False, "reason": "planted"}) + "\n")
     answer.chmod(0o600)
+    env.quick_job("job")
+    outcome = env.run_to_end()
+    assert outcome.status == 0, dump(outcome)
+    assert outcome.events("started")[0]["isolated"] is True
+    assert json.loads(answer.read_text())["available"] is True  # the probe's own answer replaced it
+
+
+@pytest.mark.parametrize("damage", ["symlink", "fifo", "file"])
+def test_a_runtime_directory_replaced_by_something_else_is_refused_and_the_launch_goes_on(
+        env: RemoteEnv, tmp_path: pathlib.Path, damage: str) -> None:
+    """Issue 24 "Bad input": the journal's runtime directory replaced by a symlink (to a
+    directory a job could control), a FIFO or a file. Never followed nor opened: one line
+    (``pull: warning: runtime directory refused ...``, once per boot), the records go to
+    the fallback ``<journal>/run``, and the job runs and completes."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    env.run_base.mkdir(exist_ok=True)
+    {"symlink": lambda: env.runtime.symlink_to(elsewhere), "fifo": lambda: os.mkfifo(env.runtime, 0o600),
+     "file": lambda: env.runtime.write_text("x" * 100_000)}[damage]()
+    env.quick_job("job")
+    outcome = env.run_to_end()
+    assert outcome.status == 0, dump(outcome)
+    warnings = [line for line in outcome.stderr.splitlines() if "runtime directory refused" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("pull: warning: "), outcome.stderr
+    assert env.record()["state"] == "completion_acknowledged" and env.starts("job") == 1
+    assert list(elsewhere.iterdir()) == []  # nothing written through the symlink
+    assert (env.journal / "run").is_dir()
+    second = env.run_to_end()
+    assert "runtime directory refused" not in second.stderr  # once per boot
 
 
 #: What a job that can see the log directory (no isolation) puts where its log was.

@@ -107,14 +107,13 @@ def test_escapees_of_a_killed_wrapper_are_ended_through_the_cgroup_at_re_adoptio
     if not CgroupManager.detect("auto", pids_max=16).available:
         pytest.skip("no cgroup can be created here (CI runs as root with cgroups)")
     env = RemoteEnv(tmp_path, cluster)
-    escapee = env.trace("escapee.pid")
-    script = (f'echo started >> {env.trace("job")}; setsid sh -c \'echo $$ > {escapee}; trap "" TERM; '
-              f'while :; do sleep 0.05; done\' & while [ ! -e {env.trace("job.go")} ]; do sleep 0.02; done')
+    marker = "100123"  # the escapee's host pid is found by its argv (the job may run in a PID namespace)
+    script = (f'echo started >> {env.trace("job")}; setsid sh -c \'trap "" TERM; exec sleep {marker}\' & '
+              f'while [ ! -e {env.trace("job.go")} ]; do sleep 0.02; done')
     task = env.cluster.add_command_task(script)
     proc = env.spawn_json()
     record = env.wait_state("running_acknowledged")
-    wait_until(lambda: escapee.exists() and escapee.read_text().strip())
-    pid = int(escapee.read_text())
+    pid = wait_until(lambda: _by_argv(["sleep", marker]))
     from qinglong_edge.process.identity import decode_handle
 
     wrapper = decode_handle(record["executorHandle"]).identity.pid
@@ -130,6 +129,18 @@ def test_escapees_of_a_killed_wrapper_are_ended_through_the_cgroup_at_re_adoptio
     assert env.starts("job") == 1
     assert env.cluster.completion(task.candidate["runId"]) is None or env.cluster.completion(
         task.candidate["runId"])["result"]["exitCode"] == 255  # no receipt: outcome lost
+
+
+def _by_argv(argv: list[str]) -> int | None:
+    wanted = "\0".join(argv).encode() + b"\0"
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if pathlib.Path(f"/proc/{entry}/cmdline").read_bytes() == wanted:
+                    return int(entry)
+            except OSError:
+                continue
+    return None
 
 
 def _zombie(pid: int) -> bool:

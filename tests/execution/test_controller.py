@@ -5,8 +5,11 @@ Grace periods are 300 ms (SIGTERM) and 300 ms (SIGKILL) to keep the suite fast.
 
 from __future__ import annotations
 
+import json
 import os
+import pathlib
 import shutil
+import sys
 import time
 
 import pytest
@@ -59,6 +62,53 @@ def test_natural_exit_is_recorded_with_exit_code_and_events(env: Env) -> None:
     log = os.path.join(env.log_directory, f"{run_id}_{aid}.log")
     assert read_text(log) == "hello\noops\n"
     assert not os.path.exists(log[:-4] + ".fifo")
+
+
+def test_a_run_past_its_memory_limit_says_out_of_memory_in_its_stored_event(env: Env) -> None:
+    """Issue 24 item 3: the job's memory leaf (``execution.maxRunMemoryBytes``), an OOM kill
+    there, the exit status 137 and ``"reason":"out_of_memory"`` in the stored
+    ``attempt.failed`` payload (the Local API's RunEvent fields are unchanged: payloads are
+    never served)."""
+    if os.geteuid() != 0 or not CgroupManager.detect("auto", memory_max=8 << 20).memory_available:
+        pytest.skip("no memory cgroup for jobs here (root, a memory hierarchy)")
+    env.task("t-oom", f"exec {sys.executable} -I -S -c 'b = bytearray(64 << 20)'")
+    run_id, attempt_id = env.start("t-oom")
+    with env.controller(max_run_memory_bytes=8 << 20) as controller:
+        controller.notify()
+        assert env.wait_status(run_id, "failed", timeout=30) == "failed"
+    assert env.attempt_row(attempt_id)["exit_code"] == 137
+    (failed,) = [e for e in env.events(run_id) if e["type"] == "attempt.failed"]
+    assert json.loads(failed["payload_text"])["reason"] == "out_of_memory"
+
+
+def test_a_run_that_fills_the_disk_costs_no_record(tmp_path: pathlib.Path) -> None:
+    """Issue 24 item 4: the store, the logs and the Run's working directory on one small
+    file system, which the job fills before it exits 5. The completion cannot be written
+    (the store's write fails cleanly) and is retried; once the space is back (here the
+    operator removes the file) the Run is recorded failed with its exit code."""
+    from tests.support.execution_env import make_env
+    from tests.support.mounts import tmpfs
+
+    with tmpfs(tmp_path / "state", "4m") as root:
+        env = make_env(str(root))
+        try:
+            work = root / "work"
+            work.mkdir()
+            env.task("t-fill", "head -c 8388608 /dev/zero > fill; exit 5", cwd=str(work))
+            run_id, attempt_id = env.start("t-fill")
+            with env.controller() as controller:
+                controller.notify()
+                assert wait_for(lambda: env.status(run_id) == "running")
+                pid = env.attempt_row(attempt_id)["pid"]
+                assert wait_for(lambda: not alive(pid), timeout=30)  # the job (and its wrapper) ended
+                assert os.statvfs(root).f_bavail == 0
+                time.sleep(0.5)  # the controller tries to record the exit meanwhile: it cannot ...
+                assert env.status(run_id) == "running"  # ... and nothing is lost or half-written
+                (work / "fill").unlink()  # until the space is back
+                assert env.wait_status(run_id, "failed", timeout=30) == "failed"
+            assert env.attempt_row(attempt_id)["exit_code"] == 5
+        finally:
+            env.store.close()
 
 
 def test_exit_zero_succeeds_with_task_environment_and_directory(env: Env, tmp_path: object) -> None:

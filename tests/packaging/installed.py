@@ -188,7 +188,15 @@ class Router:
     def procd(self) -> list[str]:
         return [line for line in read_log(self.log) if line.startswith("procd_")]
 
-    def procd_param(self, name: str) -> list[str]:
-        """The words after ``procd_set_param NAME`` (the one call with that name)."""
-        (found,) = [line.split()[2:] for line in self.procd() if line.split()[:2] == ["procd_set_param", name]]
-        return found
+    def procd_param(self, name: str, instance: str = "serve") -> list[str]:
+        """The words after ``procd_set_param NAME`` (the one call with that name) in the
+        procd instance ``instance`` (``serve``; ``pull``: the pull at once)."""
+        current, found = None, []
+        for line in self.procd():
+            words = line.split()
+            if words[0] == "procd_open_instance":
+                current = words[1] if len(words) > 1 else ""
+            elif words[:2] == ["procd_set_param", name] and current == instance:
+                found.append(words[2:])
+        (only,) = found
+        return only

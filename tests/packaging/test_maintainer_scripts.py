@@ -306,6 +306,7 @@ def test_start_when_enabled_runs_serve_under_procd(busybox: str, router: Router)
     assert result.returncode == 0, result.stderr
     config = router.rundir / "config.json"
     assert router.procd() == [
+        *_pull_at_once(router, config),
         "procd_open_instance serve",
         f"procd_set_param command {sys.executable} -u {router.root}/usr/bin/qinglong-edge --config {config} serve",
         "procd_set_param user qinglong",
@@ -321,6 +322,35 @@ def test_start_when_enabled_runs_serve_under_procd(busybox: str, router: Router)
     assert (router.rundir / "pull.enabled").exists()  # the cron pull is switched on
     assert json.loads(config.read_text())["worker"]["workerId"] == "edge-1"
     assert router.logs.is_dir() and router.logs.stat().st_mode & 0o777 == 0o700
+
+
+def _pull_at_once(router: Router, config: pathlib.Path) -> list[str]:
+    """The procd instance every start declares while worker.enabled is 1: one pull at once."""
+    return [
+        "procd_open_instance pull",
+        f"procd_set_param command {sys.executable} -u {router.root}/usr/bin/qinglong-edge --config {config} pull"
+        " --no-splay",
+        "procd_set_param user qinglong",
+        "procd_set_param group qinglong",
+        "procd_set_param limits nofile=1024 1024 nproc=64 64",
+        "procd_set_param stderr 1",
+        "procd_set_param term_timeout 15",
+        "procd_close_instance",
+    ]
+
+
+def test_every_start_with_the_worker_enabled_runs_one_pull_at_once_as_the_service_user(
+        busybox: str, router: Router) -> None:
+    """Issue 23 item 3: after a restart or an upgrade (default_postinst starts the script
+    once the files are replaced) the successor pull starts at once, as user qinglong, not
+    at the next cron minute; it has no respawn (cron runs the next ones). Serve stays off."""
+    router.set_uci(worker__enabled="1", worker__origin="https://cluster.example", worker__worker_id="edge-1")
+    result = router.call(busybox, "start_service")
+    assert result.returncode == 0, result.stderr
+    assert router.procd() == _pull_at_once(router, router.rundir / "config.json")
+    router.set_uci(worker__enabled="0")
+    assert router.call(busybox, "start_service").returncode == 0
+    assert router.procd() == []  # no worker: no pull
 
 
 def test_invalid_uci_stops_everything_and_logs_the_option(busybox: str, router: Router) -> None:

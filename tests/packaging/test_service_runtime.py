@@ -28,6 +28,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -37,7 +38,7 @@ from qinglong_edge.worker.runtime import journal_key
 from tests.packaging.conftest import Dist, Unpacked, unpack_ipk
 from tests.packaging.installed import STOP_MARGIN_S, Router, serve_stop_seconds, worker_options
 from tests.support.cli import Entry, unprivileged_python
-from tests.support.cluster_double import ClusterDouble
+from tests.support.cluster_double import ClusterDouble, Fault
 from tests.support.jobs import alive, wait_until
 from tests.support.local_site import FAST_EXECUTION, LocalSite, start_and_cancel
 from tests.support.openwrt_stubs import read_log
@@ -278,6 +279,108 @@ def test_crontab_line_pulls_as_the_service_user_only_while_enabled(busybox: str,
     cron()
     assert len(cluster.exchanges) == seen  # worker switched off: the line does nothing
     assert json.loads((router.rundir / "config.json").read_text())["worker"]["workerId"] == cluster.worker_id
+
+
+def test_the_cron_line_logs_each_failure_once_an_hour_with_its_remedy(busybox: str, service_router: Router,
+                                                                      base: pathlib.Path,
+                                                                      cluster: ClusterDouble) -> None:
+    """Issue 23 item 5: every failure line of pull went to stdout, which the shipped line
+    (``2>&1 >/dev/null | logger``) throws away, so logread showed nothing. Now each failure
+    reaches the line's logger once per distinct failure per hour, with its remedy."""
+    router = service_router
+    python = unprivileged_python()
+    applets = base / "busybox-bin"
+    applets.mkdir()
+    for applet in ("cat", "sh", "test"):
+        (applets / applet).symlink_to(busybox)
+    device = PullEnv(base / "device", cluster)
+    _chown_tree(base / "device")
+    router.edit_uci(worker_options(device))
+    assert router.call(busybox, "start_service").returncode == 0
+    logger = base / "bin/logger"
+    logger.parent.mkdir()
+    logger.write_text(f'#!/bin/sh\ncat >> {base / "syslog"}\n')
+    logger.chmod(0o755)
+    (base / "syslog").touch(mode=0o666)
+    (base / "syslog").chmod(0o666)
+
+    def cron() -> int:
+        claim = device.claim()
+        if claim is not None:
+            device.wait_until_due(claim)  # a failed attempt backs off (full jitter from 100 ms)
+        return subprocess.run([busybox, "sh", "-c", _crontab_command(router, python)], capture_output=True,
+                              text=True, env={"PATH": f"{logger.parent}:{applets}"}, cwd="/", user=SERVICE_UID,
+                              group=SERVICE_UID, extra_groups=[], check=False, timeout=60).returncode
+
+    cluster.push_fault(*[Fault.status_answer(500, "internal_error") for _ in range(3)])
+    for _ in range(3):
+        cron()
+    logged = (base / "syslog").read_text().splitlines()
+    assert len(logged) == 1, logged  # three failures of one kind: said once
+    assert logged[0].startswith("pull: ") and "unavailable (unexpected_status HTTP 500 internal_error)" in logged[0]
+    assert " -> the cluster failed handling the call" in logged[0]  # its remedy
+    cluster.push_fault(Fault.status_answer(409, "worker_offer_conflict"))
+    cron()
+    logged = (base / "syslog").read_text().splitlines()
+    assert len(logged) == 2 and "HTTP 409 worker_offer_conflict" in logged[1], logged  # a distinct failure
+    cron()  # answered (idle): nothing logged
+    assert len((base / "syslog").read_text().splitlines()) == 2
+
+
+def test_a_restart_starts_the_successor_pull_at_once_within_the_jobs_lease(busybox: str, service_router: Router,
+                                                                           base: pathlib.Path,
+                                                                           cluster: ClusterDouble) -> None:
+    """Issue 23 item 3: ``/etc/init.d/qinglong-edge restart`` (and the package's postinst,
+    which runs the same start) with a job in flight. procd stops the resident pull with
+    SIGTERM (its jobs go on); the start runs one pull at once as the service user, which
+    re-adopts the job and renews its 30 s lease in time, instead of the next cron minute
+    (a pull 35 s later found the lease gone). Here procd's two steps are done as procd
+    does them: SIGTERM to the instance's pid, then the command the start declared."""
+    router = service_router
+    device = PullEnv(base / "device", cluster)
+    _chown_tree(base / "device")
+    router.edit_uci(worker_options(device))
+    traces = base / "traces"
+    traces.mkdir(mode=0o777)
+    traces.chmod(0o777)
+    cluster.state.candidates.clear()
+    task = cluster.add_command_task(f"echo started >> {traces}/job; while [ ! -e {traces}/go ]; do sleep 0.05; done")
+    lease_ms = 30_000  # the double's default, the reference's run lease
+
+    def procd_start() -> subprocess.Popen[bytes]:
+        assert router.call(busybox, "start_service").returncode == 0
+        argv = router.procd_param("command", "pull")
+        assert router.procd_param("user", "pull") == ["nobody"]
+        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd="/",
+                                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, user=SERVICE_UID, group=SERVICE_UID,
+                                extra_groups=[])
+
+    first = procd_start()
+    successor = None
+    try:
+        assert wait_until((traces / "job").exists, timeout=60)
+        assert wait_until(lambda: any(e.op == "lease-control" for e in cluster.exchanges), timeout=30)
+        # restart = stop (stop_service, procd SIGTERMs the instance's pid) + start
+        assert router.call(busybox, "stop_service").returncode == 0
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=30) == 0
+        stopped_at = time.monotonic()
+        mark = len(cluster.exchanges)
+        successor = procd_start()
+        assert wait_until(lambda: any(e.op == "lease-control" for e in cluster.exchanges[mark:]), timeout=30)
+        taken_over_s = time.monotonic() - stopped_at
+        (traces / "go").touch()
+        assert successor.wait(timeout=60) == 0, successor.stderr.read() if successor.stderr else ""
+    finally:
+        (traces / "go").touch()
+        for proc in (first, successor):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert taken_over_s < lease_ms / 1000 / 3, taken_over_s  # well within the lease: not the next cron minute
+    assert (traces / "job").read_text().count("started") == 1
+    assert cluster.completion(task.candidate["runId"])["status"] == "succeeded"
+    assert [f for f in cluster.fence_reasons() if f.reason == "lease_expired"] == []
 
 
 def _standin_pull(base: pathlib.Path, then: str) -> pathlib.Path:

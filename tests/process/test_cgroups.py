@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -186,7 +188,7 @@ def test_hierarchy_parent_is_under_qinglong_edge() -> None:
 @given(st.text(max_size=400))
 def test_mountinfo_parser_never_raises(text: str) -> None:
     for hierarchy in find_hierarchies(text):
-        assert hierarchy.kind in ("v2", "freezer", "pids")
+        assert hierarchy.kind in ("v2", "freezer", "pids", "memory")
 
 
 @pytest.mark.parametrize(
@@ -233,3 +235,118 @@ def test_nests_under_the_agents_own_cgroup_when_delegated(cgroup_manager: Cgroup
     finally:
         os.rmdir(os.path.join(delegated, PARENT))
         os.rmdir(delegated)
+
+
+# -- the job's memory leaf (issue 24 item 3) --------------------------------------------------------
+
+
+def test_a_v1_memory_leaf_holds_the_job_alone_with_its_limit_and_counts_its_oom_kills(tmp_path: pathlib.Path) -> None:
+    """The real v1 memory hierarchy (hybrid machines, CI): ``memory.limit_in_bytes`` and
+    (swap accounting) ``memory.memsw.limit_in_bytes``; the wrapper stays in the agent's
+    memory cgroup; a job allocating past the limit is OOM-killed and counted."""
+    if os.geteuid() != 0:
+        pytest.skip("cgroups need root (CI runs as root)")
+    manager = CgroupManager.detect("auto", memory_max=16 << 20)
+    if not any(h.kind == "memory" for h in manager.hierarchies):
+        pytest.skip(f"no v1 memory hierarchy here: {manager.memory_reason}")
+    assert manager.memory_available and manager.memory_reason == ""
+    group = manager.create(f"test-{new_uuid4()}")
+    assert group is not None and group.memory_leaf() == group.paths["memory"]
+    try:
+        leaf = group.paths["memory"]
+        assert int(read_text(os.path.join(leaf, "memory.limit_in_bytes"))) == 16 << 20
+        if os.path.exists(os.path.join(leaf, "memory.memsw.limit_in_bytes")):
+            assert int(read_text(os.path.join(leaf, "memory.memsw.limit_in_bytes"))) == 16 << 20
+        assert os.path.join(leaf, "cgroup.procs") not in group.procs_files()  # not the wrapper's
+        assert group.job_procs_files() == [os.path.join(leaf, "cgroup.procs")]
+        assert group.oom_kills() == 0
+        from qinglong_edge.process.spawn import JobSpec
+        from qinglong_edge.process.spawn import start_job as start
+
+        script = f"{sys.executable} -I -S -c 'bytearray(64 << 20)'; echo after $?"
+        job = start(JobSpec(["/bin/sh", "-c", script], {}, str(tmp_path), str(tmp_path / "log"), 4096), cgroup=group)
+        job.release()
+        assert job.process.wait(30) == 0
+        assert (tmp_path / "log").read_text().strip().endswith("after 137")  # SIGKILLed by the OOM killer
+        assert group.oom_kills() == 1
+        from qinglong_edge.process.cgroups import out_of_memory
+
+        assert out_of_memory(group) == "out_of_memory" and out_of_memory(None) is None
+    finally:
+        group.kill()
+        assert wait_until(group.remove)
+    assert not os.path.exists(group.paths["memory"])
+
+
+def _fake_v2(root: pathlib.Path, own: str, *, controllers: str = "cpu memory pids", procs: str = "") -> pathlib.Path:
+    """A directory tree shaped like a cgroup v2 mount (a fake: the v2 memory controller
+    cannot be had on this machine, bound to v1; the kernel's rules -- no process where
+    controllers are enabled -- are not enforced by it, only our writes are checked)."""
+    for directory in (root, root / own.strip("/"), (root / own.strip("/")).parent):
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, text in (("cgroup.controllers", controllers), ("cgroup.subtree_control", ""),
+                           ("cgroup.procs", ""), ("memory.max", "max"), ("memory.swap.max", "max"),
+                           ("pids.max", "max")):
+            (directory / name).write_text(text)
+    (root / own.strip("/") / "cgroup.procs").write_text("4242\n")  # the agent, in its leaf
+    (root / own.strip("/")).parent.joinpath("cgroup.procs").write_text(procs)
+    return root
+
+
+def test_v2_memory_base_is_the_parent_of_the_agents_leaf(tmp_path: pathlib.Path) -> None:
+    from qinglong_edge.process.cgroup_memory import create_v2_leaves, v2_memory_base
+
+    mount = _fake_v2(tmp_path / "cg", "/system.slice/qinglong-edge-pull.service/agent")
+    unit = mount / "system.slice" / "qinglong-edge-pull.service"
+    (unit / "qinglong-edge").mkdir()  # what the kernel makes at mkdir, the fake makes before
+    for name, text in (("cgroup.controllers", "memory pids"), ("cgroup.subtree_control", "")):
+        (unit / "qinglong-edge" / name).write_text(text)
+    base, reason = v2_memory_base(str(mount), "/system.slice/qinglong-edge-pull.service/agent")
+    assert (base, reason) == (str(unit), "")
+    assert (unit / "cgroup.subtree_control").read_text() == "+memory +pids"  # for its children only
+    assert (unit / "qinglong-edge" / "cgroup.subtree_control").read_text() == "+memory +pids"
+    run = unit / "qinglong-edge" / "remote-a-1"
+    run.mkdir()
+    for name in ("cgroup.controllers", "cgroup.subtree_control", "pids.max"):
+        (run / name).write_text("memory pids" if name == "cgroup.controllers" else "")
+    job = run / "job"
+    job.mkdir()  # with the files the kernel would make in it
+    for name in ("memory.max", "memory.swap.max"):
+        job.joinpath(name).write_text("")  # cgroupfs files are not truncated by a write: empty here
+    create_v2_leaves(str(run), 16 << 20, 16)
+    assert (run / "pids.max").read_text() == "16" and (run / "cgroup.subtree_control").read_text() == "+memory"
+    assert (job / "memory.max").read_text() == str(16 << 20) and (job / "memory.swap.max").read_text() == "0"
+    assert (run / "wrapper").is_dir()
+
+
+@pytest.mark.parametrize(("own", "controllers", "procs", "why"), [
+    ("/", "cpu pids", "", "not available in cgroup v2"),
+    ("/system.slice/qinglong-edge.service/agent", "cpu memory pids", "77\n", "holds processes itself"),
+    ("/a/../b", "cpu memory pids", "", "not a plain path"),
+])
+def test_v2_memory_base_says_why_not(tmp_path: pathlib.Path, own: str, controllers: str, procs: str,
+                                     why: str) -> None:
+    from qinglong_edge.process.cgroup_memory import v2_memory_base
+
+    mount = _fake_v2(tmp_path / "cg", own if ".." not in own else "/a/b", controllers=controllers, procs=procs)
+    base, reason = v2_memory_base(str(mount), own)
+    assert base is None and why in reason, reason
+
+
+def test_a_run_cgroup_with_v2_leaves(tmp_path: pathlib.Path) -> None:
+    """The wrapper enters ``<run>/wrapper``, the job ``<run>/job``; members are both
+    leaves'; removal goes leaves first (a fake tree, as above)."""
+    run = tmp_path / "run"
+    for leaf in ("wrapper", "job"):
+        (run / leaf).mkdir(parents=True)
+    (run / "wrapper" / "cgroup.procs").write_text("10\n")
+    (run / "job" / "cgroup.procs").write_text("11\n12\n")
+    (run / "job" / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    group = RunCgroup("remote-a-1", {"v2": str(run), "pids": str(tmp_path / "pids")}, leaves=True)
+    assert group.procs_files() == [str(run / "wrapper" / "cgroup.procs"), str(tmp_path / "pids" / "cgroup.procs")]
+    assert group.job_procs_files() == [str(run / "job" / "cgroup.procs")]
+    assert group.members() == {10, 11, 12} and group.oom_kills() == 1
+    for leaf in ("wrapper", "job"):
+        for name in os.listdir(run / leaf):
+            os.unlink(run / leaf / name)
+    assert group.remove() and not run.exists()

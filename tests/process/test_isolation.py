@@ -120,3 +120,22 @@ def test_the_probe_explains_refused_user_namespaces(tmp_path: pathlib.Path) -> N
     assert available == "False"
     assert "user.max_user_namespaces=0" in reason and "No space left on device" in reason
     assert "sysctl -w user.max_user_namespaces" in remedy
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="util-linux unshare is not installed")
+def test_the_probe_falls_back_to_no_pid_namespace_where_the_kernel_refuses_one(tmp_path: pathlib.Path) -> None:
+    """Inside a user namespace whose user.max_pid_namespaces is 0 (as systemd's
+    RestrictNamespaces= without pid refuses it): the user + mount namespace still works,
+    the probe reports the level "none" and why, and jobs are launched that way."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            "from qinglong_edge.process.isolation import probe_isolation; "
+            "p = probe_isolation(sys.argv[2]); print(p.available); print(p.pid); print(p.level); print(p.pid_reason)")
+    script = f"echo 0 > /proc/sys/user/max_pid_namespaces && exec {sys.executable} -I -c \"$0\" \"$1\" \"$2\""
+    proc = subprocess.run(["unshare", "-U", "-r", "sh", "-c", script, code, str(REPO), str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    if "unshare failed" in proc.stderr or "max_pid_namespaces" in proc.stderr:
+        pytest.skip(f"no such user namespace for the test itself: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    available, pid, level, reason = proc.stdout.splitlines()[:4]
+    assert (available, pid, level) == ("True", "none", "none")
+    assert "refused a PID namespace" in reason

@@ -270,6 +270,29 @@ def test_the_wrapper_runs_compiled_from_a_memfd(tmp_path: pathlib.Path) -> None:
     assert job.process.wait(10) == 0 and read_text(str(tmp_path / "job.log")) == "compiled\n"
 
 
+@pytest.mark.parametrize("damage", ["truncated", "garbage_body", "not_code"])
+def test_a_damaged_cached_wrapper_image_is_refused_and_jobs_still_run(tmp_path: pathlib.Path,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      damage: str) -> None:
+    """Issue 23: the wrapper image cached in the runtime directory may be damaged (a power
+    loss on a disk-backed fallback, garbage): it is refused, so the caller compiles again;
+    before, a truncated image with a good header failed every launch."""
+    import marshal
+    import sys
+
+    import qinglong_edge.process.spawn as spawn_module
+
+    good = spawn_module.wrapper_bytecode(sys.executable)
+    bad = {"truncated": good[:len(good) // 2], "garbage_body": good[:16] + b"\xff" * 64,
+           "not_code": good[:16] + marshal.dumps(42)}[damage]
+    monkeypatch.setattr(spawn_module, "_bytecode", {})
+    assert spawn_module.remember_wrapper_bytecode(sys.executable, bad) is False
+    assert spawn_module.remember_wrapper_bytecode(sys.executable, good) is True
+    job = start_job(_spec(tmp_path, ["/bin/echo", "after a damaged cache"]))
+    job.release()
+    assert job.process.wait(10) == 0 and read_text(str(tmp_path / "job.log")) == "after a damaged cache\n"
+
+
 def test_an_interpreter_that_cannot_compile_falls_back_to_the_source(tmp_path: pathlib.Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     import sys

@@ -270,7 +270,7 @@ def test_leftovers_get_one_term_then_sigkill_also_when_a_stop_comes_meanwhile(tm
     and goes on. The wrapper sends it one TERM, and SIGKILL after the grace; a stop's TERM
     to the wrapper meanwhile adds no second TERM (the one-TERM-per-process rule)."""
     terms, ready = tmp_path / "terms", tmp_path / "ready"
-    # the command exits only once its child's trap is set (else the TERM may come first)
+    # The command exits only once its child's trap is set: a TERM before it would end the child.
     script = (f"(trap 'echo TERM >> {terms}' TERM; echo started > {ready}; while :; do sleep 0.01; done) & "
               f"while [ ! -e {ready} ]; do sleep 0.01; done; exit 3")
     job = start_job(_spec(tmp_path, ["/bin/sh", "-c", script], terminate_grace_ms=1000))
@@ -647,3 +647,91 @@ def test_without_ctypes_the_wrapper_is_no_subreaper_and_says_so_by_returning_fal
     allowed = subprocess.run([sys.executable, "-I", "-S", "-c", script.replace("sys.modules['_ctypes'] = None\n", ""),
                               source], capture_output=True, check=True)
     assert allowed.stdout == b"True\n"
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+def test_directories_made_on_the_path_of_a_receipt_have_their_parents_fsynced(tmp_path: pathlib.Path) -> None:
+    """Issue 23: a published receipt must not vanish after a power loss because the
+    ``receipts/<aa>/`` directories the wrapper made were never made durable. Under strace
+    (the agent and its wrapper, -f): each mkdir is followed by an fsync of its parent,
+    before the receipt is linked."""
+    base = tmp_path / "journal"
+    base.mkdir()
+    receipt = base / "receipts" / "ab" / "ab-attempt.json"
+    script = (
+        "import sys\n"
+        "from qinglong_edge.process.spawn import JobSpec, Publication, start_job\n"
+        f"spec = JobSpec(['/bin/true'], {{'PATH': '/bin'}}, {str(tmp_path)!r}, {str(tmp_path / 'job.log')!r}, 1024,\n"
+        f"               receipt=Publication({str(receipt)!r}, b'{{\"schemaVersion\":1'), started_at_ms=1)\n"
+        "job = start_job(spec)\n"
+        "job.release()\n"
+        "sys.exit(job.process.wait(10))\n"
+    )
+    trace = tmp_path / "trace"
+    proc = subprocess.run(["strace", "-f", "-y", "-qq", "-e", "trace=mkdir,mkdirat,fsync,linkat", "-o", str(trace),
+                           sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          check=False)
+    if proc.returncode != 0 and "ptrace" in proc.stderr:
+        pytest.skip(f"strace cannot trace here: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stderr
+    assert receipt.exists()
+    calls = [re.sub(r"^\d+\s+", "", line) for line in trace.read_text().splitlines()]
+
+    def index(pattern: str) -> int:
+        found = [i for i, call in enumerate(calls) if re.search(pattern, call)]
+        assert found, (pattern, calls)
+        return found[0]
+
+    made_receipts = index(rf'^mkdir(at)?\(.*"{re.escape(str(base))}/receipts"')
+    synced_base = index(rf"^fsync\(\d+<{re.escape(str(base))}>\)")
+    made_ab = index(rf'^mkdir(at)?\(.*"{re.escape(str(base))}/receipts/ab"')
+    synced_receipts = index(rf"^fsync\(\d+<{re.escape(str(base))}/receipts>\)")
+    linked = index(r'^linkat\(.*"ab-attempt\.json"')
+    assert made_receipts < synced_base < linked and made_ab < synced_receipts < linked, calls
+
+
+def _fill(path: pathlib.Path) -> pathlib.Path:
+    filler = path / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while True:
+            os.write(fd, b"x" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return filler
+
+
+@pytest.mark.parametrize("freed_after", [2, None], ids=["space-comes-back", "stays-full"])
+def test_the_receipt_is_retried_a_bounded_number_of_times_on_a_full_disk(tmp_path: pathlib.Path,
+                                                                        freed_after: int | None) -> None:
+    """Issue 24 item 4: a job may fill the receipt's file system. The wrapper tries the
+    receipt up to PUBLISH_ATTEMPTS times (0.1, 0.2, 0.4, 0.8 s apart), then gives up (the
+    caller's "No receipt" path). A real full tmpfs; the observer frees the space after
+    the second failed attempt in one case."""
+    from tests.support.mounts import tmpfs
+
+    with tmpfs(tmp_path / "small", "64k") as small:
+        filler = _fill(small)
+        publication = wrapper.Publication(os.fsencode(small / "r.json"), b'{"a":1', "receipt")
+        attempts: list[bool] = []
+        publish = publication.publish
+
+        def observed(data: bytes) -> bool:
+            attempts.append(publish(data))
+            if len(attempts) == freed_after:
+                filler.unlink()
+            return attempts[-1]
+
+        publication.publish = observed  # type: ignore[method-assign]
+        try:
+            published = wrapper.publish_retried(publication, b'{"a":1,"exitCode":0}')
+        finally:
+            os.close(publication.dir_fd)  # else the tmpfs could not be unmounted
+        if freed_after is None:
+            assert not published and attempts == [False] * wrapper.PUBLISH_ATTEMPTS
+            assert not (small / "r.json").exists() and os.listdir(small) == ["filler"]  # no temp file left
+        else:
+            assert published and attempts == [False, False, True]
+            assert (small / "r.json").read_bytes() == b'{"a":1,"exitCode":0}'

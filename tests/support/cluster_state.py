@@ -35,7 +35,9 @@ double's 32-byte pepper), with ``state`` and ``notBeforeAtMs <= now < expiresAtM
 Sessions (one current row per worker, 5.1): ``register`` with a new sessionId
 replaces the row (generation = previous + 1, or 1; version 0; ``replacedSession``
 tells whether a row existed); a register replay with the current sessionId returns
-the row unchanged (the response to the first try was lost). ``heartbeat`` requires
+the row unchanged (the response to the first try was lost) when its capabilities,
+maxConcurrentRuns and availableSlots are the row's and the session is live, else 409
+``worker_session_fenced`` (the reference's ``register``, workerSessionRepository.ts). ``heartbeat`` requires
 the current sessionId, the same generation, a status other than offline, an
 unexpired lease and ``version == expectedVersion``, else 409 ``worker_session_fenced``;
 then version + 1 and the lease is extended to now + leaseDurationMs; a draining
@@ -436,7 +438,15 @@ class ClusterState:
         now = self.clock_ms()
         current = self.sessions.get(worker_id)
         if current is not None and current.session_id == session_id:
-            return _session_json(current, REGISTER_SCHEMA, replaced=False)  # a replay of a lost answer
+            # A replay (the answer to the first try was lost, or the worker lost its session
+            # record): the row unchanged, only for the same snapshot and a live session
+            # (PostgresWorkerSessionRepository.register: else WorkerSessionConflictError or
+            # WorkerSessionFenceRejectedError, both 409 worker_session_fenced).
+            if (current.capabilities != capabilities or current.max_concurrent_runs != max_runs
+                    or current.available_slots != slots or current.status == "offline"
+                    or current.lease_expires_at_ms <= now):
+                raise _Failure(409, "worker_session_fenced")
+            return _session_json(current, REGISTER_SCHEMA, replaced=False)
         if current is not None:
             self.replaced_sessions.append(current)
         row = SessionRow(

@@ -264,8 +264,16 @@ def test_register_assigns_generations_and_replays_idempotently(cluster: ClusterD
         "generation": 1, "version": 0, "status": "online", "replacedSession": False}
     assert first["schema"] == "qinglong/worker-session-register@v1"
     assert call(cluster, path("register"), register_body()).json() == first  # lost answer, same session
+    # A replay with another snapshot (here availableSlots) is a conflict, as in the reference.
+    other = json.loads(register_body())
+    other["availableSlots"] = 0
+    refused = call(cluster, path("register"), json.dumps(other).encode())
+    assert (refused.status, refused.code) == (409, "worker_session_fenced")
     second = call(cluster, path("register", SESSION_2), register_body()).json()
     assert (second["generation"], second["replacedSession"], second["sessionId"]) == (2, True, SESSION_2)
+    cluster.state.sessions[second["workerId"]].lease_expires_at_ms = 0  # expired: a replay is fenced
+    expired = call(cluster, path("register", SESSION_2), register_body())
+    assert (expired.status, expired.code) == (409, "worker_session_fenced")
 
 
 @pytest.mark.parametrize("case", ["bad_schema", "hash_mismatch", "slots_over_max", "lease_too_short"])

@@ -63,8 +63,10 @@ def test_the_runtime_directory_holds_the_session_and_owner_records(tmp_path: pat
     reports = list(run_pull(worker, clock_ms=lambda: NOW, transport=ingress))  # type: ignore[arg-type]
     assert reports[0].result is not None and reports[0].result.status == "idle"
     runtime = tmp_path / "run" / journal_key(worker.journal_directory)
-    # capabilities.probe: the probes' per-boot cache (worker/capabilities.py); clock.json: the cluster clock sample
-    assert sorted(os.listdir(runtime)) == ["capabilities.probe", "clock.json", "owner.json", "session.json"]
+    # capabilities.probe: the probes' per-boot cache (worker/capabilities.py); identity.json:
+    # the generation this device registered (worker/identity_guard.py); clock.json: the cluster clock sample
+    assert sorted(os.listdir(runtime)) == ["capabilities.probe", "clock.json", "identity.json", "owner.json",
+                                           "session.json"]
     assert stat.S_IMODE(runtime.stat().st_mode) == 0o700
     assert sorted(os.listdir(worker.journal_directory)) == [".owner.lock", "abandoned", "offers", "pending-claim.json"]
 
@@ -74,7 +76,8 @@ def test_an_unusable_runtime_directory_falls_back_to_the_journal(tmp_path: pathl
     reports = list(run_pull(worker, clock_ms=lambda: NOW, transport=ingress))  # type: ignore[arg-type]
     assert reports[0].result is not None and reports[0].result.status == "idle"
     fallback = pathlib.Path(worker.journal_directory) / "run"
-    assert sorted(os.listdir(fallback)) == ["capabilities.probe", "clock.json", "owner.json", "session.json"]
+    assert sorted(os.listdir(fallback)) == ["capabilities.probe", "clock.json", "identity.json", "owner.json",
+                                            "session.json"]
     with RuntimeDirectory.open(worker.runtime_directory, worker.journal_directory) as runtime:
         assert runtime.on_fallback and "missing" in str(runtime.fallback_reason)
 

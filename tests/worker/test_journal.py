@@ -571,3 +571,32 @@ def test_rejects_bad_root_paths(path: str) -> None:
     with pytest.raises(JournalError) as info:
         Journal.open(path)
     assert _code(info) == "invalid_configuration"
+
+
+def test_make_room_removes_the_oldest_finished_records_files_first(root: pathlib.Path) -> None:
+    """Issue 23: only records in flight count against the cap; when the files fill it, the
+    oldest finished records go first (by updatedAtMs), never one in flight."""
+    with Journal.open(str(root), JournalOptions(maximum_entries=3)) as journal:
+        for offer_id, at in (("old", 300), ("older", 200), ("busy", 100)):
+            journal.accept_offer(_offer(offer_id), 10)
+            if offer_id != "busy":
+                _advance(journal, offer_id, ["starting_acknowledged", "start_failed",
+                                             "start_failure_acknowledged"], at)
+        assert not journal.has_capacity()
+        removed: list[str] = []
+
+        def remove_files(record: dict[str, Any]) -> None:
+            assert journal.read_offer(record["offer"]["offerId"]) is not None  # files before the record
+            removed.append(record["offer"]["offerId"])
+
+        def finished(record: dict[str, Any]) -> bool:
+            return bool(record["state"] == "start_failure_acknowledged")
+
+        assert journal.make_room(finished, remove_files=remove_files) == ["older"]
+        assert removed == ["older"] and journal.has_capacity()
+        assert journal.make_room(finished) == []  # an entry is free: nothing read or removed
+        journal.accept_offer(_offer("new"), 20)
+        assert journal.make_room(finished) == ["old"]
+        journal.accept_offer(_offer("newer"), 30)
+        assert journal.make_room(finished) == []  # only records in flight left: the inbox stays full
+        assert sorted(journal.list_offers()) == ["busy", "new", "newer"] and not journal.has_capacity()

@@ -497,13 +497,39 @@ def test_a_stale_marker_of_another_revision_is_dropped_uncounted(
     assert coordinator.pull(session).status == "idle"
     claim = _claim(root)
     assert claim is not None and journal.runtime is not None
-    for stale in (b'{"schemaVersion":1,"offerId":"other","revision":0,"startedAtMs":1}\n', b"garbage!\n",
+    for stale in (b'{"schemaVersion":1,"offerId":"other","revision":0,"startedAtMs":1}\n',
                   json.dumps({"schemaVersion": 1, "offerId": claim["offerId"], "revision": 7,
                               "startedAtMs": 1}).encode()):
         journal.runtime.write("attempt.json", stale)
         result = coordinator.pull(session)
         assert (result.status, result.attempt_count) == ("idle", 0)
         assert _marker(journal) is None
+
+
+@pytest.mark.parametrize("damage", ["empty", "one_byte", "truncated", "garbage", "loose_mode"])
+def test_a_damaged_marker_counts_as_an_attempt_of_unknown_outcome_once(
+    journal: Journal, ingress: DirectIngress, clock: Clock, root: pathlib.Path, damage: str
+) -> None:
+    """Issue 23: a damaged attempt marker (a power loss with the runtime directory on disk,
+    garbage) is never a permanent error: it counts as present (its outcome unknown), the
+    claim is rewritten with the attempt, the marker removed, and the claim sent."""
+    session = _register(ingress)
+    coordinator, _ = _coordinator(journal, ingress, clock)
+    assert coordinator.pull(session).status == "idle"
+    claim = _claim(root)
+    assert claim is not None and journal.runtime is not None
+    path = pathlib.Path(journal.runtime.path) / "attempt.json"
+    whole = json.dumps({"schemaVersion": 1, "offerId": claim["offerId"], "revision": claim["revision"],
+                        "startedAtMs": clock.now}).encode()
+    path.write_bytes({"empty": b"", "one_byte": b"{", "truncated": whole[:len(whole) // 2],
+                      "garbage": b"\x00\xff garbage", "loose_mode": whole}[damage])
+    path.chmod(0o644 if damage == "loose_mode" else 0o600)
+    clock.now += 1000
+    result = coordinator.pull(session)
+    assert (result.status, result.attempt_count) == ("idle", 1), result
+    assert _marker(journal) is None
+    again = coordinator.pull(session)
+    assert (again.status, again.attempt_count) == ("idle", 1)  # counted once
 
 
 def test_abort_signal_raises_only_inside_interruptible_sections() -> None:

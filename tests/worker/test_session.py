@@ -261,13 +261,17 @@ class CountingStore:
 
     def __init__(self, inner: RuntimeDirectory) -> None:
         self.inner = inner
-        self.writes = 0
+        self.writes = 0  # of session.json
+        self.others: list[str] = []  # every other name written (identity.json at a registration)
 
     def read(self, name: str) -> bytes | None:
         return self.inner.read(name)
 
     def write(self, name: str, data: bytes) -> None:
-        self.writes += 1
+        if name == "session.json":
+            self.writes += 1
+        else:
+            self.others.append(name)
         self.inner.write(name, data)
 
 
@@ -291,6 +295,7 @@ def test_the_record_is_written_only_when_it_changes(store: RuntimeDirectory, ing
     ingress.script.append(TransportError("busy", code="response_rejected", http_status=503, retry_after_ms=5_000))
     assert ensure() == "stale" and counting.writes == 3  # a new Retry-After window is a change
     assert ensure() == "stale" and counting.writes == 3  # waiting: nothing written
+    assert counting.others == ["identity.json"]  # the registration's generation, once (issue 23)
 
 
 @pytest.mark.parametrize("case", [
@@ -595,3 +600,41 @@ def test_a_session_of_another_boot_is_registered_again(store: RuntimeDirectory, 
     _keeper(store, ingress, clock, boot_id="00000000-0000-4000-8000-000000000000").ensure(1)
     outcome = _keeper(store, ingress, clock).ensure(1)
     assert outcome.action == "registered" and outcome.session.generation == 2
+
+
+@pytest.mark.parametrize("damage", ["missing", "empty", "garbage"])
+def test_a_lost_session_record_with_records_in_flight_replays_their_session(
+        store: RuntimeDirectory, ingress: DirectIngress, clock: Clock, damage: str) -> None:
+    """Issue 23: never a blind new registration while records are in flight (it would fence
+    their leases): the session of the newest record in flight is registered again, a
+    replay the cluster answers with its row unchanged. The availableSlots the row holds is
+    lost with the record: the values are tried, the free slots first."""
+    first = _keeper(store, ingress, clock).ensure(available_slots=2)  # the row holds 2 free slots
+    path = pathlib.Path(store.path) / STATE_NAME
+    if damage == "missing":
+        path.unlink()
+    else:
+        path.write_bytes(b"" if damage == "empty" else b"\x00 garbage")
+    clock.now += 1000
+    ingress.calls.clear()
+    in_flight = [("edge-1", first.session.session_id, first.session.generation), ("other", "x", 9)]
+    outcome = _keeper(store, ingress, clock).ensure(available_slots=1, in_flight=1,
+                                                    sessions_in_flight=in_flight)
+    assert (outcome.action, outcome.detail, outcome.replaced) == ("registered", "recovered", False)
+    assert outcome.session.session_id == first.session.session_id
+    assert outcome.session.generation == first.session.generation
+    assert _ops(ingress) == ["register", "register"]  # 1 refused (409: not the row's slots), then 2
+    assert ingress.state.replaced_sessions == []  # nothing fenced
+    assert ingress.state.sessions["edge-1"].session_id == first.session.session_id
+
+
+def test_a_session_we_dropped_after_a_fence_is_not_replayed(store: RuntimeDirectory, ingress: DirectIngress,
+                                                            clock: Clock) -> None:
+    """A session record of ours that says "none" (dropped when the cluster fenced it) is
+    not lost: the next registration is a new session, as before."""
+    first = _keeper(store, ingress, clock).ensure(available_slots=1)
+    store.write(STATE_NAME, SessionState(None).to_bytes())
+    outcome = _keeper(store, ingress, clock).ensure(
+        available_slots=1, in_flight=1,
+        sessions_in_flight=[("edge-1", first.session.session_id, first.session.generation)])
+    assert outcome.action == "registered" and outcome.session.session_id != first.session.session_id

@@ -228,8 +228,34 @@ run_postinst() {
 	)
 }
 
-if [ "$live" = 1 ] && [ "$upgrade" = 1 ] && [ "$target" = openwrt ] && [ -x /etc/init.d/qinglong-edge ]; then
-	/etc/init.d/qinglong-edge stop || true
+# An upgrade with a resident pull: it imports code lazily, so it must not run on while
+# the code is replaced. Stopped with SIGTERM alone, it persists and exits; its jobs go on
+# (their 30 s leases run on) and the pull started after the install re-adopts them at
+# once. OpenWrt: the old prerm-pkg's `pull --release` (after switching cron's pull off),
+# the service's stop; its start after the install runs one pull at once. systemd: the
+# pull unit is stopped, and started again (at once, not at the next timer minute).
+pull_was_active=0
+if [ "$live" = 1 ] && [ "$upgrade" = 1 ]; then
+	case "$target" in
+	openwrt)
+		if [ -f "$DESTDIR$libdir/prerm-pkg" ]; then
+			(
+				PKG_UPGRADE=1
+				QLE_LIBDIR=$DESTDIR$libdir
+				QLE_BIN=$bindir/qinglong-edge
+				export PKG_UPGRADE QLE_LIBDIR QLE_BIN
+				. "$DESTDIR$libdir/prerm-pkg"
+			) || true
+		fi
+		[ ! -x /etc/init.d/qinglong-edge ] || /etc/init.d/qinglong-edge stop || true
+		;;
+	systemd)
+		if systemctl is-active --quiet qinglong-edge-pull.service 2>/dev/null; then
+			pull_was_active=1
+			systemctl stop qinglong-edge-pull.service || true
+		fi
+		;;
+	esac
 fi
 [ "$target" = plain ] || add_user
 install_code
@@ -253,6 +279,8 @@ if [ "$live" = 1 ]; then
 	systemd)
 		systemctl daemon-reload
 		[ "$upgrade" = 0 ] || systemctl try-restart qinglong-edge.service
+		# The stopped resident pull's successor, now (as user qinglong: the unit's User=).
+		[ "$pull_was_active" = 0 ] || systemctl start --no-block qinglong-edge-pull.service
 		echo "$me: installed qinglong-edge $version; edit /etc/qinglong-edge/config.json, then" \
 			"systemctl enable --now qinglong-edge-pull.timer (worker) and/or qinglong-edge.service (Local API)"
 		;;
