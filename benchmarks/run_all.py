@@ -59,6 +59,8 @@ PLAN: dict[str, tuple[list[str], list[str]]] = {
     "lease_writes": (["--window-s", "60"], ["--window-s", "12"]),
     "renewal_skew": (["--window-s", "12"], ["--window-s", "6", "--offsets-s=-600,0,600"]),
     "inbox_week": (["--days", "7", "--baseline-days", "1"], ["--days", "1", "--baseline-days", "1"]),
+    "observe": (["--requests", "400", "--repeat", "3", "--cycles", "12"],
+                ["--requests", "100", "--repeat", "1", "--cycles", "4"]),
 }
 TIMEOUT_S = 420
 _PR_SET_CHILD_SUBREAPER = 36

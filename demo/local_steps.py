@@ -24,7 +24,9 @@ class LocalSteps(DemoBase):
             with a pepper from a 0700 keyring is stored), and role bindings decide who may
             start or stop a Run. `admin` commands provision it.""")
         self.api_port = free_port()
-        self.config["localApi"] = {"listener": {"host": "127.0.0.1", "port": self.api_port}}
+        # the status console and /metrics are off by default; the demo shows them
+        self.config["localApi"] = {"listener": {"host": "127.0.0.1", "port": self.api_port}, "console": True,
+                                   "metrics": True}
         self.config["execution"] = {"terminateGraceMs": 3000, "killGraceMs": 1000}
         self.write_config("added the localApi and execution sections")
         self.qle("admin init")
@@ -68,6 +70,9 @@ class LocalSteps(DemoBase):
         self.shell.wait_for(ready, 20, "serve to listen")
         self.console.output(log.read_text())
         self.console.result(f"serve: pid {self.serve_proc.pid}, http://127.0.0.1:{self.api_port}")
+        self.console.result(f"status console: http://127.0.0.1:{self.api_port}/ (a browser on this machine; "
+                            "sign in with $OPERATOR_TOKEN); Prometheus: "
+                            f"http://127.0.0.1:{self.api_port}/metrics")
 
     # -- 6. start and cancel ---------------------------------------------------------------------
 

@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             f"`make demo` replaces it, `rm -rf {demo.show_root}` removes it. Look around, e.g.:",
             f"  export PYTHONPATH=$PWD QINGLONG_EDGE_CONFIG=$PWD/{demo.show_root}/agent/config.json",
             "  python3 -m qinglong_edge inbox list; python3 -m qinglong_edge admin runs list --project demo",
+            "  python3 -m qinglong_edge serve   # then the status console on the URL it prints (see above)",
             "Next: README.md (install on a router or a Pi, configuration, the Local API with curl).",
         ])
     return status

@@ -129,7 +129,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 
 #: The options accepted before the command (argparse also takes unique prefixes of them).
-_GLOBAL_OPTIONS = ("--config", "--json", "--help")
+_GLOBAL_OPTIONS = ("--config", "--json", "--help", "--version")
 _GLOBAL_VALUE_OPTIONS = ("--config",)
 
 
@@ -152,6 +152,22 @@ def _unknown_global_option(argv: Sequence[str]) -> str | None:
         if len(matches) != 1:
             return name
         index += 2 if matches[0] in _GLOBAL_VALUE_OPTIONS and "=" not in arg else 1
+    return None
+
+
+def _version_flag(argv: Sequence[str]) -> list[str] | None:
+    """``--version`` before the command is the ``version`` command (the other global
+    options kept: ``--json --version`` prints the JSON line); None without it."""
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        if arg == "--" or not arg.startswith("-"):
+            return None
+        if arg == "--version":
+            # What follows is ignored, as ``git --version anything`` does, but --json.
+            rest = ["--json"] if "--json" in argv[index + 1 :] else []
+            return [*argv[:index], *rest, "version"]
+        index += 2 if arg == "--config" else 1
     return None
 
 
@@ -179,6 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     json_mode = "--json" in args_list
     try:
+        version = _version_flag(args_list)
+        if version is not None:
+            args_list = version
         args = _plain_args(args_list)
         if args is None:
             parser = build_parser(args_list)

@@ -35,7 +35,8 @@ Shape (camelCase, like the QingLong configs; defaults in brackets)::
         "logMinimumFreeBytes": 0-1099511627776,     [4194304: free space kept beside a remote log's cap]
         "capabilitiesFile": "/abs",                 [none: advertise what the device probes]
         "labels": {"key": "value", ...0-32},        [none; not with capabilitiesFile]
-        "drainTimeoutMs": 1000-600000               [60000 edge, 300000 standalone: `drain`'s bound]
+        "drainTimeoutMs": 1000-600000,              [60000 edge, 300000 standalone: `drain`'s bound]
+        "metricsTextfile": "/abs" | null            [null: off; a RAM path: node_exporter textfile per cycle]
       },
       "localApi": {                                            absent: no Local API role
         "listener": {"host": "127.0.0.1" | "::1", "port": 1024-65535},  required
@@ -46,7 +47,9 @@ Shape (camelCase, like the QingLong configs; defaults in brackets)::
         "auditRetentionMs": 60000-31536000000,      [2592000000 = 30 days edge, 90 days standalone]
         "runMaximumEntries": 10-1000000,            [500 edge, 20000 standalone: terminal Runs]
         "runRetentionMs": 60000-31536000000,        [2592000000 = 30 days edge, 90 days standalone]
-        "databaseMaximumBytes": 1048576-68719476736 [8 MiB edge, 256 MiB standalone]
+        "databaseMaximumBytes": 1048576-68719476736, [8 MiB edge, 256 MiB standalone]
+        "console": true | false,                    [false: the status console on /]
+        "metrics": true | false                     [false: GET /metrics, Prometheus text, no credential]
       },
       "execution": {                                           absent: Runs are never launched
         "maxConcurrentRuns": 1-64,                  [2 edge, 8 standalone]
@@ -166,6 +169,7 @@ class WorkerConfig(Frozen):
         "capabilities_file",
         "labels",
         "drain_timeout_ms",
+        "metrics_textfile",
     )
 
     origin: Origin
@@ -200,6 +204,8 @@ class WorkerConfig(Frozen):
     labels: tuple[tuple[str, str], ...]
     #: How long ``drain`` waits for every record to settle before it gives up (ms).
     drain_timeout_ms: int
+    #: node_exporter textfile each pull cycle writes (a RAM path), None: off.
+    metrics_textfile: str | None
 
     def __init__(  # noqa: PLR0917 (the dataclass signature)
         self,
@@ -228,8 +234,10 @@ class WorkerConfig(Frozen):
         capabilities_file: str | None = None,
         labels: tuple[tuple[str, str], ...] = (),
         drain_timeout_ms: int = 60_000,
+        metrics_textfile: str | None = None,
     ) -> None:
         _set = object.__setattr__
+        _set(self, "metrics_textfile", metrics_textfile)
         _set(self, "origin", origin)
         _set(self, "worker_id", worker_id)
         _set(self, "credential_file", credential_file)
@@ -283,6 +291,8 @@ class LocalApiConfig(Frozen):
         "run_maximum_entries",
         "run_retention_ms",
         "database_maximum_bytes",
+        "console",
+        "metrics",
     )
 
     listener: ListenerConfig
@@ -299,6 +309,10 @@ class LocalApiConfig(Frozen):
     run_retention_ms: int
     #: Cap of the database's used bytes (pages in use x page size).
     database_maximum_bytes: int
+    #: Serve the status console (``/``, ``/console.css``, ``/console.js``).
+    console: bool
+    #: Serve ``GET /metrics`` (Prometheus text format, no credential).
+    metrics: bool
 
     def __init__(  # noqa: PLR0917 (the dataclass signature)
         self,
@@ -311,8 +325,12 @@ class LocalApiConfig(Frozen):
         run_maximum_entries: int = 500,
         run_retention_ms: int = 2_592_000_000,
         database_maximum_bytes: int = 8 * 1024 * 1024,
+        console: bool = False,
+        metrics: bool = False,
     ) -> None:
         _set = object.__setattr__
+        _set(self, "console", console)
+        _set(self, "metrics", metrics)
         _set(self, "listener", listener)
         _set(self, "database_file", database_file)
         _set(self, "pepper_keyring_directory", pepper_keyring_directory)
@@ -449,6 +467,19 @@ class _Section:
             raise ConfigError(f"{self._at(key)}: must be {what}", path=self._at(key))
         return value
 
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self._get(key, required=False)
+        if value is None and key not in self.data:
+            return default
+        if not isinstance(value, bool):
+            raise ConfigError(f"{self._at(key)}: must be true or false", path=self._at(key))
+        return value
+
+    def optional_path(self, key: str) -> str | None:
+        """An absolute path, or None when absent or ``null``."""
+        value = self._get(key, required=False)
+        return None if value is None else _absolute(value, self._at(key))
+
     def path_value(self, key: str, default: str | None = None) -> str:
         value = self._get(key, required=default is None)
         if value is None and key not in self.data and default is not None:
@@ -539,6 +570,7 @@ def _parse_worker(sec: _Section, state_dir: str, profile: str, execution: Execut
         capabilities_file=sec.path_value("capabilitiesFile", "") or None,
         labels=_labels(sec),
         drain_timeout_ms=sec.integer("drainTimeoutMs", 1000, 600_000, 60_000 if profile == "edge" else 300_000),
+        metrics_textfile=sec.optional_path("metricsTextfile"),
     )
     sec.done()
     if config.capabilities_file is not None and config.labels:
@@ -596,6 +628,8 @@ def _parse_local_api(sec: _Section, state_dir: str, profile: str) -> LocalApiCon
         database_maximum_bytes=sec.integer(
             "databaseMaximumBytes", _MIB, 64 * 1024 * _MIB, (8 if edge else 256) * _MIB
         ),
+        console=sec.boolean("console", False),
+        metrics=sec.boolean("metrics", False),
     )
     sec.done()
     return config

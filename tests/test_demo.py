@@ -46,6 +46,8 @@ KEY_LINES = [
     "$ python3 -m qinglong_edge admin init",
     "OPERATOR_TOKEN=$(python3 -m qinglong_edge admin credential issue",
     "serving the Local API on 127.0.0.1:",
+    "status console on http://127.0.0.1:",  # serve's own line (issue 26)
+    "status console: http://127.0.0.1:",
     "HTTP/1.1 202 Accepted",  # task.start
     "run.status running",
     "HTTP/1.1 403 Forbidden",  # the viewer

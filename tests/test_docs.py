@@ -149,6 +149,14 @@ def test_documented_range_and_default_match_the_parser(key: str) -> None:
     elif allowed.startswith("absolute path"):
         with pytest.raises(ConfigError):
             parse_config(_with(base, key, "relative/path" if "1-8" not in allowed else ["relative"]))
+    if allowed == "`true` or `false`":
+        for flag in (True, False):
+            assert _attribute(parse_config(_with(base, key, flag)), key) is flag
+        for wrong in (1, "true", None):
+            with pytest.raises(ConfigError):
+                parse_config(_with(base, key, wrong))
+    if allowed == "absolute path or `null`":
+        assert _attribute(parse_config(_with(base, key, None)), key) is None
     choices = re.findall(r'`"([^"]+)"`', allowed)
     if choices and key != "schema":
         for choice in choices:
@@ -173,6 +181,10 @@ def test_documented_range_and_default_match_the_parser(key: str) -> None:
         assert _attribute(edge, key) == numbers[0]
         standalone = parse_config(_with(_with(base, key, ...), "profile", "standalone"))
         assert _attribute(standalone, key) == numbers[-1]
+    elif default in ("`false`", "`true`"):
+        assert _attribute(parse_config(_with(base, key, ...)), key) is (default == "`true`")
+    elif default.startswith("`null`"):
+        assert _attribute(parse_config(_with(base, key, ...)), key) is None
     elif default.startswith('`"'):
         assert _attribute(parse_config(_with(base, key, ...)), key) == default.strip('`"')
     elif default == "none":  # an optional key whose absence is nothing (None, no labels)
@@ -252,7 +264,7 @@ def test_every_route_has_a_curl_example() -> None:
             continue
         method = "POST" if "-X POST" in line else "GET"
         url = next(token.strip('"') for token in line.split() if token.strip('"').startswith("$API"))
-        target = url.replace("$API", "/api/v3/projects/demo").replace("$RUN", "run-1")
+        target = url.replace("$API", "/api/v3/projects/demo").replace("$RUN", "run-1").replace("$ATTEMPT", "a-1")
         try:
             route = routes.resolve(method, target)
         except ApiError as exc:  # a documented example must reach its route

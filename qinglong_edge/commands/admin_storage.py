@@ -3,7 +3,7 @@
 ::
 
     admin prune                                    prune every store to its cap now, say what went
-    admin runs log RUN_ID [--attempt N] [--max-bytes N] [--tail]
+    admin runs log RUN_ID [--attempt N] [--max-bytes N] [--tail] [--follow]
                                                    print a Run's log (raw bytes on stdout)
 
 ``admin prune`` runs the same bounded steps as ``serve``
@@ -20,7 +20,10 @@ the first ``--max-bytes`` bytes (default: ``execution.maxLogBytes``, else 1 MiB;
 64 MiB), or the last ones with ``--tail``, exactly as stored. Exit 65 ``run_not_found``
 for an unknown Run, 65 ``not_found`` when the attempt has no log (it never started, or
 its log was pruned by ``maxTotalLogBytes``). ``--json`` prints one line with the bytes
-in base64 (``logBase64``).
+in base64 (``logBase64``). ``--follow`` keeps printing what the attempt writes, read by
+offset (:mod:`qinglong_edge.commands._follow`), until the Run and its attempt are
+terminal; with ``--tail`` it starts at the last ``--max-bytes`` bytes; it takes no
+``--json``. Ctrl-C stops it (130).
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ def register(groups: Any, runs: Any, common: argparse.ArgumentParser) -> None:
     log.add_argument("--attempt", type=int, help="attempt number (default: the latest)")
     log.add_argument("--max-bytes", type=int, help="bytes shown, 1-67108864 (default: execution.maxLogBytes)")
     log.add_argument("--tail", action="store_true", help="the last --max-bytes bytes instead of the first")
+    log.add_argument("--follow", action="store_true",
+                     help="keep printing what the Run writes until it ends (from the start, or the --tail window)")
     log.set_defaults(handler=_runs_log)
 
 
@@ -169,6 +174,10 @@ def _runs_log(args: argparse.Namespace) -> int:
     if args.attempt is not None and not 1 <= args.attempt <= 2**31 - 1:
         raise UsageError("--attempt must be 1-2147483647")
     directory = execution.log_directory if execution is not None else os.path.join(config.state_directory, "logs")
+    if args.follow:
+        if args.json:
+            raise UsageError("--follow prints raw bytes as they come; it takes no --json")
+        return _follow_run(args, local, config.profile, directory, limit)
     with Store.open(local.database_file, profile=config.profile, busy_timeout_ms=local.busy_timeout_ms) as store:
         rows = store.run(lambda c: c.execute(
             'SELECT a.id, a.attempt, a.log_artifact_id, a.started_at_ms FROM "Runs" AS r'
@@ -208,3 +217,55 @@ def _runs_log(args: argparse.Namespace) -> int:
         where = "last" if args.tail else "first"
         sys.stderr.write(f"qinglong-edge: showed the {where} {len(data)} of {size} bytes (--max-bytes, --tail)\n")
     return 0
+
+
+def _follow_run(args: argparse.Namespace, local: Any, profile: str, directory: str, limit: int) -> int:
+    """``admin runs log --follow``: the attempt's log as it grows, until the Run and the
+    attempt are terminal (:func:`qinglong_edge.commands._follow.follow_log`)."""
+    from qinglong_edge.commands._follow import follow_log
+    from qinglong_edge.errors import EdgeError
+    from qinglong_edge.local.log_read import ACTIVE_ATTEMPT_STATUSES
+    from qinglong_edge.local.run_logs import attempt_log_path
+    from qinglong_edge.local.runs import RunNotFound
+    from qinglong_edge.local.store import Store
+
+    with Store.open(local.database_file, profile=profile, busy_timeout_ms=local.busy_timeout_ms) as store:
+        def attempt() -> tuple[str, str, str | None, str] | None:
+            """(run status, attempt id, log_artifact_id, attempt status) of the chosen attempt."""
+            rows = store.run(lambda c: c.execute(
+                'SELECT r.status, a.id, a.attempt, a.log_artifact_id, a.status FROM "Runs" AS r'
+                ' LEFT JOIN "RunAttempts" AS a ON a.run_id = r.id WHERE r.id = ? ORDER BY a.attempt DESC',
+                (args.run_id,)).fetchall())
+            if not rows:
+                raise RunNotFound(f"run {args.run_id} not found")
+            for status, attempt_id, number, artifact, attempt_status in rows:
+                if attempt_id is not None and args.attempt in (None, number):
+                    return str(status), str(attempt_id), artifact, str(attempt_status)
+            if args.attempt is not None:
+                raise EdgeError(f"run {args.run_id} has no attempt {args.attempt}", code="not_found")
+            return None
+
+        first = attempt()
+
+        def path() -> str | None:
+            now = attempt()
+            return None if now is None else attempt_log_path(directory, args.run_id, now[1], now[2])
+
+        def ended() -> bool:
+            now = attempt()
+            return now is not None and now[0] in TERMINAL and now[3] not in ACTIVE_ATTEMPT_STATUSES
+
+        start = 0
+        if args.tail and first is not None:
+            found = attempt_log_path(directory, args.run_id, first[1], first[2])
+            size = os.stat(found).st_size if found is not None else 0
+            start = max(0, size - limit)
+        follow_log(path, ended, sys.stdout.buffer, start=start)
+        final = attempt()
+    if final is not None:
+        sys.stderr.write(f"qinglong-edge: run {args.run_id} {final[0]} (attempt {final[3]})\n")
+    return 0
+
+
+#: Run statuses after which nothing more is written (execution control's set, with lost).
+TERMINAL = frozenset({"succeeded", "failed", "cancelled", "timed_out", "lost"})

@@ -36,6 +36,7 @@ agent's default applies, or the key is reported as required)::
         capabilities_file        worker.capabilitiesFile
         list label 'key=value'   worker.labels {"key": "value", ...} (split at the first '=')
         drain_timeout_ms         worker.drainTimeoutMs
+        metrics_textfile         worker.metricsTextfile (a RAM path; empty: off)
     config local_api 'local_api'                 localApi    (rendered only when enabled=1)
         enabled          0|1
         host                     localApi.listener.host
@@ -45,6 +46,8 @@ agent's default applies, or the key is reported as required)::
         busy_timeout_ms          localApi.busyTimeoutMs
         audit_maximum_entries  audit_retention_ms  run_maximum_entries  run_retention_ms
         database_maximum_bytes   localApi.<camelCase of the same name>, integers
+        console          0|1     localApi.console (the status console on /)
+        metrics          0|1     localApi.metrics (GET /metrics)
     config execution 'execution'                 execution   (rendered only when enabled=1)
         enabled          0|1
         max_concurrent_runs  terminate_grace_ms  kill_grace_ms  control_interval_ms
@@ -109,8 +112,9 @@ class UciOption:
         json_path: keys below the section's JSON object (``("listener", "port")``);
             empty for a flag.
         kind: ``text`` (string), ``integer`` (decimal digits -> int), ``list``
-            (list of strings), ``map`` (a list of ``key=value`` items -> an object) or
-            ``flag`` (the section's ``enabled`` switch).
+            (list of strings), ``map`` (a list of ``key=value`` items -> an object),
+            ``boolean`` (a flag word -> true/false) or ``flag`` (the section's ``enabled``
+            switch).
     """
 
     name: str
@@ -170,6 +174,7 @@ UCI_SCHEMA: tuple[UciSectionType, ...] = (
         _text("capabilities_file", "capabilitiesFile"),
         UciOption("label", ("labels",), "map"),
         _int("drain_timeout_ms", "drainTimeoutMs"),
+        _text("metrics_textfile", "metricsTextfile"),
     )),
     UciSectionType("local_api", "localApi", (
         _FLAG,
@@ -183,6 +188,8 @@ UCI_SCHEMA: tuple[UciSectionType, ...] = (
         _int("run_maximum_entries", "runMaximumEntries"),
         _int("run_retention_ms", "runRetentionMs"),
         _int("database_maximum_bytes", "databaseMaximumBytes"),
+        UciOption("console", ("console",), "boolean"),
+        UciOption("metrics", ("metrics",), "boolean"),
     )),
     UciSectionType("execution", "execution", (
         _FLAG,
@@ -333,7 +340,9 @@ def render_document(
                 continue
             if len(items) > 1:
                 raise ConfigError(f"{where}: must be a single value, not a list", path=where)
-            if option.kind == "integer":
+            if option.kind == "boolean":
+                _set(target, option.json_path, _flag(items[0], where))
+            elif option.kind == "integer":
                 if not _INTEGER.fullmatch(items[0]):
                     raise ConfigError(f"{where}: must be a decimal integer", path=where)
                 _set(target, option.json_path, int(items[0]))

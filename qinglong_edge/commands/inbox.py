@@ -14,6 +14,9 @@ take the owner lock (records change only by atomic link/rename), so they work wh
   record holds no secret otherwise: the callback token is only its digest), then one
   ``# exit code: ..; log: ..; in flight: ..`` line (with ``--json`` a ``local`` object:
   ``exitCode``, ``outcomeSource``, ``logPath``, ``logBytes``, ``inFlight``).
+* ``log OFFER_ID [--max-bytes N] [--tail] [--follow]``: the remote job's log, raw bytes on
+  stdout (``--json``: base64 in ``logBase64``); ``--follow`` reads it by offset as it
+  grows until the job ended (its receipt exists, the record left flight or is gone).
 * ``discard OFFER_ID --yes [--force]``: removes the record (and its log, receipt and
   truncation fact). A record in flight (a job may run, or its lease is live: the
   resident pull would still run it) is refused (``in_flight``, exit 75) unless
@@ -60,6 +63,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
     show = actions.add_parser("show", parents=[common], help="print one record (lease token redacted)")
     show.add_argument("offer_id", metavar="OFFER_ID")
     show.set_defaults(handler=_show)
+    log = actions.add_parser("log", parents=[common], help="print a remote job's log (raw bytes on stdout)")
+    log.add_argument("offer_id", metavar="OFFER_ID")
+    log.add_argument("--max-bytes", type=int, help="bytes shown, 1-67108864 (default: worker.maxLogBytes)")
+    log.add_argument("--tail", action="store_true", help="the last --max-bytes bytes instead of the first")
+    log.add_argument("--follow", action="store_true",
+                     help="keep printing what the job writes until it ends (from the start, or the --tail window)")
+    log.set_defaults(handler=_log)
     discard = actions.add_parser("discard", parents=[common], help="delete one record (needs --yes)")
     discard.add_argument("offer_id", metavar="OFFER_ID")
     discard.add_argument("--yes", action="store_true", help="really delete it")
@@ -72,7 +82,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
 def _usage(args: argparse.Namespace) -> int:
     from qinglong_edge.errors import UsageError
 
-    raise UsageError("inbox needs an action: list, show OFFER_ID or discard OFFER_ID --yes")
+    raise UsageError("inbox needs an action: list, show OFFER_ID, log OFFER_ID or discard OFFER_ID --yes")
 
 
 def _worker_config(args: argparse.Namespace) -> WorkerConfig:
@@ -244,6 +254,71 @@ def _show(args: argparse.Namespace) -> int:
         exit_code = "none yet" if local["exitCode"] is None else f"{local['exitCode']} ({local['outcomeSource']})"
         log = "none" if local["logBytes"] is None else f"{local['logPath']} ({local['logBytes']} bytes)"
         print(f"# exit code: {exit_code}; log: {log}; in flight: {'yes' if local['inFlight'] else 'no'}")
+    return 0
+
+
+def _log(args: argparse.Namespace) -> int:
+    """``inbox log OFFER_ID [--max-bytes N] [--tail] [--follow]``: the remote job's log as
+    stored (the head the cap kept), or as it grows until the job ends (``--follow``:
+    until its receipt exists, the record is no longer in flight, or the record is gone)."""
+    import sys
+    import time
+
+    from qinglong_edge.commands._follow import follow_log
+    from qinglong_edge.errors import EdgeError, UsageError
+    from qinglong_edge.worker.journal import JournalReader
+    from qinglong_edge.worker.remote_files import in_flight, worker_record_files
+
+    offer_id = _check_offer_id(args.offer_id)
+    worker = _worker_config(args)
+    limit = args.max_bytes if args.max_bytes is not None else worker.max_log_bytes
+    if not 1 <= limit <= 64 * 1024 * 1024:
+        raise UsageError("--max-bytes must be 1-67108864")
+    if args.follow and args.json:
+        raise UsageError("--follow prints raw bytes as they come; it takes no --json")
+    root = worker.journal_directory
+
+    def record() -> Any:
+        if not os.path.lexists(root):
+            return None
+        with JournalReader.open(root) as reader:
+            return reader.read_offer(offer_id)
+
+    first = record()
+    if first is None:
+        raise _not_found(offer_id)
+    files = worker_record_files(worker, first)
+    if files is None:
+        raise EdgeError(f"inbox record {offer_id} names no log", code="not_found")
+    if not args.follow:
+        from qinglong_edge.local.run_logs import read_log
+
+        if not os.path.lexists(files.log_path):
+            raise EdgeError(f"inbox record {offer_id} has no log (the job has not started, or its log "
+                            "was removed with the record's files)", code="not_found")
+        data, size = read_log(files.log_path, limit, tail=args.tail)
+        if args.json:
+            import base64
+
+            print_json({"ok": True, "offerId": offer_id, "path": files.log_path, "bytes": size, "shown": len(data),
+                        "truncated": size > len(data), "tail": bool(args.tail),
+                        "logBase64": base64.b64encode(data).decode("ascii")})
+            return 0
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return 0
+
+    def ended() -> bool:
+        current = record()
+        if current is None or os.path.lexists(files.receipt_path):
+            return True
+        return not in_flight(current, time.time_ns() // 1_000_000)
+
+    start = 0
+    if args.tail:
+        with contextlib.suppress(OSError):
+            start = max(0, os.stat(files.log_path).st_size - limit)
+    follow_log(lambda: files.log_path, ended, sys.stdout.buffer, start=start)
     return 0
 
 

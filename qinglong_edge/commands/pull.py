@@ -497,6 +497,13 @@ def _run(args: argparse.Namespace) -> int:
         for item in run_pull(worker, duration_s=args.duration, abort=abort, notice=_notice, config=config):
             if isinstance(item, CycleReport):
                 status = _exit_status(item)
+                if worker.metrics_textfile is not None or status != 0:  # else: no cost at all
+                    import time as _time
+
+                    from qinglong_edge.worker.cycle_status import record_cycle
+
+                    # wall clock (a person's and Prometheus' time); time is loaded already
+                    record_cycle(worker, item, status, _time.time_ns() // 1_000_000, _notice)
                 payload = _with_remedy(item.to_json())
                 line = _describe(item, device)
                 if args.json:

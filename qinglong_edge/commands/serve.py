@@ -83,7 +83,8 @@ class IntentRelay:
             target(operation_id, run_id)
 
 
-def start_execution_controller(config: Any, store: Any, relay: IntentRelay) -> Callable[[], bool] | None:
+def start_execution_controller(config: Any, store: Any, relay: IntentRelay,
+                               on_launch: Callable[[], None] | None = None) -> Callable[[], bool] | None:
     """Start the execution controller (``qinglong_edge.execution``) when configured.
 
     Called once the store is open and before the listener accepts requests, only when
@@ -102,10 +103,51 @@ def start_execution_controller(config: Any, store: Any, relay: IntentRelay) -> C
     from qinglong_edge.execution.controller import ExecutionController
 
     controller = ExecutionController(store, config.execution, pids_max=config.execution.max_run_pids or None)
+    controller.on_launch = on_launch
     controller.start()
     relay.target = controller.on_intent
     stop: Callable[[], bool] = controller.stop
     return stop
+
+
+def _origin(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def observability(config: Any, store: Any, maintenance: Callable[[], Any]) -> tuple[Any, Any]:
+    """``(PublicRoutes or None, ApiMetrics or None)`` for ``localApi.console`` and
+    ``localApi.metrics`` (issue 26); both off: ``(None, None)``, nothing loaded.
+
+    The gauges of ``/metrics`` read the store (Runs by status, the caps' usage) in one
+    store operation and take the log bytes from the pruner's cached scan
+    (``maintenance()`` returns the :class:`Maintenance`, or None before it exists).
+    """
+    local = config.local_api
+    if not local.console and not local.metrics:
+        return None, None
+    from qinglong_edge import __version__
+    from qinglong_edge.local.metrics import ApiMetrics, run_counts
+    from qinglong_edge.local.public import ConsoleAssets, PublicRoutes
+    from qinglong_edge.local.retention import RetentionCaps, measure_store
+
+    metrics = ApiMetrics(__version__) if local.metrics else None
+    caps = RetentionCaps.from_config(config)
+
+    def gauges() -> tuple[dict[str, int], dict[str, tuple[int, int | None]]]:
+        runs, usage = store.run(lambda c: (run_counts(c), measure_store(c)))
+        current = maintenance()
+        scan = None if current is None else current.pruner.log_scan()
+        stores: dict[str, tuple[int, int | None]] = {
+            "audit_rows": (usage.audit_rows, caps.audit_maximum_entries),
+            "terminal_runs": (usage.terminal_runs, caps.run_maximum_entries),
+            "database_bytes": (usage.used_bytes, caps.database_maximum_bytes),
+        }
+        if scan is not None:
+            stores["log_bytes"] = (scan.total_bytes, caps.max_total_log_bytes)
+        return runs, stores
+
+    console = ConsoleAssets() if local.console else None
+    return PublicRoutes(console, metrics, gauges), metrics
 
 
 class Maintenance:
@@ -191,6 +233,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     from qinglong_edge.local.server import Server, ServerLimits
     from qinglong_edge.local.store import Store
+    from qinglong_edge.local.worker_status import worker_status
 
     config = load_config(args.config)
     local = config.local_api
@@ -231,22 +274,35 @@ def _run(args: argparse.Namespace) -> int:
         budget = RequestBudget.from_limits(limits)
         # A request waits for each of its (at most two) store operations about one busy
         # timeout: the operation's own lock waits are bounded by it (local/store.py).
+        public, metrics = observability(config, store, lambda: maintenance)
+        worker = config.worker
         api = LocalApi(store, local.pepper_keyring_directory, on_intent=relay,
-                       store_timeout_s=local.busy_timeout_ms / 1000 + 0.25, budget=budget)
+                       store_timeout_s=local.busy_timeout_ms / 1000 + 0.25, budget=budget, profile=config.profile,
+                       log_directory=None if config.execution is None else config.execution.log_directory,
+                       worker_status=None if worker is None else (lambda: worker_status(worker)),
+                       public=public, metrics=metrics)
         # Bind first: a second `serve` (the port is taken by the running service) must
         # fail here, before its controller's restart recovery adopts the live service's
         # processes and its exit path stops them as a "shutdown".
         try:
             server = Server(api, host=local.listener.host, port=local.listener.port, limits=limits,
-                            classify=api.presents_credential, budget=budget)
+                            classify=api.presents_credential, budget=budget,
+                            public=None if public is None else public.is_public,
+                            observer=None if metrics is None else metrics.observe)
         except OSError as exc:
             raise EdgeError(
                 f"cannot listen on {local.listener.host}:{local.listener.port} ({exc.strerror})",
                 code="listener_unavailable",
             ) from None
-        stop_controller = start_execution_controller(config, store, relay)
+        stop_controller = start_execution_controller(
+            config, store, relay, on_launch=None if metrics is None else (lambda: metrics.count("launches")))
         server.start()
         _say(f"serving the Local API on {local.listener.host}:{server.address[1]} (profile {config.profile})")
+        origin = _origin(local.listener.host, server.address[1])
+        if local.console:
+            _say(f"status console on {origin}/ (sign in with a ql3c credential)")
+        if local.metrics:
+            _say(f"Prometheus metrics on {origin}/metrics")
         maintenance = Maintenance(config, store, stop)
         while not stop.wait(1.0):
             if not server.healthy:

@@ -164,6 +164,8 @@ class ExecutionController:
         self.clock = clock
         #: This boot's id: a boot-clock deadline of another boot is void (the wall one counts).
         self._boot_id = boot_id()
+        #: Called (controller thread) after each Run it launches; serve counts them.
+        self.on_launch: Callable[[], None] | None = None
         self.poll_ms = min(poll_ms, config.terminate_grace_ms, config.kill_grace_ms)
         self.work_directory = work_directory or config.work_directory
         if not self.work_directory:
@@ -438,6 +440,8 @@ class ExecutionController:
                 break
             if result.active is not None:
                 self._track(result.active)
+                if self.on_launch is not None:
+                    self.on_launch()  # serve's metrics: a counter, never blocks
 
     def _control(self, candidate: Candidate) -> None:
         """local-api.md 7.2 for one candidate.

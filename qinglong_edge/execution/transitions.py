@@ -153,7 +153,7 @@ class AttemptRow:
     callback_sequence: int
     created_at_ms: int
     started_at_ms: int | None
-    #: The deadline on the boot clock of boot ``deadline_boot_id`` (schema 6), or None.
+    #: The deadline on the boot clock of boot ``deadline_boot_id`` (schema 7), or None.
     deadline_boot_ms: int | None = None
     deadline_boot_id: str | None = None
 

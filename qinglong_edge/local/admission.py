@@ -12,7 +12,8 @@ normative order of section 2.2 step 5:
 3. the durable audit row of the decision (``allowed`` / ``denied`` /
    ``approval_required`` with its reasons and fence). **Any** audit failure, in steps
    1-3, answers 503 ``security_audit_unavailable`` instead of the intended status;
-4. ``deny`` -> 403 ``forbidden``; ``require_approval`` -> 403 ``approval_required``.
+4. ``deny`` -> 403 ``forbidden``; ``require_approval`` -> 403 ``approval_required``;
+   for ``run.log.read`` both are 404 ``artifact_not_found`` (the reference at 308aa75).
    An unknown project is ``deny ["project_not_found"]``: 403, audited with the
    requested id (spec README; the audit table has no foreign key);
 5. credential/pepper confirm (:func:`qinglong_edge.local.identity.confirm`): any
@@ -258,6 +259,10 @@ class Admission:
             status, code = _STOPS[stage.stop]
             raise ApiError(status, code)
         assert stage.principal is not None and stage.decision is not None
+        if stage.decision.outcome != "allow" and route.operation_id == "run.log.read":
+            # The reference's answer for this route: a refusal looks like a missing log,
+            # so the route is no existence oracle (ADR-0377 1); the audit row tells.
+            raise ApiError(404, "artifact_not_found")
         if stage.decision.outcome == "deny":
             raise ApiError(403, "forbidden")
         if stage.decision.outcome == "require_approval":

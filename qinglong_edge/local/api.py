@@ -24,7 +24,14 @@ run.cancel      ``run_not_found``      409 ``run_cancellation_fence_rejected`` +
                                        503 ``run_cancellation_unavailable``
 task.start      ``task_not_found``     409 ``task_start_fence_rejected`` + reason;
                                        503 ``task_start_unavailable``
+run.log.read    ``artifact_not_found`` 202 pending, 410 retired; 503 ``artifact_unavailable``
+                                       (:mod:`qinglong_edge.local.log_read`)
+task.list/get   ``task_not_found``     503 ``task_list_unavailable`` / ``task_query_unavailable``
+edge.worker.get -                      503 ``worker_status_unavailable`` (ours)
 ==============  =====================  ============================================
+
+Before routing, ``public`` (:mod:`qinglong_edge.local.public`) answers the status
+console's assets and ``/metrics`` when ``serve`` turned them on.
 
 A ``run.get`` body includes ``latestAttempt`` (the later reference, 57953ec8; the store's
 default).
@@ -35,7 +42,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from qinglong_edge.contracts.cancellation import (
     RUN_CANCELLATION_SCHEMA,
@@ -47,6 +54,7 @@ from qinglong_edge.contracts.cancellation import (
 )
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.ids import new_uuid4
+from qinglong_edge.contracts.log_read import DEFAULT_READ_BYTES
 from qinglong_edge.errors import ApiError, StoreError
 from qinglong_edge.local import runs
 from qinglong_edge.local.admission import Admission, Admitted, RateLimited, read_json_body
@@ -55,11 +63,24 @@ from qinglong_edge.local.budget import RequestBudget
 from qinglong_edge.local.exchange import Exchange, Response
 from qinglong_edge.local.http11 import RequestHead
 from qinglong_edge.local.identity import presents_credential
+from qinglong_edge.local.log_read import LogReader
+from qinglong_edge.local.metrics import ApiMetrics
 from qinglong_edge.local.policy import PolicyFence
 from qinglong_edge.local.routes import Route, resolve
 from qinglong_edge.local.store import Store, now_ms
+from qinglong_edge.local.task_reader import get_task_body, list_tasks_body
+from qinglong_edge.local.tasks import TaskNotFound
+from qinglong_edge.local.worker_status import WORKER_STATUS_SCHEMA
 
-__all__ = ["UNAVAILABLE_CODES", "IntentHook", "LocalApi"]
+
+class PublicRoutes(Protocol):
+    """Requests answered before routing, without a credential or an audit row: the
+    status console's assets and ``/metrics`` (:mod:`qinglong_edge.local.public`)."""
+
+    def answer(self, head: RequestHead) -> Response | None:
+        """The response, or None when the request is not one of them."""
+
+__all__ = ["UNAVAILABLE_CODES", "WORKER_STATUS_SCHEMA", "IntentHook", "LocalApi", "PublicRoutes"]
 
 _log = logging.getLogger("qinglong_edge.local.api")
 
@@ -72,6 +93,10 @@ UNAVAILABLE_CODES: Final[Mapping[str, str]] = {
     "run.steps.list": "run_step_list_unavailable",
     "run.cancel": "run_cancellation_unavailable",
     "task.start": "task_start_unavailable",
+    "run.log.read": "artifact_unavailable",
+    "task.list": "task_list_unavailable",
+    "task.get": "task_query_unavailable",
+    "edge.worker.get": "worker_status_unavailable",
 }
 
 #: Called after a durable intent commits: ``(operation_id, run_id)`` with
@@ -115,8 +140,18 @@ class LocalApi:
         before_mutation: Callable[[Route], None] | None = None,
         store_timeout_s: float | None = 30.0,
         budget: RequestBudget | None = None,
+        profile: str = "edge",
+        log_directory: str | None = None,
+        worker_status: Callable[[], dict[str, Any]] | None = None,
+        public: PublicRoutes | None = None,
+        metrics: ApiMetrics | None = None,
     ) -> None:
+        self.metrics = metrics
         self._store = store
+        self._log_window = DEFAULT_READ_BYTES.get(profile, DEFAULT_READ_BYTES["edge"])
+        self.logs = LogReader(store, log_directory, timeout_s=store_timeout_s)
+        self._worker_status = worker_status
+        self.public = public
         self._clock = clock or now_ms
         self._timeout = store_timeout_s
         self.budget = budget
@@ -127,6 +162,10 @@ class LocalApi:
 
     def __call__(self, exchange: Exchange) -> Response:
         head = exchange.head
+        if self.public is not None:
+            answer = self.public.answer(head)
+            if answer is not None:
+                return answer
         try:
             route = resolve(head.method, head.target)
             admitted = self.admission.admit(route, head, exchange.request_id, exchange.peer)
@@ -136,7 +175,10 @@ class LocalApi:
             else:
                 if head.has_body:  # section 2.5: after the allowed audit, never parsed
                     raise ApiError(400, "invalid_request_body")
-                status, body = 200, self._read(route)
+                if route.operation_id == "run.log.read":
+                    status, body = self._read_log(route)
+                else:
+                    status, body = 200, self._read(route)
         except RateLimited as exc:
             return Response(429, exc.body, retry_after_s=exc.retry_after_s)
         except ApiError as exc:
@@ -166,13 +208,29 @@ class LocalApi:
 
     # -- reads (section 9) --------------------------------------------------
 
+    def _read_log(self, route: Route) -> tuple[int, dict[str, Any]]:
+        length = route.query.get("length")
+        try:
+            return self.logs.read(route.project_id, route.run_id or "", route.attempt_id or "",
+                                  offset=_int(route.query["offset"]),
+                                  length=length if isinstance(length, int) else self._log_window)
+        except StoreError:
+            raise ApiError(503, "artifact_unavailable") from None
+
     def _read(self, route: Route) -> dict[str, Any]:
         query = route.query
         project_id = route.project_id
         run_id = route.run_id or ""
         operation = route.operation_id
+        if operation == "edge.worker.get":
+            return self._worker(project_id)
 
         def read(conn: sqlite3.Connection) -> dict[str, Any]:
+            if operation == "task.list":
+                return list_tasks_body(conn, project_id, limit=_int(query["limit"]),
+                                       after_task_id=_opt_str(query["after_task_id"]))
+            if operation == "task.get":
+                return get_task_body(conn, project_id, route.task_id or "")
             if operation == "run.list":
                 return runs.list_runs(
                     conn, project_id, limit=_int(query["limit"]),
@@ -195,8 +253,21 @@ class LocalApi:
             return self._store.run(read, timeout_s=self._timeout)
         except runs.RunNotFound:
             raise ApiError(404, "run_not_found") from None
+        except TaskNotFound:
+            raise ApiError(404, "task_not_found") from None
         except StoreError:
             raise ApiError(503, UNAVAILABLE_CODES[operation]) from None
+
+    def _worker(self, project_id: str) -> dict[str, Any]:
+        """``edge.worker.get``: the Remote Worker's state (``serve`` passes the reader;
+        without one: ``{"configured": false}``)."""
+        if self._worker_status is None:
+            return {"schema": WORKER_STATUS_SCHEMA, "configured": False}
+        try:
+            return self._worker_status()
+        except Exception as exc:  # noqa: BLE001 - a journal problem is a 503 of this route only
+            _log.warning("worker status unavailable: %s", type(exc).__name__)
+            raise ApiError(503, "worker_status_unavailable") from None
 
     # -- mutations (sections 6 and 9.5) ---------------------------------------
 
@@ -299,6 +370,8 @@ class LocalApi:
         return outcome.http_status, body
 
     def _notify(self, operation: str, run_id: str) -> None:
+        if self.metrics is not None:
+            self.metrics.count("task_starts" if operation == "task.start" else "cancellations")
         if self.on_intent is None:
             return
         try:

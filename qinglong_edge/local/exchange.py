@@ -68,6 +68,9 @@ class ServerLimits:
     refusal_pause_s: float = 1.0
     #: How long a request that carries a credential waits for a slot when all are busy (s).
     credential_slot_wait_s: float = 1.0
+    #: Slots that public requests (status console assets, ``/metrics``: no credential,
+    #: no audit) may hold at once; beyond them they wait like a credential request.
+    public_slots: int = 2
     #: Connections accepted per poll round (the rest wait for the next round).
     accept_batch: int = 16
     #: ``TCP_DEFER_ACCEPT`` on the listener, in seconds (``None``: ``ceil(head_timeout_s)``;
@@ -98,6 +101,9 @@ class Response:
         close: close the connection after this response.
         bare: send a body-less ``Connection: close`` response (protocol-level, e.g. 408).
         retry_after_s: a ``retry-after`` header in whole seconds (429 ``rate_limited``).
+        content: a body that is not JSON (the console's assets, ``/metrics``): sent as
+            it is, with ``headers`` (which must include ``content-type``).
+        headers: extra ``(name, value)`` header lines for ``content``.
     """
 
     status: int
@@ -105,6 +111,8 @@ class Response:
     close: bool = False
     bare: bool = False
     retry_after_s: int | None = None
+    content: bytes | None = None
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 class BodyReadError(Exception):

@@ -61,6 +61,7 @@ __all__ = [
     "render_bare_response",
     "render_continue",
     "render_json_response",
+    "render_raw_response",
 ]
 
 #: Whole request head in bytes, request line to the final CRLF (Node ``maxHeaderSize``
@@ -108,6 +109,7 @@ _HOST = (
 _CONTENT_LENGTH = rb"[0-9]+"
 
 _REQUEST_LINE_RE = re.compile(_REQUEST_LINE)
+_TOKEN_RE = re.compile(_TOKEN)
 _ORIGIN_FORM_RE = re.compile(_ORIGIN_FORM)
 _ABSOLUTE_FORM_RE = re.compile(_ABSOLUTE_FORM_START)
 _FIELD_NAME_RE = re.compile(_FIELD_NAME)
@@ -385,12 +387,14 @@ REASONS: Final[Mapping[int, str]] = {
     100: "Continue",
     200: "OK",
     202: "Accepted",
+    204: "No Content",
     400: "Bad Request",
     401: "Unauthorized",
     403: "Forbidden",
     404: "Not Found",
     408: "Request Timeout",
     409: "Conflict",
+    410: "Gone",
     411: "Length Required",
     413: "Payload Too Large",
     414: "URI Too Long",
@@ -489,6 +493,47 @@ def render_json_response(
     if not head_only:
         lines.append(payload)
     return status, b"".join(lines)
+
+
+def render_raw_response(
+    status: int,
+    content: bytes,
+    headers: tuple[tuple[str, str], ...],
+    *,
+    request_id: str,
+    close: bool,
+    keep_alive_timeout_s: int = 5,
+    date: str | None = None,
+    head_only: bool = False,
+) -> bytes:
+    """A response whose body is not JSON (the status console's assets, ``/metrics``).
+
+    ``headers`` (each name a token, each value visible ASCII and spaces) come first, then
+    ``x-request-id``, ``content-length`` and the connection headers as
+    :func:`render_json_response` writes them. A ``204`` carries no body and no
+    ``content-length`` (RFC 9110 8.6).
+
+    Raises:
+        ValueError: a header name that is not a token, or a value with a control byte.
+    """
+    lines = [_status_line(status)]
+    for name, value in headers:
+        if _TOKEN_RE.fullmatch(name.encode("ascii")) is None or any(not 0x20 <= ord(c) < 0x7F for c in value):
+            raise ValueError("a response header that is not a token/visible ASCII")
+        lines.append(f"{name}: {value}\r\n".encode("ascii"))
+    lines.append(b"x-request-id: " + request_id.encode("ascii") + b"\r\n")
+    if status != 204:
+        lines.append(b"content-length: " + str(len(content)).encode("ascii") + b"\r\n")
+    if close:
+        lines.append(b"connection: close\r\n")
+    lines.append(b"Date: " + (date or http_date()).encode("ascii") + b"\r\n")
+    if not close:
+        lines.append(b"Connection: keep-alive\r\n")
+        lines.append(b"Keep-Alive: timeout=" + str(keep_alive_timeout_s).encode("ascii") + b"\r\n")
+    lines.append(b"\r\n")
+    if not head_only and status != 204:
+        lines.append(content)
+    return b"".join(lines)
 
 
 def render_bare_response(status: int) -> bytes:

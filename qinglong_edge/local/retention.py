@@ -420,24 +420,25 @@ class Pruner:
         oldest = sorted((f for f in scan.files if not f.fifo and f.bytes > 0), key=lambda f: (f.mtime_ns, f.name))
         window = oldest[: LOG_BATCH * 4]
         owners = self._run(lambda c: log_owners(c, window))
-        over, chosen = scan.total_bytes - cap, []
+        over, chosen, sizes = scan.total_bytes - cap, [], {}
         for f in window:
             owner = owners.get(f.name)
             if owner is None or not owner[3]:
                 continue  # an orphan (the sweep's) or a Run still in flight: never pruned
             chosen.append(owner[1])
+            sizes[owner[1]] = f.size
             over -= f.bytes
             if over <= 0 or len(chosen) >= LOG_BATCH:
                 break
         if not chosen:
             return False
         try:
-            cleared = self._run(lambda c: clear_log_artifacts(c, chosen))
+            cleared = self._run(lambda c: clear_log_artifacts(c, chosen, sizes=sizes, now_ms=now_ms()))
         except StoreError as exc:
             if not disk_full(exc):
                 raise
             self._make_room(report, [(o[0], o[1], o[2]) for o in owners.values() if o[1] in set(chosen)])
-            cleared = self._run(lambda c: clear_log_artifacts(c, chosen))
+            cleared = self._run(lambda c: clear_log_artifacts(c, chosen, sizes=sizes, now_ms=now_ms()))
         for run_id, attempt_id, artifact in cleared:
             before = report.log_bytes
             self._remove_logs(report, run_id, attempt_id, artifact)

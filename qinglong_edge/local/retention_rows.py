@@ -9,7 +9,7 @@ placeholders go into the SQL text; every value is bound.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,7 +171,7 @@ def delete_runs(conn: sqlite3.Connection, run_ids: Sequence[str]) -> DeletedRuns
             )
         )
         for table, column in (("StepRunMutations", "run_id"), ("StepRuns", "run_id"), ("RunEvents", "run_id"),
-                              ("RunAttempts", "run_id"), ("Runs", "id")):
+                              ("QingLongEdgeLogRetirements", "run_id"), ("RunAttempts", "run_id"), ("Runs", "id")):
             conn.execute(f'DELETE FROM "{table}" WHERE {column} IN ({dm})', doomed)
         crashpoint("store_prune.rows_deleted")
     crashpoint("store_prune.rows_committed")
@@ -197,8 +197,14 @@ def oldest_terminal_runs(
     return [str(row[0]) for row in rows]
 
 
-def clear_log_artifacts(conn: sqlite3.Connection, attempt_ids: Sequence[str]) -> list[tuple[str, str, str]]:
-    """Clear ``log_artifact_id`` of terminal Runs' attempts (log pruning), one transaction.
+def clear_log_artifacts(
+    conn: sqlite3.Connection, attempt_ids: Sequence[str], *, sizes: Mapping[str, int] | None = None,
+    now_ms: int = 0,
+) -> list[tuple[str, str, str]]:
+    """Clear ``log_artifact_id`` of terminal Runs' attempts (log pruning), one transaction,
+    and write each one's tombstone in ``QingLongEdgeLogRetirements`` (``byte_length`` from
+    ``sizes``, attempt id -> the file's size in bytes, else 0; ``retired_at_ms`` =
+    ``now_ms``, wall-clock epoch ms): run.log.read then answers 410 ``retired``.
 
     Returns ``(run id, attempt id, old log_artifact_id)`` of the attempts changed.
     """
@@ -218,6 +224,12 @@ def clear_log_artifacts(conn: sqlite3.Connection, attempt_ids: Sequence[str]) ->
         if rows:
             changed = [attempt_id for _, attempt_id, _ in rows]
             conn.execute(f'UPDATE "RunAttempts" SET log_artifact_id = NULL WHERE id IN ({_marks(changed)})', changed)
+            conn.executemany(
+                'INSERT OR REPLACE INTO "QingLongEdgeLogRetirements" (attempt_id, run_id, log_artifact_id,'
+                " byte_length, retired_at_ms) VALUES (?, ?, ?, ?, ?)",
+                [(attempt_id, run_id, artifact, max(0, int((sizes or {}).get(attempt_id, 0))), max(0, now_ms))
+                 for run_id, attempt_id, artifact in rows],
+            )
         crashpoint("log_prune.rows_updated")
     crashpoint("log_prune.rows_committed")
     return rows

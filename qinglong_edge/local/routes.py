@@ -8,7 +8,8 @@ returns a :class:`Route` or raises :class:`~qinglong_edge.errors.ApiError`:
   trailing slash, ``//``, ``.``/``..`` segments or a bad id all miss), any other
   method (HEAD and OPTIONS included), or a ``?`` on a route that takes no query;
 * 400 with the route's code (``invalid_run_list_query``,
-  ``invalid_run_event_list_query``, ``invalid_run_step_list_query``) for a query
+  ``invalid_run_event_list_query``, ``invalid_run_step_list_query``,
+  ``invalid_run_log_read_query``, ``invalid_task_list_query``) for a query
   that breaks the shared grammar: present but empty, a field without exactly one
   ``=`` or with an empty value, a duplicate or unknown name, a non-canonical
   integer (``08``, ``+8``, ``8e0``, ``0x8``, ``-0``), a value out of range, or half
@@ -25,7 +26,17 @@ GET     /api/v3/projects/{projectId}/runs/{runId}/events      run.events.list  r
 GET     /api/v3/projects/{projectId}/runs/{runId}/steps       run.steps.list   run.read
 POST    /api/v3/projects/{projectId}/runs/{runId}/cancellation run.cancel      run.stop
 POST    /api/v3/projects/{projectId}/tasks/{taskId}/runs      task.start       run.start
+GET     .../runs/{runId}/attempts/{attemptId}/log              run.log.read     artifact.read
+GET     /api/v3/projects/{projectId}/tasks                    task.list        task.read
+GET     /api/v3/projects/{projectId}/tasks/{taskId}           task.get         task.read
+GET     /api/v3/projects/{projectId}/edge-worker              edge.worker.get  project.read
 ======  ====================================================  ===============  ==========
+
+``run.log.read`` takes ``offset`` (0..2^53-1, default 0) and ``length`` (1..32768,
+default the profile's window) and answers a bad one 400 ``invalid_run_log_read_query``;
+``task.list`` takes ``limit`` (1..64, default 32) and ``after_task_id`` (400
+``invalid_task_list_query``), as the reference at 308aa75. ``edge.worker.get`` is ours
+(the Remote Worker's state for the status console; no query).
 """
 
 from __future__ import annotations
@@ -48,6 +59,8 @@ __all__ = [
 MAX_URL_BYTES: Final = 512
 MAX_SAFE_INTEGER: Final = 2**53 - 1
 MAX_INT32: Final = 2_147_483_647
+#: The largest ``length`` of ``run.log.read`` (ADR-0377: Local edge and standalone).
+MAX_LOG_READ_BYTES: Final = 32 * 1024
 #: List page sizes (local-api.md 9.2-9.4).
 DEFAULT_LIMIT: Final = 32
 MAX_LIMIT: Final = 64
@@ -64,6 +77,11 @@ _PATHS: Final = (
     ("GET", re.compile(rf"/api/v3/projects/(?P<project>{_ID})/runs/(?P<run>{_ID})/steps"), "run.steps.list"),
     ("POST", re.compile(rf"/api/v3/projects/(?P<project>{_ID})/runs/(?P<run>{_ID})/cancellation"), "run.cancel"),
     ("POST", re.compile(rf"/api/v3/projects/(?P<project>{_ID})/tasks/(?P<task>{_ID})/runs"), "task.start"),
+    ("GET", re.compile(rf"/api/v3/projects/(?P<project>{_ID})/runs/(?P<run>{_ID})/attempts/(?P<attempt>{_ID})/log"),
+     "run.log.read"),
+    ("GET", re.compile(rf"/api/v3/projects/(?P<project>{_ID})/tasks"), "task.list"),
+    ("GET", re.compile(rf"/api/v3/projects/(?P<project>{_ID})/tasks/(?P<task>{_ID})"), "task.get"),
+    ("GET", re.compile(rf"/api/v3/projects/(?P<project>{_ID})/edge-worker"), "edge.worker.get"),
 )
 
 #: operationId -> permission (local-api.md 2.2 step 5.3).
@@ -74,6 +92,10 @@ PERMISSIONS: Final[Mapping[str, str]] = {
     "run.steps.list": "run.read",
     "run.cancel": "run.stop",
     "task.start": "run.start",
+    "run.log.read": "artifact.read",
+    "task.list": "task.read",
+    "task.get": "task.read",
+    "edge.worker.get": "project.read",
 }
 
 #: Routes whose body is strict JSON (local-api.md 2.2 step 5.9); the rest take none.
@@ -83,6 +105,8 @@ _QUERY_CODES: Final[Mapping[str, str]] = {
     "run.list": "invalid_run_list_query",
     "run.events.list": "invalid_run_event_list_query",
     "run.steps.list": "invalid_run_step_list_query",
+    "run.log.read": "invalid_run_log_read_query",
+    "task.list": "invalid_task_list_query",
 }
 
 
@@ -95,7 +119,8 @@ class Route:
         permission: the policy permission it needs.
         project_id: the ``{projectId}`` segment.
         run_id: ``{runId}`` for run routes, else None.
-        task_id: ``{taskId}`` for ``task.start``, else None.
+        task_id: ``{taskId}`` for ``task.start`` and ``task.get``, else None.
+        attempt_id: ``{attemptId}`` for ``run.log.read``, else None.
         query: parsed query values with defaults applied: ``limit`` (int) and the
             route's cursor fields (int or str; None when absent).
     """
@@ -105,6 +130,7 @@ class Route:
     project_id: str
     run_id: str | None = None
     task_id: str | None = None
+    attempt_id: str | None = None
     query: Mapping[str, int | str | None] = field(default_factory=dict)
 
     @property
@@ -150,6 +176,7 @@ def resolve(method: str, target: str) -> Route:
             project_id=groups["project"],
             run_id=groups.get("run"),
             task_id=groups.get("task"),
+            attempt_id=groups.get("attempt"),
             query=values,
         )
     raise _not_found()
@@ -171,6 +198,14 @@ _QUERY_FIELDS: Final[Mapping[str, Mapping[str, tuple[str, int, int]]]] = {
         "after_step_key": ("id", 0, 0),
         "after_step_run_id": ("id", 0, 0),
     },
+    "run.log.read": {
+        "offset": ("int", 0, MAX_SAFE_INTEGER),
+        "length": ("int", 1, MAX_LOG_READ_BYTES),
+    },
+    "task.list": {
+        "limit": ("int", 1, MAX_LIMIT),
+        "after_task_id": ("id", 0, 0),
+    },
 }
 # Cursor fields that must come together.
 _PAIRS: Final[Mapping[str, tuple[str, str]]] = {
@@ -181,6 +216,9 @@ _DEFAULTS: Final[Mapping[str, Mapping[str, int | str | None]]] = {
     "run.list": {"limit": DEFAULT_LIMIT, "after_created_at_ms": None, "after_run_id": None},
     "run.events.list": {"limit": DEFAULT_LIMIT, "after_sequence": 0},
     "run.steps.list": {"limit": DEFAULT_LIMIT, "after_step_key": None, "after_step_run_id": None},
+    # length None: the profile's window (edge 16 KiB, standalone 32 KiB), applied by the API.
+    "run.log.read": {"offset": 0, "length": None},
+    "task.list": {"limit": DEFAULT_LIMIT, "after_task_id": None},
 }
 
 

@@ -191,6 +191,7 @@ class LogFile:
         fifo: a FIFO (``.fifo``), not a log.
         bytes: allocated bytes (``st_blocks`` x 512; 0 for a FIFO).
         mtime_ns: last modification (oldest logs are pruned first).
+        size: the file's length in bytes (``st_size``; a pruned log's tombstone keeps it).
     """
 
     name: str
@@ -200,6 +201,7 @@ class LogFile:
     fifo: bool
     bytes: int
     mtime_ns: int
+    size: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,5 +253,6 @@ def scan_logs(log_directory: str) -> LogScan:
                 fifo,
                 0 if fifo else info.st_blocks * 512,
                 info.st_mtime_ns,
+                0 if fifo else info.st_size,
             ))
     return LogScan(tuple(files), sum(f.bytes for f in files))

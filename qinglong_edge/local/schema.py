@@ -20,6 +20,7 @@ Tables (stable names; other modules query them directly):
 ``StepRuns`` / ``StepRunMutations``         step runs (section 5.8; nothing writes them yet)
 ``QingLongEdgeTasks``                       our Local task heads (the spec has none)
 ``QingLongEdgeTaskRevisions``               their immutable revisions
+``QingLongEdgeLogRetirements``              tombstones of Run logs pruned by the log cap
 ``schema_migrations``                       one row per applied migration (this module)
 ``store_probe``                             one row rewritten by every open (write probe)
 =========================================  =============================================
@@ -804,11 +805,34 @@ ALTER TABLE "QingLong3SecurityAuditEvents" ADD COLUMN refused_since_ms INTEGER
 """,
 )
 
+# Tombstones of Run logs removed by ``execution.maxTotalLogBytes`` (issue 26): run.log.read
+# answers a pruned log 410 ``retired`` with when it went and the size it had, not a
+# 202 ``pending`` (its ``log_artifact_id`` is cleared) that a follower would poll forever.
+# Deleted with the Run (retention_rows.delete_runs); at most one per attempt.
+_M6_LOG_RETIREMENTS = (
+    """
+CREATE TABLE "QingLongEdgeLogRetirements" (
+  attempt_id TEXT PRIMARY KEY NOT NULL,
+  run_id TEXT NOT NULL,
+  log_artifact_id TEXT NOT NULL,
+  byte_length INTEGER NOT NULL,
+  retired_at_ms INTEGER NOT NULL,
+  CONSTRAINT qle_log_retirements_artifact_check CHECK (
+    length(log_artifact_id) BETWEEN 1 AND 128 AND log_artifact_id NOT GLOB '*[^A-Za-z0-9._:-]*'
+  ),
+  CONSTRAINT qle_log_retirements_values_check CHECK (
+    byte_length BETWEEN 0 AND 9007199254740991 AND retired_at_ms BETWEEN 0 AND 9007199254740991
+  )
+)
+""",
+    'CREATE INDEX qle_log_retirements_run_idx ON "QingLongEdgeLogRetirements" (run_id)',
+)
+
 # Local Run deadlines on the boot clock (issue 23; spec README "Decisions for clocks"):
 # ``deadline_boot_ms`` is CLOCK_BOOTTIME ms of the boot ``deadline_boot_id`` names, the
 # timer the controller uses in that boot (a wall-clock step cannot time a Run out);
 # ``deadline_at_ms`` (wall clock) stays for display and is the deadline after a reboot.
-_M6_DEADLINE_BOOT_CLOCK = (
+_M7_DEADLINE_BOOT_CLOCK = (
     """
 ALTER TABLE "RunAttempts" ADD COLUMN deadline_boot_ms INTEGER
   CONSTRAINT qle_attempts_deadline_boot_check CHECK (deadline_boot_ms IS NULL OR deadline_boot_ms >= 0)
@@ -829,7 +853,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, "0003-run-core-step-runs", _M3_RUN_CORE),
     Migration(4, "0004-local-tasks", _M4_LOCAL_TASKS),
     Migration(5, "0005-audit-refusal-summaries", _M5_AUDIT_REFUSAL_SUMMARIES),
-    Migration(6, "0006-deadline-boot-clock", _M6_DEADLINE_BOOT_CLOCK),
+    Migration(6, "0006-log-retirements", _M6_LOG_RETIREMENTS),
+    Migration(7, "0007-deadline-boot-clock", _M7_DEADLINE_BOOT_CLOCK),
 )
 
 #: The schema version this code writes and understands (the last migration's version).

@@ -100,7 +100,13 @@ from qinglong_edge.local.http11 import (
     new_request_id,
     render_bare_response,
     render_json_response,
+    render_raw_response,
 )
+
+#: ``observer(status, code, seconds)``: called once per response written (``code``: the
+#: JSON body's ``code``, None for a 2xx or a bare response; ``seconds``: from the complete
+#: head to the answer). Metrics (:mod:`qinglong_edge.local.metrics`); must not block.
+Observer = Callable[[int, str | None, float], None]
 
 __all__ = [
     "Application",
@@ -141,8 +147,8 @@ class _Conn:
     BUSY with holds one of the slots of requests without a credential.
     """
 
-    __slots__ = ("anonymous", "deadline", "fd", "head_deadline", "parser", "peer", "request_deadline", "served",
-                 "since", "sock", "state")
+    __slots__ = ("anonymous", "deadline", "dispatched", "fd", "head_deadline", "parser", "peer", "public",
+                 "request_deadline", "served", "since", "sock", "state")
 
     def __init__(self, sock: socket.socket, now: float, limits: ServerLimits, peer: str) -> None:
         self.sock = sock
@@ -150,6 +156,8 @@ class _Conn:
         self.peer = peer
         self.served = 0
         self.anonymous = False
+        self.public = False
+        self.dispatched = now
         self.state = _State.IDLE
         self.parser = HeadParser()
         self.since = now
@@ -194,8 +202,12 @@ class Server:
         listen_socket: socket.socket | None = None,
         classify: Callable[[RequestHead], bool] | None = None,
         budget: RequestBudget | None = None,
+        public: Callable[[RequestHead], bool] | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.application = application
+        self._public = public
+        self._observer = observer
         self.limits = limits or ServerLimits.for_profile("edge")
         self._classify = classify
         self._budget = budget
@@ -235,6 +247,7 @@ class Server:
         # for it, so a response being written is never cut off).
         self._in_flight = 0
         self._anonymous_in_flight = 0
+        self._public_in_flight = 0
         self._busy = 0
         self._evicted = 0
         self._rate_limited = 0
@@ -539,7 +552,10 @@ class Server:
         if self._draining:
             self._answer_from_poll(conn, head, "server_draining", close=True)
             return
-        anonymous = self._classify is not None and not self._classify(head)
+        public = self._public is not None and self._public(head)
+        anonymous = not public and self._classify is not None and not self._classify(head)
+        conn.public = public
+        conn.dispatched = time.monotonic()
         wait = 0.0
         if anonymous and self._budget is not None:
             wait = self._budget.wait_s(conn.peer)
@@ -549,11 +565,16 @@ class Server:
                 wait = max(wait, 1.0)  # their share is taken: the others are for credentials
             # Requests already waiting for a slot go first (FIFO): nobody overtakes them.
             full = self._in_flight >= self.limits.max_in_flight or bool(self._waiting)
-            if wait <= 0 and not full:
+            # Public requests (console assets, /metrics) hold at most public_slots, and
+            # wait for one like a credential (a browser loads its assets in parallel).
+            shared_out = public and self._public_in_flight >= self.limits.public_slots
+            if wait <= 0 and not full and not shared_out:
                 self._in_flight += 1
                 self._busy += 1
                 if anonymous:
                     self._anonymous_in_flight += 1
+                if public:
+                    self._public_in_flight += 1
             elif wait <= 0 and not anonymous and self.limits.credential_slot_wait_s > 0:
                 # A credential is only known valid after the store check, and a flood of
                 # wrong ones is answered in microseconds each: wait for the next free slot
@@ -586,6 +607,7 @@ class Server:
     def _answer_from_poll(self, conn: _Conn, head: RequestHead, code: str, *, close: bool, status: int = 503,
                           retry_after_s: int | None = None) -> None:
         close = close or conn.served + 1 >= self.limits.max_requests_per_connection
+        self._observe(status, code, 0.0)
         _, data = render_json_response(
             status,
             {"code": code},
@@ -625,6 +647,7 @@ class Server:
         self._poll.register(conn.fd, _POLL_IN)
 
     def _answer_bare_and_close(self, conn: _Conn, status: int) -> None:
+        self._observe(status, None, 0.0)
         with self._lock:
             self._requests += 1
         _send_nonblocking(conn.sock, render_bare_response(status))
@@ -738,7 +761,24 @@ class Server:
 
     def _slot_for_waiting(self) -> bool:
         """(Under _lock.) A waiting request can have a free slot now."""
-        return bool(self._waiting) and self._in_flight < self.limits.max_in_flight and not self._draining
+        return (self._in_flight < self.limits.max_in_flight and not self._draining
+                and self._eligible_waiting() is not None)
+
+    def _eligible_waiting(self) -> int | None:
+        """(Under _lock.) The oldest waiting request that may take a free slot: one with a
+        credential, or a public one while the public share is not taken."""
+        share = self._public_in_flight < self.limits.public_slots
+        for index, (conn, _, _) in enumerate(self._waiting):
+            if share or not conn.public:
+                return index
+        return None
+
+    def _observe(self, status: int, code: object, seconds: float) -> None:
+        if self._observer is not None:
+            try:
+                self._observer(status, code if isinstance(code, str) else None, seconds)
+            except Exception as exc:  # noqa: BLE001 - metrics must never fail a request
+                _log.error("response observer failed: %s", type(exc).__name__)
 
     def _worker_loop(self) -> None:
         while True:
@@ -747,9 +787,14 @@ class Server:
                 if self._jobs:
                     job = self._jobs.popleft()
                 else:  # the oldest request waiting for a slot takes the free one
-                    conn, head, _ = self._waiting.popleft()
+                    index = self._eligible_waiting()
+                    assert index is not None
+                    conn, head, _ = self._waiting[index]
+                    del self._waiting[index]
                     self._in_flight += 1
                     self._busy += 1
+                    if conn.public:
+                        self._public_in_flight += 1
                     conn.state = _State.BUSY
                     job = (conn, head)
             if job is None:
@@ -792,6 +837,9 @@ class Server:
                 if conn.anonymous:
                     self._anonymous_in_flight -= 1
                     conn.anonymous = False
+                if conn.public:
+                    self._public_in_flight -= 1
+                    conn.public = False
                 if self._waiting:
                     self._jobs_ready.notify()
         if response.status == 0:  # disconnected: nobody to answer
@@ -805,8 +853,15 @@ class Server:
             or self._draining
             or conn.served + 1 >= self.limits.max_requests_per_connection
         )
+        self._observe(response.status, None if response.bare else response.body.get("code"),
+                      time.monotonic() - conn.dispatched)
         if response.bare:
             data = render_bare_response(response.status)
+        elif response.content is not None:
+            data = render_raw_response(
+                response.status, response.content, response.headers, request_id=exchange.request_id, close=close,
+                keep_alive_timeout_s=int(self.limits.keep_alive_timeout_s), head_only=head.method == "HEAD",
+            )
         else:
             _, data = render_json_response(
                 response.status,

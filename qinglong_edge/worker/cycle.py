@@ -80,9 +80,11 @@ class CycleReport(Frozen):
         detail: a human-readable line (no secrets).
         reason: the transport reason behind ``error`` (``certificate_expired``...), if any.
         remedy: its one-line remedy ("" without one).
+        inbox: inbox records by state as the cycle saw them (an offer it accepted
+            included), for the metrics textfile; None when the cycle stopped before.
     """
 
-    __slots__ = ("session", "result", "error", "detail", "reason", "remedy")  # noqa: RUF023 (field order)
+    __slots__ = ("session", "result", "error", "detail", "reason", "remedy", "inbox")  # noqa: RUF023 (field order)
 
     session: SessionOutcome | None
     result: PullResult | None
@@ -90,6 +92,7 @@ class CycleReport(Frozen):
     detail: str
     reason: str | None
     remedy: str
+    inbox: dict[str, int] | None
 
     def __init__(  # noqa: PLR0917 (the dataclass signature)
         self,
@@ -99,8 +102,10 @@ class CycleReport(Frozen):
         detail: str = "",
         reason: str | None = None,
         remedy: str = "",
+        inbox: dict[str, int] | None = None,
     ) -> None:
         _set = object.__setattr__
+        _set(self, "inbox", inbox)
         _set(self, "session", session)
         _set(self, "result", result)
         _set(self, "error", error)
@@ -169,12 +174,15 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
     except SessionError as exc:
         return CycleReport(None, None, exc.code, exc.message, reason=exc.reason, remedy=exc.remedy), busy
     record = session.session
+    states: dict[str, int] = {}
+    for stored in kept:
+        states[stored["state"]] = states.get(stored["state"], 0) + 1
     if keeper.deferred:  # no new work under the old advertisement; re-registered once these are done
         coordinator.settle_claim()
-        return CycleReport(session, PullResult("no_slot", reason="capabilities_changed")), busy
+        return CycleReport(session, PullResult("no_slot", reason="capabilities_changed"), inbox=states), busy
     if busy and worker.max_concurrent_runs <= busy:
         coordinator.settle_claim()
-        return CycleReport(session, PullResult("no_slot", reason="slots_in_use")), busy
+        return CycleReport(session, PullResult("no_slot", reason="slots_in_use"), inbox=states), busy
     if slots:
         journal.make_room(lambda r: r["offer"]["offerId"] in finished, records=kept,
                           remove_files=lambda r: _remove_files(worker, runtime, r))
@@ -183,7 +191,9 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
         result = inbox_full(result, busy, journal.options.maximum_entries)
     if result.status in ("accepted", "replayed"):
         busy += 1  # executed by the resident loop at once (a replay of a finished one leaves it)
-    return CycleReport(session, result), busy
+        if result.status == "accepted":
+            states["accepted"] = states.get("accepted", 0) + 1
+    return CycleReport(session, result, inbox=states), busy
 
 
 def inbox_full(result: PullResult, in_flight: int, maximum_entries: int) -> PullResult:

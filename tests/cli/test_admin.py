@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from qinglong_edge.local.identity import authenticate
+from qinglong_edge.local.schema import SCHEMA_VERSION
 from qinglong_edge.local.store import Store, now_ms
 from tests.support.cli import REPO, Result, run_cli
 from tests.support.store import insert_run
@@ -71,7 +72,7 @@ def test_needs_the_local_api_section(tmp_path: pathlib.Path) -> None:
 def test_init_creates_database_keyring_and_key_idempotently(site: pathlib.Path) -> None:
     first = ok_json(site, "init")
     assert (first["pepperKey"], first["pepperKeyId"], first["keyringCreated"]) == ("created", "edge-pepper-v1", True)
-    assert first["journalMode"] == "delete" and first["schemaVersion"] == 6
+    assert first["journalMode"] == "delete" and first["schemaVersion"] == SCHEMA_VERSION
     state = site / "state"
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
     assert stat.S_IMODE((state / "local.db").stat().st_mode) == 0o600

@@ -25,7 +25,7 @@ sys.exit(status)
 """
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["version"], ["version", "--json"], ["doctor", "--help"]])
+@pytest.mark.parametrize("argv", [["--help"], ["version"], ["version", "--json"], ["--version"], ["doctor", "--help"]])
 def test_light_commands_import_no_heavy_module(argv: list[str]) -> None:
     proc = subprocess.run(
         [sys.executable, "-I", "-c", PROBE.format(heavy=set(HEAVY)), *argv],

@@ -32,7 +32,7 @@ def test_every_route_is_documented_with_its_operation_id() -> None:
     }
     table = set()
     for method, pattern, operation in routes._PATHS:
-        template = re.sub(r"\(\?P<(\w+)>[^)]*\)", lambda m: "{" + {"project": "projectId", "run": "runId", "task": "taskId"}[m.group(1)] + "}", pattern.pattern)
+        template = re.sub(r"\(\?P<(\w+)>[^)]*\)", lambda m: "{" + {"project": "projectId", "run": "runId", "task": "taskId", "attempt": "attemptId"}[m.group(1)] + "}", pattern.pattern)
         table.add((method, template, operation))
     assert documented == table
 
@@ -42,7 +42,9 @@ def test_every_operation_documents_admission_errors() -> None:
     for item in doc["paths"].values():  # type: ignore[attr-defined]
         for operation in item.values():
             responses = operation["responses"]
-            for status in ("400", "401", "403", "404", "429", "503"):
+            # run.log.read answers a refusal 404 artifact_not_found, never 403.
+            refused = ("404",) if operation["operationId"] == "run.log.read" else ("403",)
+            for status in ("400", "401", *refused, "404", "429", "503"):
                 assert status in responses, (operation["operationId"], status)
             limited = responses["429"]["content"]["application/json; charset=utf-8"]["schema"]
             assert limited["properties"]["code"]["enum"] == ["rate_limited"]
@@ -148,6 +150,44 @@ def test_live_responses_match_the_documented_schemas(tmp_path: pathlib.Path) -> 
             (prefix + "/runs/{runId}/steps", "get", api.get(f"/api/v3/projects/default/runs/{RUN_ID}/steps")),
             (prefix + "/runs/{runId}/steps", "get", api.get("/api/v3/projects/default/runs/missing/steps")),
         ]
+        # issue 26: the log read (200, 202, 404, 410, 400 query), the task reads, the worker state
+        import os
+
+        from qinglong_edge.local.retention_rows import clear_log_artifacts
+        from qinglong_edge.local.tasks import create_task
+        from tests.support.store import SYSTEM
+
+        logs = tmp_path / "logs"
+        logs.mkdir()
+        api.api.logs._directory = str(logs)
+        log_path = f"/api/v3/projects/default/runs/{RUN_ID}/attempts/a1/log"
+        checks.append((prefix + "/runs/{runId}/attempts/{attemptId}/log", "get", api.get(log_path)))  # 202
+        fd = os.open(logs / f"{RUN_ID}_a1.log", os.O_WRONLY | os.O_CREAT, 0o600)
+        os.write(fd, b"hello\n")
+        os.close(fd)
+        api.write(lambda c: c.execute("UPDATE \"RunAttempts\" SET log_artifact_id = ? WHERE id = 'a1'",
+                                      ("local-" + "b" * 30,)))
+        checks.append((prefix + "/runs/{runId}/attempts/{attemptId}/log", "get", api.get(log_path + "?length=2")))
+        checks.append((prefix + "/runs/{runId}/attempts/{attemptId}/log", "get", api.get(log_path + "?length=0")))
+        checks.append((prefix + "/runs/{runId}/attempts/{attemptId}/log", "get",
+                       api.get("/api/v3/projects/default/runs/x/attempts/a1/log")))
+        api.write(lambda c: c.execute("UPDATE \"Runs\" SET status = 'succeeded' WHERE id = ?", (RUN_ID,)))
+        api.write(lambda c: c.execute("UPDATE \"RunAttempts\" SET status = 'succeeded' WHERE id = 'a1'"))
+        api.write(lambda c: clear_log_artifacts(c, ["a1"], sizes={"a1": 6}, now_ms=NOW))
+        checks.append((prefix + "/runs/{runId}/attempts/{attemptId}/log", "get", api.get(log_path)))  # 410
+        api.write(lambda c: create_task(c, project_id="default", task_id="t1", name="T", mutation_id="m1",
+                                        definition={"command": {"kind": "shell", "command": "true"}},
+                                        created_by=SYSTEM, now_ms=NOW))
+        checks += [
+            (prefix + "/tasks", "get", api.get("/api/v3/projects/default/tasks")),
+            (prefix + "/tasks", "get", api.get("/api/v3/projects/default/tasks?limit=0")),
+            (prefix + "/tasks/{taskId}", "get", api.get("/api/v3/projects/default/tasks/t1")),
+            (prefix + "/tasks/{taskId}", "get", api.get("/api/v3/projects/default/tasks/none")),
+            (prefix + "/edge-worker", "get", api.get("/api/v3/projects/default/edge-worker")),
+        ]
+        statuses = {(path, response.status) for path, _, response in checks}
+        assert (prefix + "/runs/{runId}/attempts/{attemptId}/log", 410) in statuses
+        assert (prefix + "/runs/{runId}/attempts/{attemptId}/log", 202) in statuses
         for path, method, response in checks:
             documented = paths[path][method]["responses"][str(response.status)]
             media = documented["content"]["application/json; charset=utf-8"]

@@ -21,6 +21,10 @@ P = "/api/v3/projects/default"
         ("GET", f"{P}/runs/r/steps", "run.steps.list", "r", None),
         ("POST", f"{P}/runs/r/cancellation", "run.cancel", "r", None),
         ("POST", f"{P}/tasks/t1/runs", "task.start", None, "t1"),
+        ("GET", f"{P}/tasks", "task.list", None, None),
+        ("GET", f"{P}/tasks/t1", "task.get", None, "t1"),
+        ("GET", f"{P}/runs/r/attempts/a1/log", "run.log.read", "r", None),
+        ("GET", f"{P}/edge-worker", "edge.worker.get", None, None),
     ],
 )
 def test_resolves_each_route(method: str, target: str, operation: str, run_id: str | None, task_id: str | None) -> None:
@@ -33,6 +37,18 @@ def test_permissions() -> None:
     assert resolve("GET", f"{P}/runs").permission == "run.read"
     assert resolve("POST", f"{P}/runs/r/cancellation").permission == "run.stop"
     assert resolve("POST", f"{P}/tasks/t/runs").permission == "run.start"
+    assert resolve("GET", f"{P}/runs/r/attempts/a/log").permission == "artifact.read"
+    assert resolve("GET", f"{P}/tasks").permission == "task.read"
+    assert resolve("GET", f"{P}/tasks/t").permission == "task.read"
+    assert resolve("GET", f"{P}/edge-worker").permission == "project.read"
+
+
+def test_log_read_query_defaults_and_attempt() -> None:
+    route = resolve("GET", f"{P}/runs/r/attempts/a.1/log")
+    assert (route.attempt_id, dict(route.query)) == ("a.1", {"offset": 0, "length": None})
+    route = resolve("GET", f"{P}/runs/r/attempts/a/log?length=32768&offset=9007199254740991")
+    assert dict(route.query) == {"offset": 9007199254740991, "length": 32768}
+    assert dict(resolve("GET", f"{P}/tasks?after_task_id=t.1").query) == {"limit": 32, "after_task_id": "t.1"}
 
 
 NOT_FOUND = [
@@ -54,7 +70,12 @@ NOT_FOUND = [
     ("head", "HEAD", f"{P}/runs"),
     ("options", "OPTIONS", f"{P}/runs"),
     ("lowercase_method", "get", f"{P}/runs"),
-    ("task_list_out_of_scope", "GET", f"{P}/tasks"),
+    ("query_on_task_get", "GET", f"{P}/tasks/t?x=1"),
+    ("wrong_method_get_task_start", "GET", f"{P}/tasks/t/runs"),
+    ("post_task_list", "POST", f"{P}/tasks"),
+    ("log_without_attempt", "GET", f"{P}/runs/r/attempts/log"),
+    ("log_trailing_slash", "GET", f"{P}/runs/r/attempts/a/log/"),
+    ("query_on_edge_worker", "GET", f"{P}/edge-worker?x=1"),
     ("bad_id_first_char", "GET", "/api/v3/projects/-x/runs"),
     ("id_too_long", "GET", f"/api/v3/projects/{'a' * 129}/runs"),
     ("url_over_512", "GET", f"{P}/runs?after_run_id={'a' * 128}&limit=1" + "x" * 400),

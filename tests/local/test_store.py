@@ -78,7 +78,7 @@ def test_each_migration_is_one_transaction(db_path: pathlib.Path) -> None:
     conn = sqlite3.connect(db_path, isolation_level=None)
     conn.execute("PRAGMA foreign_keys=OFF")
     for name in ("StepRunMutations", "StepRuns", "RunEvents", "RunAttempts", "Runs",
-                 "QingLongEdgeTaskRevisions", "QingLongEdgeTasks"):
+                 "QingLongEdgeTaskRevisions", "QingLongEdgeTasks", "QingLongEdgeLogRetirements"):
         conn.execute(f'DROP TABLE "{name}"')
     for column in ("refused_since_ms", "refused_count"):  # migration 5 (its CHECK names the other first)
         conn.execute(f'ALTER TABLE "QingLong3SecurityAuditEvents" DROP COLUMN {column}')
@@ -86,19 +86,19 @@ def test_each_migration_is_one_transaction(db_path: pathlib.Path) -> None:
     conn.close()
     with Store.open(str(db_path)) as reopened:
         versions = reopened.run(lambda c: [r[0] for r in c.execute("SELECT version FROM schema_migrations")])
-        assert versions == [1, 2, 3, 4, 5, 6]
+        assert versions == list(range(1, schema.SCHEMA_VERSION + 1))
         assert reopened.run(lambda c: c.execute('SELECT count(*) FROM "Runs"').fetchone()[0]) == 0
 
 
-def test_migration_6_adds_the_boot_clock_deadline_and_keeps_the_runs(db_path: pathlib.Path) -> None:
-    """Issue 23: a database of schema 5 (Runs with wall-clock deadlines) moves to the boot
+def test_migration_7_adds_the_boot_clock_deadline_and_keeps_the_runs(db_path: pathlib.Path) -> None:
+    """Issue 23: a database of schema 6 (Runs with wall-clock deadlines) moves to the boot
     clock's columns; the rows stay, their boot deadline unknown (the wall one then counts)."""
     with Store.open(str(db_path)):
         pass
     conn = sqlite3.connect(db_path, isolation_level=None)
     conn.execute('ALTER TABLE "RunAttempts" DROP COLUMN deadline_boot_id')
     conn.execute('ALTER TABLE "RunAttempts" DROP COLUMN deadline_boot_ms')
-    conn.execute("DELETE FROM schema_migrations WHERE version = 6")
+    conn.execute("DELETE FROM schema_migrations WHERE version = 7")
     conn.close()
     with Store.open(str(db_path)) as reopened:
         columns = reopened.run(lambda c: [r[1] for r in c.execute('PRAGMA table_info("RunAttempts")')])

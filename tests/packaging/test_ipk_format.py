@@ -96,6 +96,8 @@ def _data_files(dist: Dist) -> dict[str, int]:
 def test_payload_is_the_runtime_and_nothing_else(dist: Dist) -> None:
     files = _data_files(dist)
     package = {p.relative_to(REPO).as_posix() for p in (REPO / "qinglong_edge").rglob("*.py")}
+    # the status console's three assets (issue 26), files of the package like its modules
+    package |= {p.relative_to(REPO).as_posix() for p in (REPO / "qinglong_edge" / "local" / "console").iterdir()}
     assert package, "no sources found"
     expected = dict(EXPECTED_FILES)
     expected.update({f"usr/lib/qinglong-edge/{rel}": 0o644 for rel in package})

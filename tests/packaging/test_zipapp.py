@@ -27,7 +27,8 @@ def test_archive_layout(dist: Dist) -> None:
         main = archive.read("__main__.py").decode()
     assert names == sorted(names, key=lambda n: n.split("/"))
     assert names[0] == "__main__.py"
-    package = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "qinglong_edge").rglob("*.py"))
+    package = sorted([p.relative_to(REPO).as_posix() for p in (REPO / "qinglong_edge").rglob("*.py")]
+                     + [p.relative_to(REPO).as_posix() for p in (REPO / "qinglong_edge/local/console").iterdir()])
     assert sorted(names[1:]) == package
     assert {i.date_time for i in infos} == {(2023, 11, 14, 22, 13, 20)}  # SOURCE_DATE_EPOCH, UTC
     assert {stat.S_IMODE(i.external_attr >> 16) for i in infos} == {0o644}

@@ -117,6 +117,8 @@ def local_api(
     with_run: bool = True,
     budget: RequestBudget | None = None,
     store_timeout_s: float = 10.0,
+    log_directory: pathlib.Path | None = None,
+    **api_options: Any,
 ) -> Iterator[LocalApiServer]:
     """Provision the section 10 fixture, start a real server, yield, drain and close.
 
@@ -146,6 +148,9 @@ def local_api(
         before_mutation=before_mutation,
         store_timeout_s=store_timeout_s,
         budget=budget,
+        profile=profile,
+        log_directory=None if log_directory is None else str(log_directory),
+        **api_options,
     )
     server = Server(api, limits=limits or ServerLimits.for_profile(profile), classify=api.presents_credential,
                     budget=budget)

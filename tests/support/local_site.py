@@ -130,10 +130,14 @@ class LocalSite:
     Args:
         root: a private directory for the state, the config and the job's pid files.
         entry: how to start the CLI (default: this checkout).
+        local_api: keys added to the ``localApi`` section (``console``, ``metrics``...).
+        extra: more top-level sections (a ``worker``).
         execution: overrides of :data:`FAST_EXECUTION`.
     """
 
-    def __init__(self, root: pathlib.Path, entry: Entry | None = None, **execution: Any) -> None:
+    def __init__(self, root: pathlib.Path, entry: Entry | None = None, *,
+                 local_api: dict[str, Any] | None = None, extra: dict[str, Any] | None = None,
+                 **execution: Any) -> None:
         self.root = root
         self.entry = entry or repo_entry()
         self.state = root / "state"
@@ -145,8 +149,9 @@ class LocalSite:
         self.config.write_text(json.dumps({
             "schema": "qinglong/edge-agent@v1",
             "stateDirectory": str(self.state),
-            "localApi": {"listener": {"host": "127.0.0.1", "port": self.port}},
+            "localApi": {"listener": {"host": "127.0.0.1", "port": self.port}, **(local_api or {})},
             "execution": {**FAST_EXECUTION, **execution},
+            **(extra or {}),
         }))
         self.token = ""
         self.viewer_token = ""
