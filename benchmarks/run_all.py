@@ -56,6 +56,8 @@ PLAN: dict[str, tuple[list[str], list[str]]] = {
     "transport": (["--requests", "60", "--repetitions", "5"], ["--requests", "10", "--repetitions", "1"]),
     "storage_caps": (["--runs", "20000"], ["--runs", "2000", "--baseline-runs", "300", "--disk-runs", "100"]),
     "remote_execution": (["--runs", "7", "--window-s", "60"], ["--runs", "2", "--window-s", "15"]),
+    "lease_writes": (["--window-s", "60"], ["--window-s", "12"]),
+    "renewal_skew": (["--window-s", "12"], ["--window-s", "6", "--offsets-s=-600,0,600"]),
     "inbox_week": (["--days", "7", "--baseline-days", "1"], ["--days", "1", "--baseline-days", "1"]),
     "observe": (["--requests", "400", "--repeat", "3", "--cycles", "12"],
                 ["--requests", "100", "--repeat", "1", "--cycles", "4"]),

@@ -15,10 +15,15 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["BOOT_ID_PATH", "boot_id", "boot_ms", "wall_ms"]
+__all__ = ["BOOT_ID_PATH", "CLOCK_FLOOR_MS", "boot_id", "boot_ms", "clock_set", "wall_ms"]
 
 #: The kernel's per-boot random id (Linux), a new value at every boot.
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+#: 2026-11-01T00:00:00Z: the date of this source, so no package of it is built earlier (a
+#: release moves it on). A wall clock before it is not set yet (a router without an RTC
+#: boots at its firmware's build time until NTP steps it): ``clock_not_set``, nothing is
+#: claimed (TLS could not judge a certificate's validity either).
+CLOCK_FLOOR_MS = 1_793_491_200_000
 
 
 def boot_ms() -> int:
@@ -29,6 +34,11 @@ def boot_ms() -> int:
 def wall_ms() -> int:
     """Milliseconds since the Unix epoch by the wall clock (may jump: wire and display only)."""
     return time.time_ns() // 1_000_000
+
+
+def clock_set(wall_now_ms: int) -> bool:
+    """Whether the wall clock reads a time on or after :data:`CLOCK_FLOOR_MS`."""
+    return wall_now_ms >= CLOCK_FLOOR_MS
 
 
 def boot_id(path: str = BOOT_ID_PATH) -> str | None:

@@ -437,10 +437,35 @@ def check_pepper_keyring(directory: str, *, creator: str, database_file: str = "
 
 
 def check_clock() -> Check:
-    year = time.gmtime().tm_year
-    ok = year >= 2020
-    remedy = "" if ok else "set the clock (NTP) before running: credentials and leases use wall time"
-    return Check("clock", ok, True, f"UTC year {year}", remedy)
+    """The wall clock is set: not before this package's date (``clock.CLOCK_FLOOR_MS``;
+    before it ``pull`` claims nothing: ``clock_not_set``)."""
+    from qinglong_edge.clock import CLOCK_FLOOR_MS, wall_ms
+
+    now = wall_ms()
+    ok = now >= CLOCK_FLOOR_MS
+    remedy = "" if ok else ("set the clock (NTP): before this package's build date pull claims nothing "
+                            "(TLS cannot judge a certificate's validity)")
+    return Check("clock", ok, True, time.strftime("UTC %Y-%m-%d %H:%M", time.gmtime(now / 1000)), remedy)
+
+
+def check_clock_skew(worker: WorkerConfig) -> Check | None:
+    """How far the device's wall clock is from the cluster's, as the last ``pull`` of this
+    boot measured it (the sample in the runtime directory, worker/cluster_clock.py); None
+    before any. A skew over 60 s is a warning, not a failure: leases run on the boot clock
+    and the times sent are translated (spec README "Decisions for clocks")."""
+    from qinglong_edge.clock import boot_ms, wall_ms
+    from qinglong_edge.contracts.clocks import SKEW_NOTICE_MS
+    from qinglong_edge.worker.cluster_clock import skew_message, stored_sample
+
+    found = stored_sample(worker.runtime_directory, worker.journal_directory)
+    if found is None:
+        return None
+    skew = found[0].skew_ms(boot_ms(), wall_ms())
+    if abs(skew) <= SKEW_NOTICE_MS:
+        return Check("clock_skew", True, False, f"within {abs(skew) / 1000:.0f} s of the cluster's clock "
+                                                f"(measured by pull, {found[1]})")
+    return Check("clock_skew", False, False, skew_message(skew), "enable NTP on the device (OpenWrt: "
+                 "uci set system.ntp.enabled=1; systemd: timedatectl set-ntp true)")
 
 
 def _worker_file_remedy(path: str, forbidden: int) -> str:
@@ -1008,6 +1033,9 @@ def run_checks(config: EdgeConfig) -> list[Check]:
     if worker is not None:
         checks.append(check_isolation(config))
     checks.append(check_clock())
+    skew = check_clock_skew(worker) if worker is not None else None
+    if skew is not None:
+        checks.append(skew)
     checks.extend(check_local_store_caps(config))
     checks.extend(check_journal_caps(config))
     return checks

@@ -123,15 +123,15 @@ def _record_document(record: Any) -> dict[str, Any]:
 
 def _local(worker: WorkerConfig, record: Any, runtime: Any) -> dict[str, Any]:
     """What this device knows about a record beyond it: exit code, log, in flight."""
-    import time
-
     from qinglong_edge.contracts.receipt import parse_receipt
     from qinglong_edge.contracts.strictjson import loads
+    from qinglong_edge.worker.cluster_clock import estimated_cluster_now
     from qinglong_edge.worker.remote_files import in_flight, outcome_name, worker_record_files
 
     files = worker_record_files(worker, record)
     out: dict[str, Any] = {"exitCode": None, "outcomeSource": None, "logPath": None, "logBytes": None,
-                           "inFlight": in_flight(record, time.time_ns() // 1_000_000)}
+                           "inFlight": in_flight(record, estimated_cluster_now(worker.runtime_directory,
+                                                                               worker.journal_directory))}
     if files is None:
         return out
     out["logPath"] = files.log_path
@@ -323,11 +323,10 @@ def _log(args: argparse.Namespace) -> int:
 
 
 def _discard(args: argparse.Namespace) -> int:
-    import time
-
     from qinglong_edge.config import load_config
     from qinglong_edge.contracts.residency import PRE_LAUNCH_STATES, lease_expired_locally
     from qinglong_edge.errors import EdgeError, UsageError
+    from qinglong_edge.worker.cluster_clock import estimated_cluster_now
     from qinglong_edge.worker.journal import JournalReader
     from qinglong_edge.worker.remote_files import in_flight
 
@@ -343,7 +342,7 @@ def _discard(args: argparse.Namespace) -> int:
         record = reader.read_offer(offer_id)
     if record is None:
         raise _not_found(offer_id)
-    now = time.time_ns() // 1_000_000
+    now = estimated_cluster_now(worker.runtime_directory, root)  # the lease's own clock (clock.json), else wall
     busy = in_flight(record, now) and not (
         record["state"] in PRE_LAUNCH_STATES and lease_expired_locally(record["offer"]["lease"], now))
     if busy and not args.force:

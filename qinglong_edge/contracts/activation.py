@@ -36,7 +36,8 @@ Response (2-16 384 bytes) ``{schema, status, snapshot}``; validation order:
 5. worker checks 3-6: runId, attemptId, leaseGeneration echo the request;
    ``lease.version <= leaseVersion <= lease.version`` (``+ 1`` for start-failure);
    callbackSequence int31; ``deadlineAtMs`` present iff the revision has ``timeoutMs``;
-6. running only: ``already_starting`` is invalid (T8).
+6. running and start-failure: ``already_starting`` is invalid (T8; a start failure it
+   answers was not applied: retried as any invalid answer, never acknowledged).
 
 A workflow-task attempt whose starting snapshot says ``running/starting`` is rejected,
 as the reference does (section 3.1).
@@ -330,8 +331,10 @@ def parse_activation_response(body: bytes, offer: dict[str, Any], *, operation: 
         revision = object_value(object_value(offer, "$.offer").get("executionRevision"), "$.offer.executionRevision")
         if ("timeoutMs" in revision) != ("deadlineAtMs" in snapshot):
             raise ContractError("deadline", "$.snapshot.deadlineAtMs", "present iff the revision has timeoutMs")
-        if operation == "running" and status == "already_starting":
-            raise ContractError("status", "$.status", "running cannot answer already_starting")
+        if operation in ("running", "start-failure") and status == "already_starting":
+            # T8; and a start failure answered already_starting was not applied (issue 23
+            # item 8: invalid, retried, as the reference does; never taken as acknowledged).
+            raise ContractError("status", "$.status", f"{operation} cannot answer already_starting")
         return ActivationResult(status, shape, snapshot)
 
 

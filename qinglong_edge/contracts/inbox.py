@@ -77,6 +77,7 @@ __all__ = [
     "check_inbox_update",
     "inbox_record",
     "normalize_inbox_record",
+    "renewed_lease",
     "to_completion_acknowledged",
     "to_launching",
     "to_recovery_required",
@@ -85,7 +86,9 @@ __all__ = [
     "to_start_failure_acknowledged",
     "to_started",
     "to_starting_acknowledged",
+    "with_lease",
     "with_renewed_lease",
+    "with_result_times",
 ]
 
 INBOX_STATES: tuple[str, ...] = (
@@ -137,8 +140,12 @@ INBOX_OPTIONAL_KEYS: tuple[str, ...] = (
     "completionReceiptTokenDigest",
     "completionAcknowledgedAtMs",
     "recoveryReason",
+    "resultStartedAtMs",
+    "resultFinishedAtMs",
 )
 _LAUNCHED = frozenset({"launching", "started", "running_acknowledged", "completion_acknowledged"})
+_RESULT_STATES = frozenset({"launching", "started", "running_acknowledged", "completion_acknowledged",
+                            "recovery_required"})
 _MAYBE_LAUNCHED = frozenset({"start_failed", "start_failure_acknowledged", "recovery_required"})
 #: Per optional field: (states that require it, states that allow it without requiring it).
 #: Derived from ``normalizeWorkerRemoteExecutionInboxRecord``; every other state forbids it.
@@ -153,16 +160,24 @@ INBOX_FIELD_STATES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "completionReceiptCallbackSequence": (_LAUNCHED, _MAYBE_LAUNCHED),
     "completionAcknowledgedAtMs": (frozenset({"completion_acknowledged"}), frozenset()),
     "recoveryReason": (frozenset({"recovery_required"}), frozenset()),
+    "resultStartedAtMs": (frozenset(), _RESULT_STATES),
 }
 _PAIR = ("completionReceiptCallbackSequence", "completionReceiptTokenDigest")
+#: Our on-disk extension (spec README "Decisions for clocks", "Wire timestamps"): the
+#: completion's ``result.startedAtMs`` / ``finishedAtMs`` in the cluster's clock, computed
+#: once when the job's exit is observed and stored before the first completion, so every
+#: replay sends the same bytes. A pair; set by a step that keeps a launched state (or by
+#: the move to ``completion_acknowledged`` / ``recovery_required``), never changed after.
+_RESULT = ("resultStartedAtMs", "resultFinishedAtMs")
 #: The optional fields a step into each state may set (section 2.2: T5 sets the launch
 #: barrier, T7 the handle, T10 the acknowledgement time, ``recover`` the reason). Any other
 #: step sets none; a field once set never changes.
 NEW_FIELDS: dict[str, frozenset[str]] = {
-    "launching": frozenset({"executorStartedAtMs", "logArtifactId", *_PAIR}),
-    "started": frozenset({"executorHandle"}),
-    "completion_acknowledged": frozenset({"completionAcknowledgedAtMs"}),
-    "recovery_required": frozenset({"recoveryReason"}),
+    "launching": frozenset({"executorStartedAtMs", "logArtifactId", *_PAIR, *_RESULT}),
+    "started": frozenset({"executorHandle", *_RESULT}),
+    "running_acknowledged": frozenset(_RESULT),
+    "completion_acknowledged": frozenset({"completionAcknowledgedAtMs", *_RESULT}),
+    "recovery_required": frozenset({"recoveryReason", *_RESULT}),
 }
 
 
@@ -231,6 +246,10 @@ def normalize_inbox_record(value: object, path: str = "$") -> dict[str, Any]:
     if (_PAIR[0] in out) != (_PAIR[1] in out):
         raise ContractError("invalid_record", child(path, _PAIR[1]),
                             "the completion receipt sequence and token digest come as a pair")
+    if (_RESULT[0] in out) != (_RESULT[1] in out):
+        raise ContractError("invalid_record", child(path, _RESULT[1]), "the result times come as a pair")
+    if _RESULT[0] in out and out[_RESULT[1]] < out[_RESULT[0]]:
+        raise ContractError("record_order", child(path, _RESULT[1]), "must be >= resultStartedAtMs")
     if "executorHandle" in out and "executorStartedAtMs" not in out:
         raise ContractError("invalid_record", child(path, "executorStartedAtMs"),
                             "an executor handle needs its start time")
@@ -430,6 +449,52 @@ def to_recovery_required(record: dict[str, Any], now_ms: int, reason: str) -> di
     return advance(record, "recovery_required", now_ms, {"recoveryReason": reason})
 
 
+def renewed_lease(lease: dict[str, Any], *, lease_version: int, renewed_at_ms: int,
+                  expires_at_ms: int) -> dict[str, Any]:
+    """T11 "Persist means" (section 5) for the lease alone: ``{version, renewedAtMs,
+    expiresAtMs, updatedAtMs = renewedAtMs}`` from a lease-control answer.
+
+    Spec README "Decisions for clocks": a renewal whose version is newer is accepted even
+    when its ``renewedAtMs`` is older than the stored one (the cluster's clock moved back);
+    only the version fences calls. The stored times stay a valid lease of the internal
+    offer: ``renewedAtMs``/``updatedAtMs`` at least ``acquiredAtMs``, ``expiresAtMs`` above
+    them (the local lease expiry comes from the answer itself, never from these).
+
+    Raises:
+        ContractError: ``offer_revision_conflict`` (version not raised), ``lease_order``
+            (``expiresAtMs <= renewedAtMs`` in the answer), ``not_integer``/``out_of_range``.
+    """
+    version = int_value(lease_version, "$.offer.lease.version", 1, MAX_INT32)
+    renewed = int_value(renewed_at_ms, "$.offer.lease.renewedAtMs")
+    expires = int_value(expires_at_ms, "$.offer.lease.expiresAtMs")
+    if version <= lease["version"]:
+        raise ContractError("offer_revision_conflict", "$.offer.lease.version", "a renewal raises the version")
+    if expires <= renewed:
+        raise ContractError("lease_order", "$.offer.lease.expiresAtMs", "must be > renewedAtMs")
+    stored_renewed = max(renewed, lease["acquiredAtMs"])
+    return {**lease, "version": version, "renewedAtMs": stored_renewed,
+            "expiresAtMs": max(expires, stored_renewed + 1), "updatedAtMs": stored_renewed}
+
+
+def with_lease(record: dict[str, Any], lease: dict[str, Any]) -> dict[str, Any]:
+    """``record`` holding ``lease`` (of a higher or the same version), at the *same*
+    revision: the record as this process knows it between journal writes (renewals live
+    in the runtime directory, issue 23 item 7); the next state change writes it.
+
+    Raises:
+        ContractError: ``invalid_transition`` (a terminal record), ``offer_revision_conflict``
+            (a lower version, or a different lease at the same version), validation codes.
+    """
+    old = normalize_inbox_record(record)
+    if old["state"] in TERMINAL_STATES:
+        raise ContractError("invalid_transition", "$.state", f"a {old['state']} record holds no lease")
+    current = old["offer"]["lease"]
+    if lease.get("version", -1) < current["version"] or (
+            lease.get("version") == current["version"] and dumps(lease) != dumps(current)):
+        raise ContractError("offer_revision_conflict", "$.offer.lease", "an older or different lease")
+    return normalize_inbox_record({**old, "offer": {**old["offer"], "lease": lease}})
+
+
 def with_renewed_lease(
     record: dict[str, Any],
     *,
@@ -437,16 +502,15 @@ def with_renewed_lease(
     renewed_at_ms: int,
     expires_at_ms: int,
 ) -> dict[str, Any]:
-    """T11 "Persist means" (section 5): store a renewed lease; the state is unchanged.
-
-    ``offer.lease.{version, renewedAtMs, expiresAtMs, updatedAtMs = renewedAtMs}``,
-    ``revision + 1``, ``updatedAtMs = max(record.updatedAtMs, renewedAtMs)``. The times
-    are the cluster's (DB clock, ms) from the lease-control answer.
+    """T11 "Persist means" (section 5) as one journal write: :func:`renewed_lease` stored,
+    the state unchanged, ``revision + 1``, ``updatedAtMs = max(record.updatedAtMs,
+    renewedAtMs)``. The times are the cluster's (DB clock, ms) from the lease-control answer.
 
     Args:
         lease_version: the answer's ``leaseVersion``; must exceed the stored version
             (expected + 1, or + 2 after the G2 retry with ``expectedLeaseVersion + 1``).
-        renewed_at_ms: >= the stored ``lease.renewedAtMs`` and ``lease.updatedAtMs``.
+        renewed_at_ms: the answer's (older than the stored one is accepted, see
+            :func:`renewed_lease`).
         expires_at_ms: > ``renewed_at_ms``.
 
     Raises:
@@ -456,24 +520,30 @@ def with_renewed_lease(
     old = normalize_inbox_record(record)
     if old["state"] in TERMINAL_STATES:
         raise ContractError("invalid_transition", "$.state", f"a {old['state']} record holds no lease")
-    lease = old["offer"]["lease"]
-    version = int_value(lease_version, "$.offer.lease.version", 1, MAX_INT32)
-    renewed = int_value(renewed_at_ms, "$.offer.lease.renewedAtMs")
-    expires = int_value(expires_at_ms, "$.offer.lease.expiresAtMs")
-    if version <= lease["version"]:
-        raise ContractError("offer_revision_conflict", "$.offer.lease.version", "a renewal raises the version")
-    if renewed < lease["renewedAtMs"] or renewed < lease["updatedAtMs"]:
-        raise ContractError("lease_order", "$.offer.lease.renewedAtMs",
-                            "must be >= the stored renewedAtMs and updatedAtMs")
-    if expires <= renewed:
-        raise ContractError("lease_order", "$.offer.lease.expiresAtMs", "must be > renewedAtMs")
-    new_lease = {**lease, "version": version, "renewedAtMs": renewed, "expiresAtMs": expires, "updatedAtMs": renewed}
+    new_lease = renewed_lease(old["offer"]["lease"], lease_version=lease_version, renewed_at_ms=renewed_at_ms,
+                              expires_at_ms=expires_at_ms)
     new = {
         **old,
         "revision": old["revision"] + 1,
         "offer": {**old["offer"], "lease": new_lease},
-        "updatedAtMs": max(old["updatedAtMs"], renewed),
+        "updatedAtMs": max(old["updatedAtMs"], new_lease["renewedAtMs"]),
     }
     normalized = normalize_inbox_record(new)
     _check_normalized(old, normalized)
     return normalized
+
+
+def with_result_times(record: dict[str, Any], now_ms: int, *, started_at_ms: int,
+                      finished_at_ms: int) -> dict[str, Any]:
+    """The job's exit observed: the completion's result times (cluster clock, frozen; see
+    ``_RESULT``) and the current lease stored in one write; the state is unchanged.
+
+    Raises:
+        ContractError: ``invalid_transition`` (not a launched record, or times already set),
+            ``record_order`` (finished before started), validation codes.
+    """
+    old = normalize_inbox_record(record)
+    if old["state"] not in ("launching", "started", "running_acknowledged", "recovery_required"):
+        raise ContractError("invalid_transition", "$.state", f"a {old['state']} record has no job to time")
+    return advance(old, old["state"], now_ms, {"resultStartedAtMs": started_at_ms,
+                                               "resultFinishedAtMs": finished_at_ms})

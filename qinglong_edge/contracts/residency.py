@@ -1,10 +1,9 @@
-"""Which inbox records still need local action, and the local lease and timeout clocks.
+"""Which inbox records still need local action, and the timeout deadline.
 
 Pure rules from the spec README, "Decisions for remote execution": "Terminal for residency
-and pruning", "Slots", "Lease clocks" and "Timeout"; remote-execution.md section 2.2 (T12)
-and section 5 ("Clocks"). The runner supplies the facts it observed (is the process
-verified gone, did completion succeed, did the lease expire locally, was the session
-replaced); nothing here reads a clock or a file.
+and pruning", "Slots" and "Timeout"; remote-execution.md section 2.2 (T12). The runner
+supplies the facts it observed (is the process verified gone, did completion succeed, did
+the lease expire locally, was the session replaced); nothing here reads a clock or a file.
 
 * :func:`needs_local_action` -- False for a record that is terminal for residency and
   pruning: ``completion_acknowledged``, ``start_failure_acknowledged``, and
@@ -16,12 +15,11 @@ replaced); nothing here reads a clock or a file.
   slot (``availableSlots = maxConcurrentRuns - in flight``).
 * :func:`lease_loss_reason` -- T12, the local lease check on a non-terminal record: the
   ``recovery_required`` reason to record, or None.
-* :func:`local_lease_expiry_ms` / :func:`lease_expired_locally` / :func:`renewal_due_ms`
-  -- local expiry = min(raw ``expiresAtMs``, local send time + (``expiresAtMs`` -
-  ``renewedAtMs``)); the raw value when no send time is known (after a restart); renew
-  at <= 1/3 of the granted duration.
-* :func:`local_deadline_ms` -- receive time of the starting answer + ``timeoutMs``; after
-  a restart ``executorStartedAtMs + timeoutMs``.
+* :func:`lease_expired_locally` -- a stored lease over by the cluster's clock as estimated
+  (records no runner tracks); the local lease expiry of a tracked record and its renewal
+  are :mod:`qinglong_edge.contracts.clocks` (spec README "Decisions for clocks").
+* :func:`local_deadline_ms` -- receive time of the starting answer + ``timeoutMs`` (boot
+  clock); after a restart the launch instant, or ``executorStartedAtMs`` mapped onto it.
 
 All times are ms. Errors: ``ContractError`` with ``inbox_state`` / ``recovery_reason`` /
 ``not_integer`` / ``out_of_range`` (never anything else).
@@ -43,9 +41,7 @@ __all__ = [
     "lease_expired_locally",
     "lease_loss_reason",
     "local_deadline_ms",
-    "local_lease_expiry_ms",
     "needs_local_action",
-    "renewal_due_ms",
 ]
 
 #: T12 group 1: no process was ever started (or it was proved not spawned).
@@ -126,42 +122,15 @@ def lease_loss_reason(
     return None
 
 
-def local_lease_expiry_ms(expires_at_ms: int, renewed_at_ms: int, sent_at_ms: int | None = None) -> int:
-    """min(``expires_at_ms``, ``sent_at_ms`` + (``expires_at_ms`` - ``renewed_at_ms``)).
-
-    Args:
-        expires_at_ms / renewed_at_ms: the stored lease's (cluster DB clock).
-        sent_at_ms: the local wall clock when the request that granted this lease was
-            sent (the offer pull or the renewal), or None after a restart: then the raw
-            ``expires_at_ms``. Skew-free and never later than the raw value (G10).
-    """
-    expires = int_value(expires_at_ms, "$.expiresAtMs")
-    renewed = int_value(renewed_at_ms, "$.renewedAtMs")
-    if sent_at_ms is None:
-        return expires
-    sent = int_value(sent_at_ms, "$.sentAtMs")
-    return min(expires, sent + max(0, expires - renewed))
-
-
-def lease_expired_locally(lease: dict[str, Any], now_ms: int, sent_at_ms: int | None = None) -> bool:
-    """``local_lease_expiry_ms(lease) <= now_ms`` for a stored lease (``offer.lease``)."""
+def lease_expired_locally(lease: dict[str, Any], cluster_now_ms: int) -> bool:
+    """Whether a stored lease (``offer.lease``) is over by the cluster's clock as this
+    device estimates it (``expiresAtMs <= cluster_now_ms``; the estimate is
+    :meth:`qinglong_edge.worker.cluster_clock.ClusterClock.cluster_now`). For the records
+    no runner tracks (pruning, ``inbox``); a tracked record's expiry is its local one
+    (:func:`qinglong_edge.contracts.clocks.local_lease_expiry_ms`, boot clock)."""
     source = object_value(lease, "$.offer.lease")
     expires = int_value(source.get("expiresAtMs"), "$.offer.lease.expiresAtMs")
-    renewed = int_value(source.get("renewedAtMs"), "$.offer.lease.renewedAtMs")
-    expiry = local_lease_expiry_ms(expires, renewed, sent_at_ms)
-    return expiry <= int_value(now_ms, "$.nowMs")
-
-
-def renewal_due_ms(expires_at_ms: int, renewed_at_ms: int, sent_at_ms: int | None = None) -> int:
-    """When to renew: one third of the granted duration after the grant (local clock).
-
-    ``local_expiry - (duration - duration // 3)`` with ``duration = expires - renewed``:
-    ``sent_at_ms + duration // 3`` when the send time is known, else
-    ``renewed_at_ms + duration // 3`` (the raw clock, after a restart).
-    """
-    expiry = local_lease_expiry_ms(expires_at_ms, renewed_at_ms, sent_at_ms)
-    duration = max(0, expires_at_ms - renewed_at_ms)
-    return expiry - (duration - duration // 3)
+    return expires <= int_value(cluster_now_ms, "$.clusterNowMs")
 
 
 def local_deadline_ms(

@@ -72,6 +72,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from qinglong_edge.clock import boot_id, boot_ms
 from qinglong_edge.config import ExecutionConfig
 from qinglong_edge.contracts.ids import new_uuid4
 from qinglong_edge.errors import EdgeError, StoreError, storage_error
@@ -126,7 +127,9 @@ class ExecutionController:
         store: the opened Local store (shared with the HTTP server).
         config: ``config.execution`` (grace periods, interval, log directory and cap,
             concurrency, ``cgroups`` auto|off).
-        clock: wall clock in ms for stored times (default: the store's).
+        clock: wall clock in ms for stored times (default: the store's); deadlines run
+            on the boot clock (``deadline_boot_ms`` of this boot), so a wall-clock step
+            neither times a Run out nor keeps it running (spec README "Decisions for clocks").
         cgroups: a prepared :class:`CgroupManager` (default: detected at :meth:`start`).
         poll_ms: observation interval during a stop (local-api.md 7.3: 25 ms).
         work_directory: default working directory (and ``HOME``) of jobs whose task has
@@ -159,6 +162,8 @@ class ExecutionController:
         self.store = store
         self.config = config
         self.clock = clock
+        #: This boot's id: a boot-clock deadline of another boot is void (the wall one counts).
+        self._boot_id = boot_id()
         #: Called (controller thread) after each Run it launches; serve counts them.
         self.on_launch: Callable[[], None] | None = None
         self.poll_ms = min(poll_ms, config.terminate_grace_ms, config.kill_grace_ms)
@@ -351,9 +356,11 @@ class ExecutionController:
         if self._woken:
             return 0.0
         timeout = self.config.control_interval_ms / 1000
-        now = self.clock()
+        now, boot = self.clock(), boot_ms()
         for active in self._active.values():
-            if active.deadline_at_ms is not None:
+            if active.deadline_boot_ms is not None:  # the timer (boot clock); wall only without one
+                timeout = min(timeout, max(0.0, (active.deadline_boot_ms - boot) / 1000))
+            elif active.deadline_at_ms is not None:
                 timeout = min(timeout, max(0.0, (active.deadline_at_ms - now) / 1000))
         launcher = self._launcher
         if launcher is not None and launcher.not_before:  # a requeued Run's backoff ends
@@ -403,10 +410,11 @@ class ExecutionController:
     def _pass(self) -> None:
         if not self._recovered:
             self._recover()
-        now = self.clock()
+        now, boot_now, boot = self.clock(), boot_ms(), self._boot_id
         after: tuple[int, str, str] | None = None
         for _ in range(_MAX_PAGES):
-            candidates = self.store.run(lambda c, a=after: list_candidates(c, now, after=a))  # type: ignore[misc]
+            candidates = self.store.run(lambda c, a=after: list_candidates(  # type: ignore[misc]
+                c, now, after=a, boot_ms=boot_now, boot_id=boot))
             for candidate in candidates:
                 if self._stopping.is_set():
                     return
@@ -582,7 +590,8 @@ class ExecutionController:
         if status.status == "running":
             identity = decode_handle(handle).identity
             adopted = ActiveRun(snap.run.id, attempt.id, handle, identity, None, cgroup, attempt.deadline_at_ms,
-                                pidfd=open_pidfd(identity.pid))
+                                pidfd=open_pidfd(identity.pid),
+                                deadline_boot_ms=attempt.deadline_in_boot(self._boot_id))
             self._track(adopted)
             _log.info("run %s: adopted pid %d after restart", snap.run.id, identity.pid)
             return

@@ -60,6 +60,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
+from qinglong_edge.clock import boot_id, boot_ms
 from qinglong_edge.contracts.digest import random_hex
 from qinglong_edge.contracts.ids import new_uuid4
 from qinglong_edge.contracts.strictjson import dumps
@@ -210,6 +211,7 @@ class Claim:
     definition: dict[str, Any] | None = None
     deadline_at_ms: int | None = None
     log_artifact_id: str | None = None
+    deadline_boot_ms: int | None = None
 
 
 def claim_next(
@@ -219,6 +221,8 @@ def claim_next(
     log_artifact_id: str,
     new_id: Callable[[], str] = new_uuid4,
     exclude: Collection[str] = (),
+    boot_ms: int | None = None,
+    boot_id: str | None = None,
 ) -> Claim | None:
     """Claim the next queued attempt in ONE transaction that re-checks the cancel intent.
 
@@ -226,7 +230,9 @@ def claim_next(
     Runs in ``exclude`` (a launch backoff not yet over) are skipped.
     A Run with an intent becomes ``cancelled`` here (:func:`mark_terminal`'s events);
     otherwise the Run goes ``queued -> dispatching`` and the attempt ``claimed ->
-    starting`` with ``deadline_at_ms = at + timeoutMs`` and ``log_artifact_id``.
+    starting`` with ``deadline_at_ms = at + timeoutMs`` and ``log_artifact_id``; with
+    ``boot_ms``/``boot_id``, also ``deadline_boot_ms = boot_ms + timeoutMs`` of that boot
+    (the timer; ``deadline_at_ms`` is for display, spec README "Decisions for clocks").
     """
     with write_transaction(conn):
         row = conn.execute(
@@ -257,6 +263,7 @@ def claim_next(
         at = at_or_after(now_ms, run, attempt)
         timeout = definition.get("timeoutMs")
         deadline = at + timeout if isinstance(timeout, int) else None
+        boot_deadline = boot_ms + timeout if isinstance(timeout, int) and boot_ms is not None and boot_id else None
         ch = Changes(conn, snap, at, new_id)
         ch.event("run.dispatching", f"local-execution:run:{run.id}:{run.version}:dispatching",
                  ("scheduler", "local-execution"), {"from_status": "queued", "to_status": "dispatching", "version": 0})
@@ -268,9 +275,10 @@ def claim_next(
                  ("worker", EXECUTOR), payload)
         ch.commit_rows(
             {"status": "dispatching"},
-            {"status": "starting", "deadline_at_ms": deadline, "log_artifact_id": log_artifact_id},
+            {"status": "starting", "deadline_at_ms": deadline, "log_artifact_id": log_artifact_id,
+             "deadline_boot_ms": boot_deadline, "deadline_boot_id": boot_id if boot_deadline is not None else None},
         )
-        return Claim("launch", run.id, attempt.id, definition, deadline, log_artifact_id)
+        return Claim("launch", run.id, attempt.id, definition, deadline, log_artifact_id, boot_deadline)
 
 
 def command_argv(definition: dict[str, Any]) -> list[str]:
@@ -300,6 +308,8 @@ class ActiveRun:
     pidfd: int = -1
     exited_at_ms: int | None = None
     retry_at: float = 0.0
+    #: The deadline on the boot clock (this boot), the controller's timer; None without one.
+    deadline_boot_ms: int | None = None
 
     def exit_code(self) -> int | None:
         """The leader's exit code if it has exited, without reaping it (``WNOWAIT``).
@@ -439,8 +449,10 @@ class Launcher:
         for run_id in [r for r, due in self.not_before.items() if due <= moment]:
             del self.not_before[run_id]
         waiting = frozenset(self.not_before)
+        boot_now, boot = boot_ms(), boot_id()
         claim = self.store.run(lambda c: claim_next(c, now_ms=now, log_artifact_id=new_log_artifact_id(),
-                                                    new_id=self.new_id, exclude=waiting))
+                                                    new_id=self.new_id, exclude=waiting, boot_ms=boot_now,
+                                                    boot_id=boot))
         if claim is None:
             return None
         if claim.outcome != "launch":
@@ -489,7 +501,7 @@ class Launcher:
             return self._fail(claim, _START_FAILURES.get(exc.code, "Local process failed to start"))
         active = ActiveRun(
             claim.run_id, claim.attempt_id, spawned.handle, spawned.identity, spawned.process, cgroup,
-            claim.deadline_at_ms, pidfd=open_pidfd(spawned.pid),
+            claim.deadline_at_ms, pidfd=open_pidfd(spawned.pid), deadline_boot_ms=claim.deadline_boot_ms,
         )
         try:
             outcome = self.store.run(lambda c: record_running(

@@ -108,7 +108,8 @@ _SELECT_RUN = (
 )
 _SELECT_ATTEMPT = (
     "SELECT id, run_id, attempt, status, executor_type, executor_handle, pid, log_artifact_id, deadline_at_ms,"
-    ' callback_sequence, created_at_ms, started_at_ms FROM "RunAttempts" WHERE id = ? AND run_id = ?'
+    " callback_sequence, created_at_ms, started_at_ms, deadline_boot_ms, deadline_boot_id"
+    ' FROM "RunAttempts" WHERE id = ? AND run_id = ?'
 )
 #: Columns :class:`Changes` may set (its SQL is built from these names only).
 _RUN_SETTABLE = frozenset({
@@ -117,7 +118,8 @@ _RUN_SETTABLE = frozenset({
 })
 _ATTEMPT_SETTABLE = frozenset({
     "status", "executor_handle", "pid", "started_at_ms", "finished_at_ms", "exit_code", "error_code",
-    "error_summary", "deadline_at_ms", "log_artifact_id", "callback_sequence",
+    "error_summary", "deadline_at_ms", "log_artifact_id", "callback_sequence", "deadline_boot_ms",
+    "deadline_boot_id",
 })
 
 
@@ -151,6 +153,13 @@ class AttemptRow:
     callback_sequence: int
     created_at_ms: int
     started_at_ms: int | None
+    #: The deadline on the boot clock of boot ``deadline_boot_id`` (schema 7), or None.
+    deadline_boot_ms: int | None = None
+    deadline_boot_id: str | None = None
+
+    def deadline_in_boot(self, boot_id: str | None) -> int | None:
+        """The boot-clock deadline when it belongs to ``boot_id`` (this boot), else None."""
+        return self.deadline_boot_ms if boot_id is not None and self.deadline_boot_id == boot_id else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +284,9 @@ SELECT kind, due, run_id, attempt_id, reason FROM (
   WHERE r.execution_owner = 'runtime' AND r.status IN ('dispatching', 'running')
     AND r.cancel_requested_at_ms IS NULL
     AND a.status IN ('starting', 'running') AND a.executor_type = 'local_process'
-    AND a.deadline_at_ms IS NOT NULL AND a.deadline_at_ms <= ?
+    AND a.deadline_at_ms IS NOT NULL
+    AND CASE WHEN a.deadline_boot_ms IS NOT NULL AND a.deadline_boot_id = ? THEN a.deadline_boot_ms <= ?
+             ELSE a.deadline_at_ms <= ? END
     AND NOT EXISTS (SELECT 1 FROM "RunAttempts" AS b WHERE b.run_id = r.id AND b.attempt > a.attempt)
 )
 WHERE (due, kind, attempt_id) > (?, ?, ?)
@@ -284,7 +295,8 @@ ORDER BY due, kind, attempt_id LIMIT ?
 
 
 def list_candidates(
-    conn: sqlite3.Connection, now_ms: int, *, after: tuple[int, str, str] | None = None, limit: int = MAX_PAGE
+    conn: sqlite3.Connection, now_ms: int, *, after: tuple[int, str, str] | None = None, limit: int = MAX_PAGE,
+    boot_ms: int | None = None, boot_id: str | None = None,
 ) -> list[Candidate]:
     """One page of the 7.1 union (cancellation + deadline), ordered by (due, kind, attempt id).
 
@@ -292,11 +304,15 @@ def list_candidates(
 
     Decision: a cancellation is due as soon as its intent exists (no
     ``cancel_requested_at_ms <= now`` filter), so a wall clock stepped backwards (NTP on a
-    router) cannot delay a stop; deadlines compare with ``now_ms``. Includes ``queued``
+    router) cannot delay a stop. A deadline set in this boot (``deadline_boot_id ==
+    boot_id``) compares its boot-clock value with ``boot_ms`` (spec README "Decisions for
+    clocks": a wall-clock step can neither time a Run out nor keep it running); any other
+    compares ``deadline_at_ms`` with ``now_ms`` (the wall clock). Includes ``queued``
     Runs with an intent (their ``claimed`` attempt), our 7.2 extension.
     """
     cursor = after if after is not None else (-1, "", "")
-    rows = conn.execute(_CANDIDATES, (now_ms, *cursor, limit)).fetchall()
+    rows = conn.execute(_CANDIDATES, (boot_id, boot_ms if boot_ms is not None else -1, now_ms, *cursor,
+                                      limit)).fetchall()
     return [Candidate(*row) for row in rows]
 
 

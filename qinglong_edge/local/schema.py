@@ -828,6 +828,24 @@ CREATE TABLE "QingLongEdgeLogRetirements" (
     'CREATE INDEX qle_log_retirements_run_idx ON "QingLongEdgeLogRetirements" (run_id)',
 )
 
+# Local Run deadlines on the boot clock (issue 23; spec README "Decisions for clocks"):
+# ``deadline_boot_ms`` is CLOCK_BOOTTIME ms of the boot ``deadline_boot_id`` names, the
+# timer the controller uses in that boot (a wall-clock step cannot time a Run out);
+# ``deadline_at_ms`` (wall clock) stays for display and is the deadline after a reboot.
+_M7_DEADLINE_BOOT_CLOCK = (
+    """
+ALTER TABLE "RunAttempts" ADD COLUMN deadline_boot_ms INTEGER
+  CONSTRAINT qle_attempts_deadline_boot_check CHECK (deadline_boot_ms IS NULL OR deadline_boot_ms >= 0)
+""",
+    """
+ALTER TABLE "RunAttempts" ADD COLUMN deadline_boot_id TEXT
+  CONSTRAINT qle_attempts_deadline_boot_id_check CHECK (
+    (deadline_boot_id IS NULL) = (deadline_boot_ms IS NULL)
+    AND (deadline_boot_id IS NULL OR length(deadline_boot_id) BETWEEN 1 AND 64)
+  )
+""",
+)
+
 #: Every migration, in order. Append only.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "0001-projects-policy-audit", _M1_PROJECTS_POLICY_AUDIT),
@@ -836,6 +854,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "0004-local-tasks", _M4_LOCAL_TASKS),
     Migration(5, "0005-audit-refusal-summaries", _M5_AUDIT_REFUSAL_SUMMARIES),
     Migration(6, "0006-log-retirements", _M6_LOG_RETIREMENTS),
+    Migration(7, "0007-deadline-boot-clock", _M7_DEADLINE_BOOT_CLOCK),
 )
 
 #: The schema version this code writes and understands (the last migration's version).

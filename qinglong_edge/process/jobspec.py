@@ -161,10 +161,31 @@ class JobSpec:
         isolation: :class:`Isolation`, or ``None`` (no namespace).
         label: shown in ``ps`` after ``qinglong-edge-job`` (e.g. the attempt id; not a
             secret): 0..128 of ``[A-Za-z0-9._:/-]``.
+        lease_file, lease_stop_file: a remote job's lease file in the runtime directory
+            and the mark the wrapper creates when it stops the job because the lease was
+            not renewed in time (:mod:`qinglong_edge.worker.job_lease`; the wrapper's
+            step 5a); absolute paths, both or neither.
     """
 
-    __slots__ = ("argv", "cwd", "drain_ms", "env", "fact_keys", "isolation", "kill_grace_ms", "label", "log_cap",
-                 "log_notice", "log_path", "receipt", "started_at_ms", "terminate_grace_ms", "truncation_fact")
+    __slots__ = (
+        "argv",
+        "cwd",
+        "drain_ms",
+        "env",
+        "fact_keys",
+        "isolation",
+        "kill_grace_ms",
+        "label",
+        "lease_file",
+        "lease_stop_file",
+        "log_cap",
+        "log_notice",
+        "log_path",
+        "receipt",
+        "started_at_ms",
+        "terminate_grace_ms",
+        "truncation_fact",
+    )
 
     def __init__(
         self,
@@ -184,6 +205,8 @@ class JobSpec:
         started_at_ms: int | None = None,
         isolation: Isolation | None = None,
         label: str = "",
+        lease_file: str | None = None,
+        lease_stop_file: str | None = None,
     ) -> None:
         self.argv = tuple(argv)
         self.env = env
@@ -200,6 +223,8 @@ class JobSpec:
         self.started_at_ms = started_at_ms
         self.isolation = isolation
         self.label = label
+        self.lease_file = lease_file
+        self.lease_stop_file = lease_stop_file
 
     def __repr__(self) -> str:
         return (f"JobSpec(argv[0]={self.argv[0] if self.argv else None!r}, cwd={self.cwd!r}, "
@@ -305,6 +330,7 @@ def encode_spec(spec: JobSpec, cgroup: RunCgroup | None = None) -> bytearray:
                 _frame(buffer, b"readonly", _path(path, "a read-only path"))
             if spec.isolation.pid != PID_NONE:
                 _frame(buffer, b"pidns", b"proc" if spec.isolation.pid == PID_PRIVATE_PROC else b"noproc")
+        _lease_frames(buffer, spec)
         _frame(buffer, b"end")
     except BaseException:
         wipe(buffer)
@@ -313,6 +339,14 @@ def encode_spec(spec: JobSpec, cgroup: RunCgroup | None = None) -> bytearray:
         wipe(buffer)
         raise _invalid(f"the job spec exceeds {MAX_SPEC_BYTES} bytes")
     return buffer
+
+
+def _lease_frames(buffer: bytearray, spec: JobSpec) -> None:
+    if (spec.lease_file is None) != (spec.lease_stop_file is None):
+        raise _invalid("lease_file and lease_stop_file come together")
+    if spec.lease_file is not None and spec.lease_stop_file is not None:
+        _frame(buffer, b"leasefile", _path(spec.lease_file, "lease_file"))
+        _frame(buffer, b"leasestop", _path(spec.lease_stop_file, "lease_stop_file"))
 
 
 def wipe(buffer: bytearray) -> None:

@@ -144,6 +144,7 @@ _FAILURES = {
     "log_unavailable": "log_unavailable",
     "publication_unavailable": "log_unavailable",
     "already_published": "already_published",
+    "lease_unavailable": "lease_unavailable",
 }
 #: Use a sealed memfd for the wrapper's program (else a pipe, with its source); tests
 #: switch it off.

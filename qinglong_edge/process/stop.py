@@ -294,6 +294,10 @@ def _check_duration(name: str, value: int) -> None:
         raise ExecutionError(f"{name} must be 1..{MAX_GRACE_MS} ms", code="invalid_input")
 
 
+def _boot_seconds() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
 def _gone_within(
     target: _Target,
     grace_ms: int,
@@ -319,7 +323,7 @@ def stop(
     kill_grace_ms: int,
     poll_ms: int = 25,
     wait: Callable[[float], None] = time.sleep,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Callable[[], float] | None = None,
 ) -> StopResult:
     """Stop every process of a Run (see the module docstring for the algorithm).
 
@@ -331,7 +335,8 @@ def stop(
         poll_ms: observation interval, 1..30000 and at most either grace.
         wait: sleeps for the given seconds between polls; the controller passes a
             function that drains Run output meanwhile.
-        clock: monotonic seconds.
+        clock: seconds on a clock that is never stepped (default ``CLOCK_BOOTTIME``: the
+            graces are local timers, spec README "Decisions for clocks").
 
     Returns:
         a :class:`StopResult`; never raises for process or ``/proc`` trouble.
@@ -342,6 +347,8 @@ def stop(
     _check_duration("terminate_grace_ms", terminate_grace_ms)
     _check_duration("kill_grace_ms", kill_grace_ms)
     _check_duration("poll_ms", poll_ms)
+    if clock is None:
+        clock = _boot_seconds
     if poll_ms > terminate_grace_ms or poll_ms > kill_grace_ms:
         raise ExecutionError("poll_ms cannot exceed a grace period", code="invalid_input")
     try:

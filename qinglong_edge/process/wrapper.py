@@ -156,6 +156,8 @@ TAGS = {
     b"readonly": "repeated: an absolute path the isolated job sees read-only (bound onto itself)",
     b"pidns": "'proc' or 'noproc': a PID namespace (our init as PID 1), with or without a private /proc",
     b"jobcgroup": "repeated: a cgroup.procs file the job (not the wrapper) enters: its memory leaf",
+    b"leasefile": "absolute path of the agent's lease file of this job: stop it by its lease (step 5a)",
+    b"leasestop": "absolute path of the mark created when the job is stopped for its lease",
     b"end": "the last frame (empty)",
 }
 REPEATED = frozenset({b"cgroup", b"argv", b"env", b"hide", b"keep", b"readonly", b"jobcgroup"})
@@ -508,6 +510,127 @@ class Log:
             pass
 
 
+def boot_s() -> float:
+    """``CLOCK_BOOTTIME`` in seconds: every timer of the wrapper (NTP cannot step it)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def flat_json(data: bytes) -> dict[bytes, bytes] | None:
+    """A flat JSON object of plain strings (no escapes), integers and ``null``, as the
+    agent writes its lease file; None for anything else. Values are kept raw (a string
+    without its quotes)."""
+    text = data.strip()
+    if len(text) < 2 or text[:1] != b"{" or text[-1:] != b"}":
+        return None
+    out: dict[bytes, bytes] = {}
+    pos, end = 1, len(text) - 1
+    while pos < end:
+        if text[pos : pos + 1] != b'"':
+            return None
+        close = text.find(b'"', pos + 1)
+        if close < 0 or text[close + 1 : close + 2] != b":":
+            return None
+        key = text[pos + 1 : close]
+        pos = close + 2
+        if text[pos : pos + 1] == b'"':
+            close = text.find(b'"', pos + 1)
+            if close < 0:
+                return None
+            value = text[pos + 1 : close]
+            pos = close + 1
+        else:
+            stop = text.find(b",", pos)
+            stop = end if stop < 0 else stop
+            value = text[pos:stop]
+            if value != b"null" and not value.lstrip(b"-").isdigit():
+                return None
+            pos = stop
+        if b"\\" in key or b"\\" in value or key in out:
+            return None
+        out[key] = value
+        if text[pos : pos + 1] == b",":
+            pos += 1
+        elif pos != end:
+            return None
+    return out
+
+
+class LeaseWatch:
+    """The agent's lease file of this job (qinglong_edge/worker/job_lease.py): when the
+    job must be stopped for its lease, and the mark to leave when it is (step 5a).
+
+    Read at the start (a missing, damaged or another boot's file: ``lease_unavailable``,
+    the command never runs unprotected) and again at each ``stopAtBootMs``; a copy that
+    cannot be read then keeps the last good one in force.
+    """
+
+    def __init__(self, path: bytes, mark_path: bytes) -> None:
+        self.path = path
+        self.mark_path = mark_path
+        self.boot_id = _boot_id()
+        values = self._read()
+        if values is None:
+            raise SpecError("lease_unavailable", f"{os.fsdecode(path)}: not a lease file of this boot")
+        self.stop_at_ms, self.terminate_grace_ms, self.kill_grace_ms = values
+
+    def _read(self) -> tuple[int, int, int] | None:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            return None
+        try:
+            if (os.fstat(fd).st_mode & 0o170000) != 0o100000:
+                return None
+            data = os.read(fd, 4096)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        values = flat_json(data)
+        if values is None or self.boot_id is None or values.get(b"bootId") != self.boot_id:
+            return None
+        try:
+            stop_at, term, kill = (int(values[k]) for k in (b"stopAtBootMs", b"terminateGraceMs", b"killGraceMs"))
+        except (KeyError, ValueError):
+            return None
+        if stop_at < 0 or not 0 <= term <= MAX_GRACE_MS or not 0 <= kill <= MAX_GRACE_MS:
+            return None
+        return stop_at, term, kill
+
+    def refresh(self) -> None:
+        values = self._read()
+        if values is not None:
+            self.stop_at_ms, self.terminate_grace_ms, self.kill_grace_ms = values
+
+    def mark(self) -> None:
+        try:
+            fd = os.open(self.mark_path, _TEMP_FLAGS, 0o600)
+        except OSError:
+            return  # there already (or nowhere to put it: the agent's own clock then decides)
+        try:
+            os.write(fd, b"lease\n")
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def _boot_id() -> bytes | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as handle:
+            return handle.read(128).strip() or None
+    except OSError:
+        return None
+
+
+def lease_watch(spec: Spec) -> LeaseWatch | None:
+    """The job's :class:`LeaseWatch` (frames ``leasefile`` and ``leasestop``), or None."""
+    path = spec.one(b"leasefile")
+    if path is None:
+        return None
+    return LeaseWatch(_absolute(path, "leasefile"), _absolute(spec.need(b"leasestop"), "leasestop"))
+
+
 class Job:
     """Everything the wrapper needs after the release."""
 
@@ -560,6 +683,7 @@ class Job:
             self.receipt = Publication(spec.need(b"receipt"), spec.need(b"receiptprefix"), "receipt")
             if spec.one(b"startedatms") is None:
                 raise SpecError("invalid_spec", "a receipt needs startedatms")
+        self.lease = lease_watch(spec)
 
 
 def fact_suffix(keys: tuple[str, ...], *, truncated: bool, observed_ms: int, kept: int, discarded: int) -> bytes:
@@ -1026,7 +1150,7 @@ def _init_loop(job: Job, command: int, err_w: int) -> int:
                 break
             if pid == command:
                 status = raw
-        now = time.monotonic()
+        now = boot_s()
         if status is not None and not termed:
             termed = True
             kill_at = now + job.terminate_grace_ms / 1000
@@ -1041,7 +1165,7 @@ def _init_loop(job: Job, command: int, err_w: int) -> int:
             if termed:
                 continue
             termed = True
-            kill_at = time.monotonic() + job.terminate_grace_ms / 1000
+            kill_at = boot_s() + job.terminate_grace_ms / 1000
         _kill_all(info.si_signo)
 
 
@@ -1146,13 +1270,15 @@ class Runner:
         self.reaper = False
         #: No child of ours is left, zombie or alive (waitpid said ECHILD).
         self.alone = False
-        #: When the job's remaining descendants get SIGKILL (monotonic s): the first
+        #: When the job's remaining descendants get SIGKILL (boot clock s): the first
         #: forwarded TERM (a stop), else the wrapper's own TERM once the command exited.
         self.kill_at: float | None = None
         #: The wrapper's own TERM to the leftovers went out: a stop now adds no second one.
         self.ended = False
-        #: After the first SIGKILL pass: when the wrapper stops waiting (monotonic s).
+        #: After the first SIGKILL pass: when the wrapper stops waiting (boot clock s).
         self.give_up_at: float | None = None
+        #: The job is being stopped for its lease (step 5a).
+        self.lease_stopping = False
 
     def _forward(self, number: int, frame: object) -> None:
         """Pass ``number`` on to the job, once (module docstring, step 5).
@@ -1166,7 +1292,7 @@ class Runner:
             if self.ended:
                 return
             if self.kill_at is None:
-                self.kill_at = time.monotonic() + self.job.terminate_grace_ms / 1000
+                self.kill_at = boot_s() + self.job.terminate_grace_ms / 1000
         self._signal_job(number)
 
     def _signal_job(self, number: int) -> None:
@@ -1317,11 +1443,14 @@ class Runner:
         drain_until: float | None = None
         while True:
             self._reap()
-            now = time.monotonic()
+            now = boot_s()
             if drain_until is None:
+                lease_wait = self._lease(now)
                 wait = self._end(now)
                 if wait is not None and wait < 0:
                     drain_until = now + job.drain_ms / 1000  # the command and its descendants are gone
+                elif lease_wait is not None:
+                    wait = lease_wait if wait is None else min(wait, lease_wait)
             if drain_until is not None:
                 if not out_open or now >= drain_until:
                     break
@@ -1337,6 +1466,45 @@ class Runner:
                     poller.unregister(out_r)
                     out_open = False
         os.close(out_r)  # a holder still writing gets EPIPE: nobody reads any more
+
+    def _lease(self, now: float) -> float | None:
+        """Step 5a: the stop of a job whose lease the agent stopped renewing (a frozen or
+        killed agent). Seconds until the lease needs a look again, None without one.
+
+        At the lease file's ``stopAtBootMs`` the file is read again (a live agent has
+        moved it later at every renewal); if it still says so, the mark is created, the
+        command's group gets TERM (as a forwarded one: nobody gets a second), and SIGKILL
+        follows after the lease's terminate grace, so the job is gone by the lease's
+        local expiry. A command that has exited already gets no mark (its outcome is its
+        own); only its leftovers' SIGKILL is brought forward.
+        """
+        watch = self.job.lease
+        if watch is None:
+            return None
+        if self.lease_stopping:
+            if not self.reaper and self.status is None and self.kill_at is not None and now >= self.kill_at:
+                try:
+                    os.kill(self.pid, _signal.SIGKILL)  # no subreaper: the command itself, at least
+                except OSError:
+                    pass
+                return None
+            return None if self.reaper or self.kill_at is None else max(0.0, self.kill_at - now)
+        left = watch.stop_at_ms / 1000 - now
+        if left > 0:
+            return left
+        watch.refresh()
+        left = watch.stop_at_ms / 1000 - now
+        if left > 0:
+            return left
+        self.lease_stopping = True
+        kill_at = now + watch.terminate_grace_ms / 1000
+        if self.status is None:
+            watch.mark()
+            if not self.ended and self.kill_at is None:
+                self._signal_job(_signal.SIGTERM)
+            self.ended = True  # a stop's TERM after this one is dropped (each member has had one)
+        self.kill_at = kill_at if self.kill_at is None else min(self.kill_at, kill_at)
+        return max(0.0, self.kill_at - now)
 
     def _copy(self, fd: int) -> bool:
         """Copy what the pipe holds (bounded per call); False at end of file."""

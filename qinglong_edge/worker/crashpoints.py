@@ -75,9 +75,11 @@ in memory, nothing written), ``launching`` (T5, the pre-spawn barrier, written),
 ``held`` (the wrapper started and waits at the start barrier, T7 not written),
 ``started`` (T7 written, the job not released), ``released`` (the command runs),
 ``running_answered`` / ``running_acknowledged`` (T8), ``renewal_answered`` (a
-lease-control answer arrived, not persisted: the lost renewal of G2) / ``renewed``,
+lease-control answer arrived, not kept: the lost renewal of G2) / ``renewed`` (kept in
+memory and the lease file, RAM),
 ``stopped`` (a stop returned), ``exited`` (the job is gone and its outcome known,
-nothing uploaded), ``uploaded`` (the log is stored, completion not sent),
+nothing uploaded), ``result_stored`` (the completion's frozen result times and the
+current lease written), ``uploaded`` (the log is stored, completion not sent),
 ``completion_answered`` / ``completion_acknowledged`` (T10 written, files not yet
 removed), ``files_removed``, ``start_failed``, ``start_failure_answered`` /
 ``start_failure_acknowledged`` (T9), ``recovery_required``.
@@ -114,7 +116,8 @@ PULL_STEPS = ("attempt_counted", "attempt_marked", "response_received", "inbox_p
 RUNNER_STEPS = (
     "starting_answered", "starting_acknowledged", "replay_answered", "secrets_received", "launching", "held",
     "started", "released", "running_answered", "running_acknowledged", "renewal_answered", "renewed", "stopped",
-    "exited", "uploaded", "completion_answered", "completion_acknowledged", "files_removed", "start_failed",
+    "exited", "result_stored", "uploaded", "completion_answered", "completion_acknowledged", "files_removed",
+    "start_failed",
     "start_failure_answered", "start_failure_acknowledged", "recovery_required",
 )
 

@@ -11,7 +11,7 @@ and printing)::
       from the journal root to the runtime directory
     once a UTC day: the client certificate's expiry warning (worker/expiry.py)
     [--duration S] repeat at the profile cadence (edge 2 s) until S seconds passed:
-        clock sanity (year >= 2020; a router that booted at 1970 waits for NTP)
+        clock sanity (not before the package's date; a router that booted at 1970 waits for NTP)
         prune terminal inbox records past retention, abandoned claims beyond their bound
         session: register / heartbeat when due (SessionKeeper; changed capabilities wait
                  while records are in flight: then no_slot capabilities_changed)
@@ -40,9 +40,11 @@ import random as _random
 import time
 from collections.abc import Callable, Iterator
 
+import qinglong_edge.clock as _clock
 from qinglong_edge.config import EdgeConfig, WorkerConfig
 from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.errors import JournalError, SessionError
+from qinglong_edge.worker.cluster_clock import ClusterClock
 from qinglong_edge.worker.expiry import daily_expiry_warning
 from qinglong_edge.worker.ingress_http import DEFAULT_MAX_REQUEST_BYTES
 from qinglong_edge.worker.journal import Journal, JournalOptions
@@ -57,8 +59,9 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see cont
 if TYPE_CHECKING:
     from typing import Any
 
-#: 2020-01-01T00:00:00Z: a wall clock before this is "not set yet" (doctor's rule).
-CLOCK_FLOOR_MS = 1_577_836_800_000
+#: A wall clock before this is "not set yet" (:data:`qinglong_edge.clock.CLOCK_FLOOR_MS`,
+#: the source's date; doctor's rule too).
+CLOCK_FLOOR_MS = _clock.CLOCK_FLOOR_MS
 
 
 def wall_ms() -> int:
@@ -140,7 +143,8 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
     """One cycle; returns its report and the number of records in flight afterwards."""
     now = clock_ms()
     if now < CLOCK_FLOOR_MS:
-        return CycleReport(None, None, "clock_not_set", "the wall clock is before 2020: waiting for NTP"), 0
+        return CycleReport(None, None, "clock_not_set", "the wall clock is before this package's build date: "
+                           "waiting for NTP (nothing is claimed)"), 0
     kept: list[dict[str, Any]] = []
     journal.prune_inbox(now, process_gone=_process_gone, remove_files=lambda r: _remove_files(worker, runtime, r),
                         kept=kept)
@@ -264,6 +268,7 @@ def run_pull(
     duration_s: float | None = None,
     abort: AbortSignal | None = None,
     clock_ms: Callable[[], int] = wall_ms,
+    boot_ms: Callable[[], int] = _clock.boot_ms,
     sleep: Callable[[float], None] = time.sleep,
     random: Callable[[], float] = _random.random,
     transport: IngressTransport | None = None,
@@ -277,6 +282,9 @@ def run_pull(
     ``credential_rejected`` cycle (every later one would fail the same way).
 
     Args:
+        clock_ms: the wall clock (the clock floor, the claim's stored times, the record
+            times people read); boot_ms: the boot clock (every timer: session, leases,
+            backoff of the resident loop). Spec README "Decisions for clocks".
         random: uniform [0, 1) for the backoff jitter (seedable in tests).
         abort: tripped by the caller's signal handler (see :class:`AbortSignal`);
             network calls and sleeps are interrupted, journal writes finish first,
@@ -319,7 +327,7 @@ def run_pull(
         # Read once, here: a resident pull keeps this advertisement for its whole life.
         capabilities = advertisement(worker, base, runtime).capabilities  # invalid_capabilities: exit 78
         yield from _run_journal(worker, runtime, capabilities, duration_s=duration_s, abort=abort, pause=pause,
-                                clock_ms=clock_ms, random=random, transport=transport, notice=notice,
+                                clock_ms=clock_ms, boot_ms=boot_ms, random=random, transport=transport, notice=notice,
                                 config=config or EdgeConfig("edge", os.path.dirname(worker.journal_directory), worker,
                                                             None, None))
     finally:
@@ -336,6 +344,7 @@ def _run_journal(
     abort: AbortSignal,
     pause: Callable[[float], None],
     clock_ms: Callable[[], int],
+    boot_ms: Callable[[], int],
     random: Callable[[], float],
     transport: IngressTransport | None,
     notice: Callable[[str], None] | None,
@@ -358,6 +367,7 @@ def _run_journal(
         transport = transport or IngressTransport.from_config(worker)
         try:
             wire = _InterruptibleTransport(transport, abort)
+            cluster = ClusterClock(runtime, boot_ms=boot_ms, wall_ms=clock_ms)
             keeper = SessionKeeper(
                 runtime,
                 wire,
@@ -365,25 +375,31 @@ def _run_journal(
                 max_concurrent_runs=worker.max_concurrent_runs,
                 lease_duration_ms=worker.session_lease_duration_ms,
                 heartbeat_interval_ms=worker.heartbeat_interval_ms,
-                clock_ms=clock_ms,
+                clock_ms=boot_ms,
                 capabilities=capabilities,
+                cluster=cluster,
+                wall_ms=clock_ms,
             )
             coordinator = PullCoordinator(
                 journal, wire, runtime=runtime, backoff_base_ms=worker.backoff_base_ms, clock_ms=clock_ms,
-                random=random,
+                random=random, boot_ms=boot_ms,
             )
             started = time.monotonic()
             while True:
                 abort.check()
                 report, busy = _cycle(journal, keeper, coordinator, worker, clock_ms, runtime=runtime)
+                if notice is not None:
+                    skew = cluster.skew_notice()  # once per boot (spec README "Skew"); work goes on
+                    if skew is not None:
+                        notice(skew)
                 yield report
                 abort.check()
                 if busy or _discards_pending(runtime):
                     from qinglong_edge.worker.resident import Resident
 
                     yield from Resident(config=config, worker=worker, journal=journal, runtime=runtime, wire=wire,
-                                        keeper=keeper, coordinator=coordinator, abort=abort, clock_ms=clock_ms,
-                                        random=random, notice=notice).run()
+                                        keeper=keeper, coordinator=coordinator, abort=abort, clock_ms=boot_ms,
+                                        wall_ms=clock_ms, cluster=cluster, random=random, notice=notice).run()
                     if abort.tripped:
                         return
                 if report.error == "credential_rejected" or (

@@ -34,6 +34,7 @@ from qinglong_edge.clock import boot_ms
 from qinglong_edge.config import EdgeConfig, WorkerConfig
 from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.worker.abort import AbortSignal
+from qinglong_edge.worker.cluster_clock import ClusterClock
 from qinglong_edge.worker.cycle import _InterruptibleTransport
 from qinglong_edge.worker.journal import Journal, JournalOptions
 from qinglong_edge.worker.pull import PullCoordinator, SessionAuthority
@@ -133,8 +134,9 @@ def run_drain(
     from qinglong_edge.worker.cycle import wall_ms
 
     abort = abort or AbortSignal()
-    clock = clock_ms or wall_ms
+    clock = clock_ms or wall_ms  # the wall clock (the record's times); every timer runs on boot_ms
     with RuntimeDirectory.open(worker.runtime_directory, worker.journal_directory) as runtime:
+        cluster = ClusterClock(runtime, wall_ms=clock)
         journal = Journal.open(worker.journal_directory, JournalOptions.from_config(worker), runtime=runtime)
         try:
             own_transport = transport is None
@@ -144,10 +146,10 @@ def run_drain(
                 keeper = SessionKeeper(runtime, wire, worker_id=worker.worker_id,
                                        max_concurrent_runs=worker.max_concurrent_runs,
                                        lease_duration_ms=worker.session_lease_duration_ms,
-                                       heartbeat_interval_ms=worker.heartbeat_interval_ms, clock_ms=clock,
-                                       may_register=False)
+                                       heartbeat_interval_ms=worker.heartbeat_interval_ms, clock_ms=boot_ms,
+                                       may_register=False, cluster=cluster, wall_ms=clock)
                 yield from _drain(worker, config, journal=journal, runtime=runtime, wire=wire, keeper=keeper,
-                                  abort=abort, clock=clock, random=random)
+                                  abort=abort, clock=clock, random=random, cluster=cluster)
             finally:
                 if own_transport:
                     transport.close()
@@ -157,37 +159,38 @@ def run_drain(
 
 def _drain(worker: WorkerConfig, config: EdgeConfig, *, journal: Journal, runtime: RuntimeDirectory, wire: Any,
            keeper: SessionKeeper, abort: AbortSignal, clock: Callable[[], int],
-           random: Callable[[], float]) -> Iterator[Any]:
+           random: Callable[[], float], cluster: ClusterClock) -> Iterator[Any]:
     from qinglong_edge.worker.resident import Resident
 
+    now = cluster.cluster_now  # in flight is judged by the lease's own (the cluster's) clock
     stored = keeper.current()
-    if stored is None or stored.lease_expires_at_ms <= clock():
+    if stored is None or keeper.lease_end_ms(stored) <= boot_ms():
         why = "none is stored" if stored is None else "its lease ran out"
-        yield DrainReport("no_session", unsettled(journal, clock()), None, why)
+        yield DrainReport("no_session", unsettled(journal, now()), None, why)
         return
     deadline = boot_ms() + worker.drain_timeout_ms
     keeper.transition("draining")
-    yield DrainReport("draining", unsettled(journal, clock()), _session_json(keeper))
+    yield DrainReport("draining", unsettled(journal, now()), _session_json(keeper))
     coordinator = PullCoordinator(journal, wire, runtime=runtime, backoff_base_ms=worker.backoff_base_ms,
-                                  clock_ms=clock, random=random)
+                                  clock_ms=clock, random=random, boot_ms=boot_ms)
     if journal.read_claim() is not None:
         record = keeper.current()
         if record is not None:
             coordinator.pull(SessionAuthority(record.worker_id, record.session_id, record.generation))
     abort.check()
     resident = Resident(config=config, worker=worker, journal=journal, runtime=runtime, wire=wire, keeper=keeper,
-                        coordinator=coordinator, abort=abort, clock_ms=clock, random=random, draining=True,
-                        deadline_boot_ms=deadline)
+                        coordinator=coordinator, abort=abort, clock_ms=boot_ms, random=random, draining=True,
+                        deadline_boot_ms=deadline, wall_ms=clock, cluster=cluster)
     yield from resident.run()
-    left = unsettled(journal, clock())
+    left = unsettled(journal, now())
     while left and boot_ms() < deadline:
         # Nothing was resident to wait on (a record the loop does not track): look again.
         with abort.interruptible():
             time.sleep(min(0.5, max(0.0, (deadline - boot_ms()) / 1000)))
         yield from Resident(config=config, worker=worker, journal=journal, runtime=runtime, wire=wire,
-                            keeper=keeper, coordinator=coordinator, abort=abort, clock_ms=clock, random=random,
-                            draining=True, deadline_boot_ms=deadline).run()
-        left = unsettled(journal, clock())
+                            keeper=keeper, coordinator=coordinator, abort=abort, clock_ms=boot_ms, random=random,
+                            draining=True, deadline_boot_ms=deadline, wall_ms=clock, cluster=cluster).run()
+        left = unsettled(journal, now())
     if left:
         seconds = worker.drain_timeout_ms / 1000
         yield DrainReport("timed_out", left, _session_json(keeper),

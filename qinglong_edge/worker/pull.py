@@ -139,6 +139,10 @@ __all__ = [
 
 #: The attempt-in-flight marker's name in the runtime directory.
 MARKER_NAME = "attempt.json"
+#: The claim's backoff on the boot clock (RAM): ``{schemaVersion, bootId, offerId, revision,
+#: dueBootMs}``, written with each backoff; the claim's own ``nextAttemptAtMs`` (wall clock,
+#: its on-disk contract) is the rule only without a note of this boot and revision.
+BACKOFF_NAME = "backoff.json"
 #: The offer route's fence answer (section 1.7): the only 409 that abandons a claim.
 OFFER_FENCED = "worker_offer_fenced"
 _MARKER_KEYS = ("schemaVersion", "offerId", "revision", "startedAtMs")
@@ -289,6 +293,9 @@ class PullCoordinator:
         clock_ms: wall-clock milliseconds.
         random: uniform [0, 1) for the jitter (seedable in tests).
         random_bytes: randomness for new offer ids and lease tokens.
+        boot_ms: the boot clock; :attr:`sent` keeps the boot instant each offer POST was
+            sent (the local lease expiry of an offered lease starts there, spec README
+            "Decisions for clocks").
     """
 
     def __init__(
@@ -301,7 +308,10 @@ class PullCoordinator:
         clock_ms: Callable[[], int],
         random: Callable[[], float] = random.random,
         random_bytes: Callable[[int], bytes] = os.urandom,
+        boot_ms: Callable[[], int] | None = None,
     ) -> None:
+        import qinglong_edge.clock as _clock
+
         if not 100 <= backoff_base_ms <= 60_000:
             raise DeliveryError("backoff base must be 100..60000 ms", code="invalid_configuration")
         self._journal = journal
@@ -311,6 +321,13 @@ class PullCoordinator:
         self._clock_ms = clock_ms
         self._random = random
         self._random_bytes = random_bytes
+        self._boot_ms = boot_ms or _clock.boot_ms
+        self._boot_id = _clock.boot_id() or "unknown"
+        #: The boot-clock due time of the claim's current backoff (after a ``backoff`` or a
+        #: failed attempt), or None: what a resident pull waits for.
+        self.backoff_due_boot_ms: int | None = None
+        #: offerId -> the boot instant its last POST was sent (this process only).
+        self.sent: dict[str, int] = {}
         #: Failures in a row that did not reach the cluster (this process: a `--duration`
         #: loop); they grow the jitter ceiling without consuming the budget.
         self._unreached = 0
@@ -355,7 +372,10 @@ class PullCoordinator:
             )
             claim = self._journal.create_claim(PendingClaim.create(authority, now))
         raw_now, now = now, max(now, claim.updated_at_ms)
-        if not claim_due(claim.next_attempt_at_ms, now, raw_now):
+        due_boot = self._backoff_due(claim)
+        self.backoff_due_boot_ms = due_boot if due_boot is not None and due_boot > self._boot_ms() else None
+        if (self.backoff_due_boot_ms is not None if due_boot is not None
+                else not claim_due(claim.next_attempt_at_ms, now, raw_now)):
             return PullResult(
                 "backoff", offer_id=claim.offer_id, next_attempt_at_ms=claim.next_attempt_at_ms,
                 attempt_count=claim.attempt_count,
@@ -417,6 +437,7 @@ class PullCoordinator:
     def _exchange(self, claim: PendingClaim) -> PullResult:
         authority = claim.authority
         path = offers_path(authority.worker_id, authority.worker_session_id)
+        self.sent[claim.offer_id] = self._boot_ms()
         try:
             response = self._transport.post_json(
                 path, claim_request_body(authority), max_response_bytes=OFFER_RESPONSE_MAX_BYTES
@@ -489,6 +510,7 @@ class PullCoordinator:
         )
         kept = self._journal.replace_claim(kept, claim.revision)
         self._runtime.remove(MARKER_NAME)
+        self._note_backoff(kept, delay)
         return PullResult(
             status,
             offer_id=claim.offer_id,
@@ -501,6 +523,31 @@ class PullCoordinator:
             counted=counted,
             detail=detail,
         )
+
+    def _note_backoff(self, claim: PendingClaim, delay_ms: int) -> None:
+        """Remember the backoff on the boot clock (RAM; a wall-clock step must not make a
+        claim wait an extra hour, nor come early); lost with the RAM, then the wall rule."""
+        self.backoff_due_boot_ms = self._boot_ms() + delay_ms
+        try:
+            self._runtime.write(BACKOFF_NAME, dumps_bytes({
+                "schemaVersion": 1, "bootId": self._boot_id, "offerId": claim.offer_id, "revision": claim.revision,
+                "dueBootMs": self.backoff_due_boot_ms}) + b"\n")
+        except JournalError:
+            pass
+
+    def _backoff_due(self, claim: PendingClaim) -> int | None:
+        """The boot-clock due time of ``claim``'s backoff noted in this boot, or None."""
+        try:
+            data = self._runtime.read(BACKOFF_NAME)
+            value = None if data is None else loads(data, max_bytes=1024, min_bytes=2)
+        except (JournalError, ContractError):
+            return None
+        if not isinstance(value, dict) or value.get("schemaVersion") != 1 or value.get("bootId") != self._boot_id:
+            return None
+        if (value.get("offerId"), value.get("revision")) != (claim.offer_id, claim.revision):
+            return None
+        due = value.get("dueBootMs")
+        return due if type(due) is int else None
 
     def _abandon(self, claim: PendingClaim, reason: str, now: int, *, http_status: int | None = None,
                  cluster_code: str | None = None) -> PullResult:

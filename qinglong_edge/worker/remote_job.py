@@ -85,6 +85,8 @@ if TYPE_CHECKING:
 __all__ = ["LaunchFailure", "Outcome", "RemoteJob", "adopt", "allocate_log", "cgroup_name", "forget_caches",
            "isolation_available", "launch", "open_log", "prime_wrapper", "read_outcome", "read_truncated", "stop_job"]
 
+#: The latest time a receipt may carry (JSON safe integers): its wall time is not judged.
+_ANY_TIME_MS = 2**53 - 1
 #: Exit statuses of "No receipt" (spec README): killed by our SIGTERM / SIGKILL, or lost.
 OBSERVED_TERM, OBSERVED_KILL, OUTCOME_LOST = 143, 137, 255
 _ISOLATION_NAME = "isolation.json"
@@ -325,15 +327,18 @@ def adopt(handle: str, cgroups: CgroupManager | None, attempt_id: str) -> Remote
     return RemoteJob(handle, identity, None, cgroup)
 
 
-def _verified_stop(job: RemoteJob, limits: RemoteLimits) -> StopResult:
-    return stop(job.handle, job.cgroup, terminate_grace_ms=limits.terminate_grace_ms,
-                kill_grace_ms=limits.kill_grace_ms, poll_ms=min(25, limits.terminate_grace_ms, limits.kill_grace_ms))
+def _verified_stop(job: RemoteJob, limits: RemoteLimits, graces: tuple[int, int] | None = None) -> StopResult:
+    term, kill = graces if graces is not None else (limits.terminate_grace_ms, limits.kill_grace_ms)
+    term, kill = max(1, term), max(1, kill)
+    return stop(job.handle, job.cgroup, terminate_grace_ms=term, kill_grace_ms=kill, poll_ms=min(25, term, kill))
 
 
-def stop_job(job: RemoteJob, limits: RemoteLimits) -> StopResult:
+def stop_job(job: RemoteJob, limits: RemoteLimits, graces: tuple[int, int] | None = None) -> StopResult:
     """The verified stop of :mod:`qinglong_edge.process.stop` (TERM, grace, KILL, cgroup
-    kill); remembers the last signal it needed for "No receipt"."""
-    result = _verified_stop(job, limits)
+    kill); remembers the last signal it needed for "No receipt". ``graces``: ``(terminate,
+    kill)`` ms instead of the configured ones (a lease stop, which must be over by the
+    lease's local expiry: :func:`qinglong_edge.contracts.clocks.lease_stop_plan`)."""
+    result = _verified_stop(job, limits, graces)
     if result.status == "stopped":
         job.last_signal = result.signal
     elif result.status == "timed_out":
@@ -351,9 +356,13 @@ def launch(
     limits: RemoteLimits,
     cgroups: CgroupManager | None,
     isolate: str | None,
+    lease_files: tuple[str, str] | None = None,
 ) -> tuple[HeldJob, RunCgroup | None]:
     """T6: start the job held at the start barrier (``record`` is ``launching``);
     ``isolate`` is the PID level of its isolation (:func:`isolation_available`), or None.
+
+    ``lease_files``: ``(lease file, stop mark)`` paths of :mod:`qinglong_edge.worker.job_lease`:
+    the wrapper stops the job itself when the lease file is not moved on in time.
 
     The caller records the handle (T7), then releases it. The receipt and truncation
     fact prefixes are built here and zeroed once the wrapper has them; the environment
@@ -388,7 +397,9 @@ def launch(
                        receipt=Publication(files.receipt_path, prefix), started_at_ms=started_at,
                        isolation=None if isolate is None else Isolation(
                            hide=limits.hidden, readonly=limits.readonly, pid=isolate),
-                       label=candidate["attemptId"])
+                       label=candidate["attemptId"],
+                       lease_file=lease_files[0] if lease_files else None,
+                       lease_stop_file=lease_files[1] if lease_files else None)
         held = start_job(spec, cgroup=cgroup)
     except ExecutionError as exc:
         if cgroup is not None:
@@ -405,7 +416,12 @@ def read_outcome(record: dict[str, Any], files: JobFiles, job: RemoteJob | None,
     """How a job that is gone ended: its authenticated receipt, else what was observed
     ("No receipt": reaped as its parent, else 143/137 after our signal, else 255); with
     the reason ``out_of_memory`` when its memory leaf counted an OOM kill (read here,
-    before the caller removes the cgroup)."""
+    before the caller removes the cgroup).
+
+    The receipt's ``finishedAtMs <= now`` check is not applied against the wall clock as
+    it is now: a wall clock stepped back after the job ended would make an honest receipt
+    look as if from the future (spec README "Decisions for clocks"); the callback token
+    authenticates it, and the completion's times are translated and clamped anyway."""
     outcome = _read_outcome(record, files, job, now_ms)
     outcome.reason = out_of_memory(job.cgroup if job is not None else None)
     return outcome
@@ -417,7 +433,7 @@ def _read_outcome(record: dict[str, Any], files: JobFiles, job: RemoteJob | None
     try:
         data = read_receipt(files.receipt_path)
         if data is not None:
-            receipt = authenticate_receipt(parse_receipt(data), record, now_ms)
+            receipt = authenticate_receipt(parse_receipt(data), record, _ANY_TIME_MS)
             return Outcome(receipt.exit_code, receipt.finished_at_ms, "receipt")
         note = "no receipt"
     except (ExecutionError, ContractError) as exc:

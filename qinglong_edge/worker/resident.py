@@ -34,7 +34,6 @@ import contextlib
 import os
 import select
 import signal
-import time
 from collections.abc import Callable, Iterator
 
 from qinglong_edge.clock import boot_ms
@@ -44,9 +43,11 @@ from qinglong_edge.contracts.strictjson import dumps_bytes
 from qinglong_edge.errors import JournalError, SessionError
 from qinglong_edge.worker.abort import AbortSignal, PullAborted
 from qinglong_edge.worker.calls import ExecutionCalls
+from qinglong_edge.worker.cluster_clock import ClusterClock
 from qinglong_edge.worker.cycle import CycleReport, inbox_full
 from qinglong_edge.worker.discard import advertise, pending_requests, retract, write_result
-from qinglong_edge.worker.pacing import retry_delay_ms
+from qinglong_edge.worker.job_lease import remove_job_lease
+from qinglong_edge.worker.pacing import MAX_RETRY_AFTER_MS, retry_delay_ms
 from qinglong_edge.worker.pull import PullCoordinator, SessionAuthority
 from qinglong_edge.worker.remote_files import in_flight, outcome_name, record_files, remote_limits, remove_job_files
 from qinglong_edge.worker.remote_job import forget_caches, isolation_available, prime_wrapper
@@ -151,10 +152,16 @@ class Resident:
         abort: AbortSignal,
         clock_ms: Callable[[], int],
         random: Callable[[], float],
+        wall_ms: Callable[[], int] | None = None,
+        cluster: ClusterClock | None = None,
         draining: bool = False,
         deadline_boot_ms: int | None = None,
         notice: Callable[[str], None] | None = None,
     ) -> None:
+        """``clock_ms`` is the boot clock (every timer), ``wall_ms`` the wall clock (the
+        record's and the events' times), ``cluster`` the cluster's clock of the cycle."""
+        import qinglong_edge.clock as _clock
+
         #: ``drain``: nothing is pulled, heartbeats announce no free slot.
         self.draining = draining
         #: ``drain``'s bound (clock.boot_ms): the loop stops then, whatever is left.
@@ -167,16 +174,20 @@ class Resident:
         self.coordinator = coordinator
         self.abort = abort
         self.clock_ms = clock_ms
+        self.wall_ms = wall_ms or _clock.wall_ms
+        self.cluster = cluster or ClusterClock(runtime, boot_ms=clock_ms, wall_ms=self.wall_ms)
         self.limits = remote_limits(config)
         self._events: list[RecordEvent] = []
         #: The PID level of remote jobs' isolation ("" until asked; None: not isolated).
         self._isolated: str | None = ""
         self.runner = Runner(journal, ExecutionCalls(wire), self.limits, clock_ms=clock_ms, session=self._session,
-                             emit=self._emit, isolate=self._isolate, prepare=self._prepare, random=random)
+                             emit=self._emit, isolate=self._isolate, prepare=self._prepare, random=random,
+                             wall_ms=self.wall_ms, cluster=self.cluster, runtime=runtime)
         self.tracks: dict[str, Track] = {}
+        self._forgotten: set[str] = set()
         self._random = random
         self._session_failures = 0
-        #: No session call before this (wall ms): the backoff after a failed one.
+        #: No session call before this (boot ms): the backoff after a failed one.
         self._session_retry_at = 0
 
     # -- callbacks of the runner -----------------------------------------------------------------
@@ -208,15 +219,30 @@ class Resident:
 
     # -- records -------------------------------------------------------------------------------
 
+    def _track(self, record: dict[str, Any]) -> Track:
+        """A new track, its lease restored (the lease file, or the offer POST's send
+        instant when this process accepted it; a lease from an offer is renewed at once)."""
+        track = Track(record, self.clock_ms())
+        self.tracks[track.offer_id] = track
+        self.runner.restore(track, self.coordinator.sent.get(track.offer_id))
+        return track
+
+    def _forget(self) -> None:
+        """The lease files of records that need nothing more go (RAM)."""
+        for track in self.tracks.values():
+            if track.done and track.discard is None and track.offer_id not in self._forgotten:
+                remove_job_lease(self.runtime, track.offer_id)
+                self._forgotten.add(track.offer_id)
+
     def load(self) -> None:
         """Track every record in flight; remove the files a crash after T10 left behind."""
-        now = self.clock_ms()
+        now = self.cluster.cluster_now()
         for offer_id in self.journal.list_offers():
             record = self.journal.read_offer(offer_id)
             if record is None or offer_id in self.tracks:
                 continue
             if in_flight(record, now):
-                self.tracks[offer_id] = Track(record, now)
+                self._track(record)
             elif record["state"] == "completion_acknowledged":
                 files = record_files(self.limits, record)
                 if files is not None and os.path.lexists(files.receipt_path):
@@ -271,6 +297,7 @@ class Resident:
         if files is not None:
             remove_job_files(files)
         self.journal.discard_offer(offer_id)
+        remove_job_lease(self.runtime, offer_id)
         with contextlib.suppress(JournalError):
             self.runtime.remove(outcome_name(offer_id))
         self._events.append(RecordEvent("discarded", record))
@@ -278,7 +305,7 @@ class Resident:
         outcome = track.outcome if track is not None else None
         write_result(self.runtime, offer_id, request_id, {
             "discarded": True, "state": record["state"], "exitCode": None if outcome is None else outcome.exit_code,
-            "finishedAtMs": self.clock_ms()})
+            "finishedAtMs": self.wall_ms()})
 
     def _settle(self) -> None:
         for track in [t for t in self.tracks.values() if t.done and t.discard is not None]:
@@ -289,7 +316,7 @@ class Resident:
     def run(self) -> Iterator[RecordEvent | CycleReport | ResidentSummary]:
         """Drive every record until none is in flight (or a signal); yields each event and
         each notable pull or session result, then the summary."""
-        started = time.monotonic()
+        started = self.clock_ms()
         count = 0
         aborted: str | None = None
         pull_due = self.clock_ms()
@@ -310,6 +337,7 @@ class Resident:
                     count += len(self._events)
                     yield from self._drain()
                 self._settle()
+                self._forget()
                 count += len(self._events)
                 yield from self._drain()
                 if not self._live() and not pending_requests(self.runtime):
@@ -337,7 +365,7 @@ class Resident:
                 # run on meanwhile; a 30 s lease does not wait for a phase late in the minute).
                 with contextlib.suppress(JournalError):
                     self.runtime.write(HANDOVER_NAME, dumps_bytes({
-                        "schemaVersion": 1, "inFlight": len(self._live()), "atMs": self.clock_ms(),
+                        "schemaVersion": 1, "inFlight": len(self._live()), "atMs": self.wall_ms(),
                         "signal": aborted}) + b"\n")
         finally:
             if self._isolated is None:
@@ -355,7 +383,7 @@ class Resident:
         if aborted is not None and live:
             now = self.clock_ms()
             left = min(self.runner.expiry_ms(track) - now for track in live)
-        yield ResidentSummary(int((time.monotonic() - started) * 1000), count, states, len(live), aborted, left)
+        yield ResidentSummary(self.clock_ms() - started, count, states, len(live), aborted, left)
 
     def _drain(self) -> Iterator[RecordEvent]:
         events, self._events[:] = list(self._events), []
@@ -412,15 +440,23 @@ class Resident:
             result = inbox_full(result, len(self._live()), self.journal.options.maximum_entries)
         if result.status in ("accepted", "replayed") and result.offer_id is not None:
             stored = self.journal.read_offer(result.offer_id)
-            if stored is not None and result.offer_id not in self.tracks and in_flight(stored, self.clock_ms()):
-                self.tracks[result.offer_id] = Track(stored, self.clock_ms())
+            if stored is not None and result.offer_id not in self.tracks and in_flight(stored,
+                                                                                     self.cluster.cluster_now()):
+                self._track(stored)
             return CycleReport(None, result), self.clock_ms()
         if result.status == "idle":
             return None, self.clock_ms() + self.worker.heartbeat_interval_ms
+        due = self.coordinator.backoff_due_boot_ms  # the backoff on the boot clock, when noted
         if result.status == "backoff" and result.next_attempt_at_ms is not None:
-            return None, result.next_attempt_at_ms
-        later = result.next_attempt_at_ms or self.clock_ms() + self.worker.heartbeat_interval_ms
+            return None, due if due is not None else self._boot_of(result.next_attempt_at_ms)
+        later = (due if due is not None else self._boot_of(result.next_attempt_at_ms) if result.next_attempt_at_ms
+                 else self.clock_ms() + self.worker.heartbeat_interval_ms)
         return CycleReport(None, result), later
+
+    def _boot_of(self, wall_ms: int) -> int:
+        """A claim's stored due time (wall ms, its contract's clock) as a boot instant,
+        at most an hour away (the longest Retry-After honoured; pacing.claim_due)."""
+        return self.clock_ms() + max(0, min(wall_ms - self.wall_ms(), MAX_RETRY_AFTER_MS))
 
     def _wait(self, wakeup: _Wakeup, pull_due: int | None) -> None:
         now = self.clock_ms()

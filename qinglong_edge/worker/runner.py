@@ -100,6 +100,8 @@ class Runner(RunnerEnd):
                 ``storage_unavailable`` is retried after :data:`AGAIN_MS`.
             PullAborted: a signal; the record is as last written.
         """
+        if t.lease_dirty:
+            self.store_lease(t)  # a renewal the RAM could not take before: kept, written now
         for _ in range(8):  # a few transitions in a row (T1 -> T8) without waiting
             before = (t.record["revision"], t.stop_reason, t.outcome is not None, t.done)
             try:
@@ -156,7 +158,7 @@ class Runner(RunnerEnd):
         if not self._starting_answer(t, result.status):
             return
         t.starting_at_ms = self.clock_ms()
-        self._write(t, to_starting_acknowledged(t.record, self.clock_ms()), "starting_acknowledged",
+        self._write(t, to_starting_acknowledged(t.record, self.wall_ms()), "starting_acknowledged",
                     "starting_acknowledged")
 
     def _starting_answer(self, t: Track, status: str) -> bool:
@@ -211,13 +213,20 @@ class Runner(RunnerEnd):
             finally:
                 if secrets is not None:
                     secrets.wipe()
-            now = self.clock_ms()
+            now = self.wall_ms()
             self._write(t, to_launching(t.record, now, executor_started_at_ms=now, log_artifact_id=files.log_id,
                                         callback_sequence=sequence, callback_token_digest=token.digest),
                         "launching", "launching", logPath=files.log_path)
+            t.started_boot_ms = self.clock_ms()
+            try:
+                self.store_lease(t, required=True)  # the wrapper reads it: no job runs unprotected
+            except JournalError as exc:
+                self._start_failed(t, "runtime_unavailable", detail=f"the lease file: {exc.message}")
+                return
             try:
                 held, cgroup = launch(t.record, files, plan=plan, environment=environment, token=token,
-                                      limits=self.limits, cgroups=self.cgroups(), isolate=self._isolate())
+                                      limits=self.limits, cgroups=self.cgroups(), isolate=self._isolate(),
+                                      lease_files=self.lease_paths()(t))
             except LaunchFailure as exc:
                 self._start_failed(t, exc.code, detail=exc.message)
                 return
@@ -227,7 +236,7 @@ class Runner(RunnerEnd):
                 environment.wipe()
         crashpoint("runner.held")
         try:
-            self._write(t, to_started(t.record, self.clock_ms(), executor_handle=held.handle), "started")
+            self._write(t, to_started(t.record, self.wall_ms(), executor_handle=held.handle), "started")
         except JournalError:
             held.abort()  # never released: the command did not run and never will
             if cgroup is not None:
@@ -243,7 +252,7 @@ class Runner(RunnerEnd):
         self._running(t)
 
     def _start_failed(self, t: Track, code: str, **details: Any) -> None:
-        self._write(t, to_start_failed(t.record, self.clock_ms()), "start_failed", "start_failed", code=code, **details)
+        self._write(t, to_start_failed(t.record, self.wall_ms()), "start_failed", "start_failed", code=code, **details)
 
     def _launching_found(self, t: Track) -> None:
         """``launching`` written by a dead process: the barrier proves nothing ran."""
@@ -265,7 +274,7 @@ class Runner(RunnerEnd):
         if result.status == "already_running":
             self._recover(t, "control_plane_already_running")
             return
-        self._write(t, to_start_failure_acknowledged(t.record, self.clock_ms()), "start_failure_acknowledged",
+        self._write(t, to_start_failure_acknowledged(t.record, self.wall_ms()), "start_failure_acknowledged",
                     "start_failure_acknowledged", status=result.status)
         t.done = True
         remove_job_files(self.files(t))  # an empty log a wrapper opened at its barrier, a scratch directory
@@ -288,15 +297,21 @@ class Runner(RunnerEnd):
             t.cluster_terminal = True
             t.stop_reason = t.stop_reason or "terminal"
             return
-        self._write(t, to_running_acknowledged(t.record, self.clock_ms()), "running_acknowledged",
+        self._write(t, to_running_acknowledged(t.record, self.wall_ms()), "running_acknowledged",
                     "running_acknowledged", status=result.status)
 
     def _supervise(self, t: Track) -> None:
-        """A launched record: stop when asked, renew, T8, then complete once the job is gone."""
+        """A launched record: stop when asked, renew, T8, then complete once the job is gone.
+
+        T12 for a job: from the lease stop's start (:meth:`stop_at_ms`, so that the job is
+        gone by the local expiry) the lease counts as lost, and so it does when the job's
+        wrapper stopped the job for its lease itself (its mark: this process was frozen or
+        away); either ends the record ``recovery_required``, never a completion."""
         now = self.clock_ms()
         job = self._job(t)
         alive = job is not None and job.running()
-        if now >= self.expiry_ms(t) and not t.lease_lost:
+        if not t.lease_lost and (self._stopped_by_wrapper(t) or now >= self.expiry_ms(t)
+                                 or (alive and now >= self.stop_at_ms(t))):
             t.lease_lost = True  # T12
             t.stop_reason = "lease_lost"
         if alive and t.stop_reason is None:
@@ -304,7 +319,8 @@ class Runner(RunnerEnd):
             if deadline is not None and now >= deadline:
                 t.stop_reason, t.ask_after_timeout = "timeout", True
         if alive and job is not None and t.stop_reason is not None:
-            result = stop_job(job, self.limits)
+            graces = self._stop_plan(t)[1:] if t.lease_lost else None
+            result = stop_job(job, self.limits, graces)
             crashpoint("runner.stopped")
             self._event(t, "stopped", reason=t.stop_reason, result=result.status, signal=result.signal)
             alive = job.running()
@@ -315,6 +331,11 @@ class Runner(RunnerEnd):
                 t.due_ms = self.clock_ms() + AGAIN_MS
                 return
         if not alive:
+            if (t.outcome is not None and t.renewing and not t.lease_lost and not t.cluster_terminal
+                    and now >= self._renewal_due(t)):
+                # The job is gone but its end is not reported yet (storage or the network
+                # failed): the lease must outlast that, so it is renewed as while it ran.
+                self._renew(t)
             self._gone(t, job)
             return
         if t.state == "started":

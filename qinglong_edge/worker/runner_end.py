@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 
-from qinglong_edge.contracts.inbox import to_completion_acknowledged
+from qinglong_edge.contracts.clocks import result_times
+from qinglong_edge.contracts.inbox import to_completion_acknowledged, with_result_times
 from qinglong_edge.errors import RemoteCallError
 from qinglong_edge.worker.crashpoints import crashpoint
 from qinglong_edge.worker.remote_files import JobFiles, remove_job_files, remove_scratch
@@ -62,13 +63,15 @@ class RunnerEnd(RunnerBase):
                 if read_receipt(files.receipt_path) is None:
                     t.due_ms = self.expiry_ms(t)
                     return
-            t.outcome = read_outcome(t.record, files, job, self.clock_ms())
+            t.outcome = read_outcome(t.record, files, job, self.wall_ms())
             leftovers = job.finish(self.limits) if job is not None else None
             remove_scratch(files)  # room for the writes of the outcome, should the job have filled its disk
             if leftovers is not None and leftovers.status == "stopped":
                 self._event(t, "stopped", reason="leftovers", result=leftovers.status, signal=leftovers.signal)
             crashpoint("runner.exited")
             self._event(t, "exited", **t.outcome.to_json())
+        if "resultStartedAtMs" not in t.record and t.state != "recovery_required":
+            self._freeze_result(t)
         if t.ask_after_timeout:
             outcome = self._renew(t)  # the cluster records timed_out (its deadline passed too)
             t.ask_after_timeout = False
@@ -119,14 +122,16 @@ class RunnerEnd(RunnerBase):
         size, digest, truncated = t.artifact
         outcome = t.outcome
         assert outcome is not None
+        if "resultStartedAtMs" not in t.record:
+            self._freeze_result(t)  # launch_outcome_unknown: frozen before its first completion too
         record = t.record
-        started = record["executorStartedAtMs"]
+        started, finished = record["resultStartedAtMs"], record["resultFinishedAtMs"]
 
         def send() -> Any:
             return self.calls.completion(
                 offer, callback_sequence=record["completionReceiptCallbackSequence"],
                 callback_token_digest=record["completionReceiptTokenDigest"], started_at_ms=started,
-                finished_at_ms=max(started, outcome.finished_at_ms), exit_code=outcome.exit_code,
+                finished_at_ms=finished, exit_code=outcome.exit_code,
                 log_artifact_id=files.log_id, byte_length=size, sha256=digest, truncated=truncated)
 
         if t.terminal_checked:
@@ -145,11 +150,36 @@ class RunnerEnd(RunnerBase):
         if result.status == "already_terminal":
             self._recover(t, "control_plane_terminal")
             return
-        self._write(t, to_completion_acknowledged(t.record, self.clock_ms()), "completion_acknowledged",
+        self._write(t, to_completion_acknowledged(t.record, self.wall_ms()), "completion_acknowledged",
                     "completion_acknowledged", status=result.status, exitCode=outcome.exit_code)
         t.done = True
         remove_job_files(files)
         crashpoint("runner.files_removed")
+
+    def _freeze_result(self, t: Track) -> None:
+        """The job's exit observed: the completion's result times in the cluster's clock,
+        clamped (:func:`~qinglong_edge.contracts.clocks.result_times`), and the current
+        lease, stored in one journal write before anything is sent, so every completion
+        (and every replay after a restart) sends the same bytes (spec README "Wire
+        timestamps"; issue 23 item 7: the journal's one write with the current lease).
+
+        ``startedAtMs`` comes from the launch's boot instant when this boot knows it (no
+        wall-clock step in between can move it), else ``executorStartedAtMs``;
+        ``finishedAtMs`` from the receipt's (or the observed) wall time, both through the
+        cluster clock as it is now."""
+        outcome = t.outcome
+        assert outcome is not None
+        cluster = self.cluster
+        if t.started_boot_ms is not None:
+            started = cluster.boot_to_cluster(t.started_boot_ms)
+        else:
+            started = cluster.wall_to_cluster(t.record["executorStartedAtMs"])
+        finished = cluster.wall_to_cluster(outcome.finished_at_ms)
+        started, finished = result_times(
+            started, finished, attempt_created_at_ms=t.record["offer"]["candidate"]["attemptCreatedAtMs"],
+            cluster_now_ms=cluster.cluster_now())
+        self._write(t, with_result_times(t.record, self.wall_ms(), started_at_ms=started, finished_at_ms=finished),
+                    "result_stored")
 
     def _unverified(self, t: Track) -> None:
         """``lease_lost_local_execution_unverified``: stop until the job is verified gone."""

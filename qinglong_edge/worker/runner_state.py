@@ -1,11 +1,14 @@
 """What the resident ``pull`` knows about each record beyond the journal, and its events.
 
 The journal record is the truth that survives a crash; a :class:`Track` adds what only
-this process can know (all lost at a restart, by design): the job as our child (its
-exit status), the local send time of the request that granted the lease (for the
-skew-free local expiry, spec README "Lease clocks"), the local receive time of the
-starting answer (the local deadline, "Timeout"), why a stop was asked for and what the
-last signal was ("No receipt"), the upload's result, the retry schedule of a failed call.
+this process can know: the job as our child (its exit status), the boot-clock send
+instant of the request that granted the lease and the local lease expiry it gives (spec
+README "Decisions for clocks"), the receive time of the starting answer (the local
+deadline, "Timeout"), why a stop was asked for and what the last signal was ("No
+receipt"), the upload's result, the retry schedule of a failed call. The lease and its
+boot-clock times also live in the record's lease file in the runtime directory
+(:mod:`qinglong_edge.worker.job_lease`), so a successor in the same boot starts from them;
+everything else is lost at a restart, by design. Every ``*_ms`` here is boot-clock ms.
 
 :class:`RecordEvent` is one line of ``pull --json`` per record event (spec README "Shape
 of the product")::
@@ -75,10 +78,17 @@ class Track:
     """One in-flight record and what this process knows about it (module docstring).
 
     Attributes:
-        record: the record as last written (or read).
+        record: the record as last written (or read), holding the *current* lease: a
+            renewal replaces the lease in memory (same revision) and in the lease file,
+            the next state change writes it to the journal.
         job: its job, once launched or re-adopted; None before, or when gone for good.
-        sent_at_ms: local send time of the request that granted the stored lease.
-        starting_at_ms: local receive time of the starting answer (T1 or T2).
+        sent_at_ms: boot-clock send instant of the request that granted the lease, or None.
+        duration_ms: that grant's ``expiresAtMs - renewedAtMs``.
+        expiry_ms: the local lease expiry (boot clock), or None until known.
+        starting_at_ms: receive time of the starting answer (T1 or T2).
+        started_boot_ms: the boot instant of the launch (T5), when known in this boot.
+        lease_dirty: the lease file could not be written (RAM full): written again at the
+            next step; the lease itself is kept here and used by every call.
         stop_reason: why the job is to be stopped (a cluster stop reason, ``timeout``
             for the local deadline, ``terminal``, ``lease_lost``, ``discard``) or None.
         ask_after_timeout: a lease-control is still owed after a local timeout kill.
@@ -90,21 +100,27 @@ class Track:
             then runs out (T12); skip_running: T8 given up the same way.
         outcome: how the job ended, once known; artifact: ``(byteLength, sha256,
             truncated)`` of the stored log, once uploaded.
-        due_ms: when the runner wants to look at the record again (wall ms).
+        due_ms: when the runner wants to look at the record again (boot ms).
         failures: calls failed in a row (the backoff's exponent).
         discard: a forced discard's request id, while one is pending.
         done: terminal for residency (nothing local left to do).
     """
 
-    __slots__ = ("artifact", "ask_after_timeout", "cluster_terminal", "discard", "done", "due_ms", "failures",
-                 "fenced", "job", "lease_lost", "outcome", "record", "renew_now", "renewing", "sent_at_ms",
-                 "skip_running", "starting_at_ms", "stop_reason", "terminal_checked")
+    __slots__ = ("artifact", "ask_after_timeout", "cluster_terminal", "discard", "done", "due_ms", "duration_ms",
+                 "expiry_ms", "failures", "fenced", "job", "lease_dirty", "lease_lost", "outcome", "record",
+                 "renew_now", "renewing", "sent_at_ms", "skip_running", "started_boot_ms", "starting_at_ms",
+                 "stop_reason", "terminal_checked")
 
     def __init__(self, record: dict[str, Any], now_ms: int) -> None:
         self.record = record
         self.job: RemoteJob | None = None
         self.sent_at_ms: int | None = None
+        lease = record["offer"]["lease"]
+        self.duration_ms: int = max(0, lease["expiresAtMs"] - lease["renewedAtMs"])
+        self.expiry_ms: int | None = None
         self.starting_at_ms: int | None = None
+        self.started_boot_ms: int | None = None
+        self.lease_dirty = False
         self.stop_reason: str | None = None
         self.ask_after_timeout = False
         self.lease_lost = False

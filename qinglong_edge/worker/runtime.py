@@ -261,6 +261,35 @@ class RuntimeDirectory:
             raise
         crashpoint("runtime_write.renamed")
 
+    def overwrite(self, name: str, data: bytes) -> None:
+        """Replace the bytes of an existing file of exactly ``len(data)`` bytes in place
+        (one ``pwrite``: no new block, so it works on a full tmpfs; a concurrent reader may
+        see a torn copy, which the per-job lease file's readers treat as damaged).
+
+        Raises:
+            JournalError: ``storage_unavailable`` when the file is absent, of another size
+                or the write fails (then use :meth:`write`); ``unsafe_storage`` for a
+                symlink or a file that is not ours.
+        """
+        what = os.path.join(self.path, _check_name(name))
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=self._dir())
+        except OSError as exc:
+            raise files.journal_error(exc, f"{what}: open") from None
+        try:
+            st = os.fstat(fd)
+            files.check_private(st, what, directory=False)
+            if st.st_size != len(data):
+                raise JournalError(f"{what}: {st.st_size} bytes, not {len(data)}", code="storage_unavailable")
+            if os.pwrite(fd, data, 0) != len(data):
+                raise JournalError(f"{what}: short write", code="storage_unavailable")
+        except JournalError:
+            raise
+        except OSError as exc:
+            raise files.journal_error(exc, f"{what}: write") from None
+        finally:
+            os.close(fd)
+
     def remove(self, name: str) -> bool:
         """Unlink ``name`` (no fsync). False when it was absent."""
         what = os.path.join(self.path, _check_name(name))

@@ -90,8 +90,22 @@ def _wrapper(data: bytes) -> object:
     return data
 
 
-#: Every kind, in the order of docs/architecture.md "Runtime files". (Issue 23's per-job
-#: lease file of the wrapper's early stop is its own engineer's row.)
+def _clock_sample(data: bytes) -> object:
+    from qinglong_edge.worker.cluster_clock import read_sample
+
+    value = _json_object(data, "bootId")
+    if read_sample(data, str(value["bootId"])) is None:
+        raise ValueError("not a clock sample")
+    return value
+
+
+def _job_lease(data: bytes) -> object:
+    from qinglong_edge.worker.job_lease import parse_job_lease
+
+    return parse_job_lease(data)
+
+
+#: Every kind, in the order of docs/architecture.md "Runtime files" (the last four: "Clocks").
 KINDS: tuple[RuntimeFile, ...] = (
     RuntimeFile(r"owner\.json", "the owner lock's diagnostic record (pid, start time, boot id)", _owner,
                 "unknown owner: the lock itself is the flock; rewritten at the next acquisition"),
@@ -124,6 +138,17 @@ KINDS: tuple[RuntimeFile, ...] = (
     RuntimeFile(r"discard\.[0-9a-f]{16}\.(request|result)", "a forced `inbox discard` and its answer",
                 lambda d: _json_object(d, "offerId"),
                 "a request is dropped by the resident pull; a result is not taken (the command times out)"),
+    RuntimeFile(r"clock\.json", "the kept sample of the cluster's clock (boot clock, boot id)", _clock_sample,
+                "absent: the next answer with a fresh cluster time makes one; meanwhile leases use the send "
+                "instant alone"),
+    RuntimeFile(r"job\.[0-9a-f]{16}\.json", "a record's current lease, its local expiry and the wrapper's stop time",
+                _job_lease, "to the agent absent (the lease judged from the journal and the cluster's clock, "
+                "renewed at once); to the job's wrapper the last good copy stays in force"),
+    RuntimeFile(r"job\.[0-9a-f]{16}\.stopped", "the job's wrapper stopped it for its lease", lambda d: d,
+                "any file of that name is the mark: the record ends recovery_required (lease lost)"),
+    RuntimeFile(r"backoff\.json", "the pending claim's backoff on the boot clock",
+                lambda d: _json_object(d, "bootId", "offerId", "revision", "dueBootMs"),
+                "absent: the claim's nextAttemptAtMs (wall clock) decides"),
 )
 
 

@@ -5,12 +5,23 @@ record in the runtime directory (RAM, :mod:`qinglong_edge.worker.runtime`; spec 
 "Decisions for storage on flash": the heartbeat version changes every minute and is not
 precious), ``session.json`` (0600)::
 
-    {"schemaVersion":2,
+    {"schemaVersion":3,"bootId":<boot id>,
      "session":null | {"schemaVersion":1,"workerId":..,"sessionId":<uuidv7>,
                        "generation":<int>,"version":<int>,"status":"online",
                        "leaseExpiresAtMs":<int>,"leaseDurationMs":<int>,
                        "capabilitiesHash":<64 hex>,"registeredAtMs":<int>,"heartbeatAtMs":<int>},
      "retryAfter":null | {"setAtMs":<int>,"untilMs":<int>}}
+
+Clocks (spec README "Decisions for clocks"): ``leaseExpiresAtMs`` is the cluster's;
+``registeredAtMs``, ``heartbeatAtMs`` (the send instant of the call) and the Retry-After
+window are boot-clock ms (``CLOCK_BOOTTIME``) of the boot ``bootId`` names, void in
+another boot (a fallback runtime directory on flash outlives a reboot; the session is
+registered again then). A ``schemaVersion`` 2 file (wall-clock times, written by an
+older version) is read once, its times mapped onto the boot clock, so an upgrade never
+re-registers a session its jobs rely on. The session lease runs out locally at the
+earlier of the heartbeat's send instant + ``leaseDurationMs`` and ``leaseExpiresAtMs``
+translated by the cluster's clock offset (:mod:`qinglong_edge.worker.cluster_clock`;
+register and heartbeat answers are samples of it: ``leaseExpiresAtMs - leaseDurationMs``).
 
 It is written only when it changes: after a register or a heartbeat (the version moves),
 when a fenced session is dropped, and when a session call's ``Retry-After`` sets a new
@@ -93,7 +104,8 @@ from qinglong_edge.contracts.session import (
     transition_request_body,
 )
 from qinglong_edge.contracts.strictjson import dumps_bytes, loads
-from qinglong_edge.errors import SessionError, TransportError
+from qinglong_edge.errors import JournalError, SessionError, TransportError
+from qinglong_edge.worker.cluster_clock import ClusterClock
 from qinglong_edge.worker.crashpoints import crashpoint
 from qinglong_edge.worker.identity_guard import IdentityGuard
 from qinglong_edge.worker.pacing import LEASE_MARGIN_MS, heartbeat_due_ms, retry_after_window, session_step, waiting
@@ -144,7 +156,8 @@ _RECORD_KEYS = (
 MAX_RECORD_BYTES = 4096
 #: The session state's name in the runtime directory.
 STATE_NAME = "session.json"
-_STATE_KEYS = ("schemaVersion", "session", "retryAfter")
+_STATE_KEYS = ("schemaVersion", "bootId", "session", "retryAfter")
+_LEGACY_STATE_KEYS = ("schemaVersion", "session", "retryAfter")
 #: availableSlots values a lost session's register replay tries (SessionKeeper._recover).
 _RECOVERY_TRIES = 4
 _WINDOW_KEYS = ("setAtMs", "untilMs")
@@ -255,27 +268,34 @@ def _record_from(value: object, path: str) -> SessionRecord:
 
 
 class SessionState(Frozen):
-    """The runtime ``session.json``: the session (or None) and the Retry-After window
-    ``(set at, not before)`` of the last session call that had one (or None)."""
+    """The runtime ``session.json``: the session (or None), the Retry-After window
+    ``(set at, not before)`` of the last session call that had one (or None), both in
+    boot-clock ms of boot ``boot_id``; ``boot_id`` None for a ``schemaVersion`` 2 file,
+    whose times are wall-clock ms (see the module docstring)."""
 
-    __slots__ = ("record", "retry_after")
+    __slots__ = ("record", "retry_after", "boot_id")  # noqa: RUF023 (field order)
 
     record: SessionRecord | None
     retry_after: tuple[int, int] | None
+    boot_id: str | None
 
-    def __init__(self, record: SessionRecord | None, retry_after: tuple[int, int] | None = None) -> None:
+    def __init__(self, record: SessionRecord | None, retry_after: tuple[int, int] | None = None,
+                 boot_id: str | None = None) -> None:
         object.__setattr__(self, "record", record)
         object.__setattr__(self, "retry_after", retry_after)
+        object.__setattr__(self, "boot_id", boot_id)
 
     def to_bytes(self) -> bytes:
         window = None if self.retry_after is None else {"setAtMs": self.retry_after[0],
                                                           "untilMs": self.retry_after[1]}
-        return dumps_bytes({"schemaVersion": 2, "session": None if self.record is None else self.record.to_json(),
+        return dumps_bytes({"schemaVersion": 3, "bootId": self.boot_id or "unknown",
+                            "session": None if self.record is None else self.record.to_json(),
                             "retryAfter": window}) + b"\n"
 
 
 def parse_session_state(data: bytes) -> SessionState:
-    """Parse the runtime ``session.json`` (see the module docstring).
+    """Parse the runtime ``session.json`` (see the module docstring): ``schemaVersion`` 3,
+    or 2 (then ``boot_id`` is None and the times are wall-clock ms).
 
     Raises:
         ContractError: strict-JSON codes, ``key_set``, ``schema`` and the field codes.
@@ -283,19 +303,37 @@ def parse_session_state(data: bytes) -> SessionState:
     value = loads(data, max_bytes=MAX_RECORD_BYTES, min_bytes=2)
     if not isinstance(value, dict):
         raise ContractError("not_object", "$", "session state must be an object")
-    exact_keys(value, _STATE_KEYS, "$")
-    if value["schemaVersion"] != 2:
-        raise ContractError("schema", "$.schemaVersion", "must be 2")
+    version = value.get("schemaVersion")
+    if type(version) is not int or version not in (2, 3):
+        raise ContractError("schema", "$.schemaVersion", "must be 3 (or 2)")
+    legacy = version == 2
+    exact_keys(value, _LEGACY_STATE_KEYS if legacy else _STATE_KEYS, "$")
+    boot = None if legacy else string(value["bootId"], "$.bootId", max_length=64)
     record = None if value["session"] is None else _record_from(value["session"], "$.session")
     window = value["retryAfter"]
     if window is None:
-        return SessionState(record, None)
+        return SessionState(record, None, boot)
     if not isinstance(window, dict):
         raise ContractError("not_object", "$.retryAfter", "must be an object or null")
     exact_keys(window, _WINDOW_KEYS, "$.retryAfter")
     set_at = safe_int(window["setAtMs"], "$.retryAfter.setAtMs")
     until = safe_int(window["untilMs"], "$.retryAfter.untilMs", set_at)
-    return SessionState(record, (set_at, until))
+    return SessionState(record, (set_at, until), boot)
+
+
+def _onto_boot(state: SessionState, boot_now: int, wall_now: int, boot_id: str) -> SessionState:
+    """A ``schemaVersion`` 2 state (wall ms) with its times mapped onto this boot's clock."""
+    shift = boot_now - wall_now
+    record = state.record
+    if record is not None:
+        record = SessionRecord(record.worker_id, record.session_id, record.generation, record.version,
+                               record.status, record.lease_expires_at_ms, record.lease_duration_ms,
+                               record.capabilities_hash, max(0, record.registered_at_ms + shift),
+                               max(0, record.heartbeat_at_ms + shift))
+    window = state.retry_after
+    if window is not None:
+        window = (max(0, window[0] + shift), max(0, window[1] + shift))
+    return SessionState(record, window, boot_id)
 
 
 def migrate_legacy_record(data: bytes | None, store: _Store) -> bool:
@@ -310,7 +348,8 @@ def migrate_legacy_record(data: bytes | None, store: _Store) -> bool:
             return False
     except (ContractError, OSError):
         return False
-    store.write(STATE_NAME, SessionState(record).to_bytes())
+    # As a schemaVersion 2 state (its times are wall ms): the keeper maps it onto the boot clock.
+    store.write(STATE_NAME, dumps_bytes({"schemaVersion": 2, "session": record.to_json(), "retryAfter": None}) + b"\n")
     return True
 
 
@@ -381,9 +420,14 @@ class SessionKeeper:
         lease_duration_ms: 5 000..600 000; the cron default 180 000 outlives a missed minute.
         heartbeat_interval_ms: heartbeat when this much time has passed (default 10 000;
             2 x interval must not exceed the lease).
-        clock_ms: wall-clock milliseconds.
+        clock_ms: the boot clock (``CLOCK_BOOTTIME`` ms): every timer of the session.
         random_bytes: randomness for the UUIDv7 session id.
         capabilities: the capabilities object (default :func:`local_capabilities`).
+        cluster: the cluster's clock (:class:`~qinglong_edge.worker.cluster_clock.ClusterClock`),
+            fed by every register and heartbeat answer; None: the cluster's times are
+            taken to be on ``clock_ms`` (tests of the keeper alone).
+        wall_ms: the wall clock, for the UUIDv7 timestamp only (default: ``clock.wall_ms``).
+        boot_id: this boot's id (default: the cluster clock's, else ``clock.boot_id``).
         may_register: False for a keeper that only keeps (and transitions) the stored
             session, whatever its capabilities (``drain``): where a registration would be
             needed, :meth:`ensure` raises ``session_lost`` instead.
@@ -401,9 +445,14 @@ class SessionKeeper:
         clock_ms: Callable[[], int],
         random_bytes: Callable[[int], bytes] = os.urandom,
         capabilities: dict[str, Any] | None = None,
+        cluster: ClusterClock | None = None,
+        wall_ms: Callable[[], int] | None = None,
+        boot_id: str | None = None,
         may_register: bool = True,
         identity: IdentityGuard | None = None,
     ) -> None:
+        import qinglong_edge.clock as _clock
+
         if 2 * heartbeat_interval_ms > lease_duration_ms:
             heartbeat_interval_ms = lease_duration_ms // 2
         self._store = store
@@ -413,6 +462,9 @@ class SessionKeeper:
         self._lease_ms = lease_duration_ms
         self._heartbeat_ms = heartbeat_interval_ms
         self._clock_ms = clock_ms
+        self._cluster = cluster
+        self._wall_ms = wall_ms or _clock.wall_ms
+        self._boot_id = boot_id or (cluster.boot_id if cluster is not None else None) or _clock.boot_id() or "unknown"
         self._random_bytes = random_bytes
         self._may_register = may_register
         self._capabilities_json: str | None = None
@@ -427,8 +479,8 @@ class SessionKeeper:
         self.deferred = False
         #: ``availableSlots`` of this process's last successful register or heartbeat.
         self.announced_slots: int | None = None
-        # (set at, not before) in wall ms from a 429/503 Retry-After of a session call;
-        # kept in the state file, never trusted across a clock step back (pacing.waiting).
+        # (set at, not before) in boot ms from a 429/503 Retry-After of a session call;
+        # kept in the state file for this boot only.
         self._retry_after: tuple[int, int] | None = None
         self._saved: SessionState | None = None
         self._found = False
@@ -445,38 +497,58 @@ class SessionKeeper:
         bad = False
         try:
             data = self._store.read(STATE_NAME)
-            state = SessionState(None) if data is None else parse_session_state(data)
+            state = SessionState(None, None, self._boot_id) if data is None else parse_session_state(data)
         except (ContractError, OSError):
-            state, bad = SessionState(None), True  # unreadable: replaced by a new registration
-        self._saved = None if bad else state  # an unreadable file is rewritten at the next save
-        self._found = bad or data is not None
+            state, bad = SessionState(None, None, self._boot_id), True  # unreadable: a new registration
         #: The record is gone or damaged (not a session we dropped ourselves after a fence).
         self._lost = bad or data is None
+        if state.boot_id is None:  # schemaVersion 2 (an older version): wall times onto this boot, once
+            state = _onto_boot(state, self._clock_ms(), self._wall_ms(), self._boot_id)
+            try:
+                self._store.write(STATE_NAME, state.to_bytes())
+            except (JournalError, OSError):
+                bad = True  # rewritten at the next save (mapped again meanwhile)
+        elif state.boot_id != self._boot_id:  # another boot's (a fallback directory on flash)
+            state = SessionState(state.record, None, "void")
+        self._saved = None if bad else state  # an unreadable or converted file is rewritten at the next save
+        self._found = bad or data is not None
         return state
 
-    def _usable(self, record: SessionRecord | None) -> SessionRecord | None:
+    def _usable(self, record: SessionRecord | None, boot_id: str | None = None) -> SessionRecord | None:
         if record is None or record.worker_id != self._worker_id or record.status == "offline":
             return None
         if self._capabilities_hash not in (None, record.capabilities_hash) and not self._in_flight:
             return None  # other capabilities and nothing in flight: register them
+        if boot_id is not None and boot_id != self._boot_id:
+            return None  # its times are another boot's: the session is registered again
         return record
+
+    def lease_end_ms(self, record: SessionRecord) -> int:
+        """When the session lease runs out by this device's boot clock (module docstring)."""
+        by_send = record.heartbeat_at_ms + record.lease_duration_ms
+        if self._cluster is None:
+            return min(by_send, record.lease_expires_at_ms)
+        local = self._cluster.cluster_to_boot(record.lease_expires_at_ms)
+        error = self._cluster.error_ms()
+        return by_send if local is None or error is None else min(by_send, local - error)
 
     def _save(self, record: SessionRecord | None) -> None:
         """Write the state when it differs from what is stored (spec: only when it changes)."""
-        state = SessionState(record, self._retry_after)
+        state = SessionState(record, self._retry_after, self._boot_id)
         if state != self._saved:
             self._store.write(STATE_NAME, state.to_bytes())
             self._saved = state
 
     def next_call_ms(self, now_ms: int) -> int:
-        """When :meth:`ensure` would next call the cluster (wall ms; ``now_ms`` when due):
+        """When :meth:`ensure` would next call the cluster (boot ms; ``now_ms`` when due):
         the stored session's next heartbeat, or now (register), never inside a
         Retry-After window. For a resident ``pull``, which keeps no other timer."""
         state = self._load()
-        record = self._usable(state.record)
-        due = now_ms if record is None else heartbeat_due_ms(record.lease_expires_at_ms, record.heartbeat_at_ms,
-                                                              self._heartbeat_ms)
-        if record is not None and record.lease_expires_at_ms - LEASE_MARGIN_MS <= now_ms:
+        record = self._usable(state.record, state.boot_id)
+        end = None if record is None else self.lease_end_ms(record)
+        due = now_ms if record is None or end is None else heartbeat_due_ms(end, record.heartbeat_at_ms,
+                                                                             self._heartbeat_ms)
+        if end is not None and end - LEASE_MARGIN_MS <= now_ms:
             due = now_ms
         window = state.retry_after
         if waiting(window, now_ms) and window is not None:
@@ -485,7 +557,8 @@ class SessionKeeper:
 
     def current(self) -> SessionRecord | None:
         """The stored session record, or None (absent, unreadable or another worker's)."""
-        return self._usable(self._load().record)
+        state = self._load()
+        return self._usable(state.record, state.boot_id)
 
     def ensure(self, available_slots: int, *, announce: bool = False, in_flight: int = 0,
                sessions_in_flight: Sequence[tuple[str, str, int]] = ()) -> SessionOutcome:
@@ -517,13 +590,13 @@ class SessionKeeper:
         self._in_flight = max(0, in_flight)
         state = self._load()
         stored = state.record
-        record = self._usable(stored)
+        record = self._usable(stored, state.boot_id)
         self.deferred = record is not None and self._capabilities_hash not in (None, record.capabilities_hash)
         if self.deferred:
             slots = 0
         self._retry_after = state.retry_after
         now = self._clock_ms()
-        step = session_step(None if record is None else record.lease_expires_at_ms,
+        step = session_step(None if record is None else self.lease_end_ms(record),
                             None if record is None else record.heartbeat_at_ms,
                             now, self._heartbeat_ms, self._retry_after)
         if (record is not None and step == "current" and announce and self.announced_slots is not None
@@ -601,6 +674,13 @@ class SessionKeeper:
         body_bytes: bytes = response.body
         return body_bytes
 
+    def _observe(self, projection: SessionProjection, sent: int, operation: str) -> None:
+        """A register or heartbeat answer is a sample of the cluster's clock (spec README
+        "Decisions for clocks"): its lease was granted now, ``leaseExpiresAtMs -
+        leaseDurationMs``. Never a register replay (:meth:`_recover`: the row unchanged)."""
+        if self._cluster is not None:
+            self._cluster.observe(projection.lease_expires_at_ms - self._lease_ms, sent, self._clock_ms(), operation)
+
     def _recover(self, slots: int, session_id: str) -> SessionRecord:
         """Register ``session_id`` again (the session of a record in flight, whose record
         was lost): the reference answers a register of its current session with the row
@@ -624,7 +704,8 @@ class SessionKeeper:
             raise SessionError("no live session to keep (none stored, fenced or its lease ran out): nothing is "
                                "registered", code="session_lost")
         now = self._clock_ms()
-        session_id = session_id or new_uuid7(now, self._random_bytes)
+        replay = session_id is not None  # a lost record's session registered again (_recover)
+        session_id = session_id or new_uuid7(self._wall_ms(), self._random_bytes)
         body = register_request_body(
             capabilities_json=self._capabilities_json,
             capabilities_hash=self._capabilities_hash,
@@ -642,6 +723,8 @@ class SessionKeeper:
         except ContractError as exc:
             raise SessionError(f"register: response rejected ({exc.code} at {exc.path})",
                                code="invalid_response") from None
+        if not replay:  # a replay's row is unchanged, its times stored ones: never a clock sample
+            self._observe(projection, now, "register")
         record = self._record(projection, registered_at_ms=now, heartbeat_at_ms=now,
                               capabilities_hash=self._capabilities_hash)
         self._retry_after = None
@@ -673,6 +756,7 @@ class SessionKeeper:
         except ContractError as exc:
             raise SessionError(f"heartbeat: response rejected ({exc.code} at {exc.path})",
                                code="invalid_response") from None
+        self._observe(projection, now, "heartbeat")
         updated = self._record(projection, registered_at_ms=record.registered_at_ms, heartbeat_at_ms=now,
                                capabilities_hash=record.capabilities_hash)
         self._retry_after = None
@@ -694,8 +778,8 @@ class SessionKeeper:
         """
         state = self._load()
         self._retry_after = state.retry_after
-        record = self._usable(state.record)
-        if record is None or record.lease_expires_at_ms <= self._clock_ms():
+        record = self._usable(state.record, state.boot_id)
+        if record is None or self.lease_end_ms(record) <= self._clock_ms():
             raise SessionError("no live session to transition (none stored, offline or its lease ran out)",
                                code="session_lost")
         try:

@@ -36,8 +36,10 @@ def env(tmp_path: pathlib.Path, shared_cluster: ClusterDouble) -> PullEnv:
     return PullEnv(tmp_path, shared_cluster, heartbeatIntervalMs=5000, sessionLeaseDurationMs=60_000)
 
 
-def age_session(env: PullEnv, by_ms: int = 60_000) -> None:
-    """Make the next cycle's heartbeat due, as a cron minute passing would."""
+def age_session(env: PullEnv, by_ms: int = 10_000) -> None:
+    """Make the next cycle's heartbeat due (the interval here is 5 s), as a cron minute
+    passing would; less than the 60 s session lease, whose local end is judged from the
+    heartbeat's send instant on the boot clock (spec README "Decisions for clocks")."""
     path = env.runtime / "session.json"
     state = json.loads(path.read_bytes())
     state["session"]["heartbeatAtMs"] -= by_ms

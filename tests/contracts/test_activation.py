@@ -153,9 +153,19 @@ def test_every_status_and_shape_pairing(status: str, shape: str) -> None:
         rejects(data, "snapshot_shape", "$.snapshot")
     elif status in PAIRING and PAIRING[status] != kind:
         rejects(data, "status_shape", "$.status")
+    elif status == "already_starting":
+        rejects(data, "status", "$.status", operation="start-failure")  # issue 23 item 8
     else:
         result = parse(data, "start-failure")
         assert (result.status, result.shape) == (status, kind)
+
+
+def test_start_failure_never_accepts_already_starting() -> None:
+    """Issue 23 item 8: a start-failure report answered ``already_starting`` did not apply
+    the failure (the reference treats that answer as invalid and retries), so it is never
+    taken as acknowledged."""
+    rejects(answer("already_starting", SHAPES["starting"]), "status", "$.status", operation="start-failure")
+    assert parse(answer("already_terminal", SHAPES["failed"]), "start-failure").status == "already_terminal"
 
 
 def test_running_never_accepts_already_starting() -> None:

@@ -272,7 +272,7 @@ def test_transition_table_is_section_3_4() -> None:
                                               "recovery_required"}
     assert set(INBOX_FIELD_STATES) <= {"executorHandle", "executorStartedAtMs", "logArtifactId",
                                        "completionReceiptCallbackSequence", "completionAcknowledgedAtMs",
-                                       "recoveryReason"}
+                                       "recoveryReason", "resultStartedAtMs"}
 
 
 def base() -> dict[str, Any]:

@@ -90,6 +90,25 @@ def test_each_migration_is_one_transaction(db_path: pathlib.Path) -> None:
         assert reopened.run(lambda c: c.execute('SELECT count(*) FROM "Runs"').fetchone()[0]) == 0
 
 
+def test_migration_7_adds_the_boot_clock_deadline_and_keeps_the_runs(db_path: pathlib.Path) -> None:
+    """Issue 23: a database of schema 6 (Runs with wall-clock deadlines) moves to the boot
+    clock's columns; the rows stay, their boot deadline unknown (the wall one then counts)."""
+    with Store.open(str(db_path)):
+        pass
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    conn.execute('ALTER TABLE "RunAttempts" DROP COLUMN deadline_boot_id')
+    conn.execute('ALTER TABLE "RunAttempts" DROP COLUMN deadline_boot_ms')
+    conn.execute("DELETE FROM schema_migrations WHERE version = 7")
+    conn.close()
+    with Store.open(str(db_path)) as reopened:
+        columns = reopened.run(lambda c: [r[1] for r in c.execute('PRAGMA table_info("RunAttempts")')])
+        assert columns[-2:] == ["deadline_boot_ms", "deadline_boot_id"]
+        with pytest.raises(StoreError, match="qle_attempts_deadline_boot_id_check"):  # a boot deadline names its boot
+            reopened.run(lambda c: c.execute(
+                'INSERT INTO "RunAttempts" (id, run_id, attempt, status, executor_type, created_at_ms,'
+                " deadline_boot_ms) VALUES ('a', 'r', 1, 'claimed', 'local_process', 0, 5)"))
+
+
 def test_rejects_a_database_newer_than_the_code(db_path: pathlib.Path) -> None:
     with Store.open(str(db_path)):
         pass

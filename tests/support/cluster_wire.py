@@ -79,6 +79,18 @@ class Clock:
                 self._offset += ms
         return self()
 
+    def shift(self, ms: int) -> int:
+        """Move the clock by ``ms``, back when negative (a cluster whose time jumps, or a
+        cluster ahead of or behind its workers); returns the new time."""
+        if not isinstance(ms, int) or isinstance(ms, bool):
+            raise ValueError("shift by an integer number of ms")
+        with self._lock:
+            if self._frozen is not None:
+                self._frozen += ms
+            else:
+                self._offset += ms
+        return self()
+
     def set(self, ms: int) -> None:
         """Freeze the clock at ``ms``."""
         with self._lock:

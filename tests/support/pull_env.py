@@ -95,6 +95,8 @@ class PullEnv:
         self.run_base = root / "run"
         self.run_base.mkdir(mode=0o700)
         self.config_path = root / "config.json"
+        #: Merged into the environment of every child (the wall-clock shim of a test).
+        self.extra_env: dict[str, str] = {}
         self.write_config(**worker_overrides)
 
     def write_config(self, **worker_overrides: Any) -> None:
@@ -108,17 +110,18 @@ class PullEnv:
         return self.entry.argv("pull", "--config", str(self.config_path), "--no-splay", *args)
 
     def pull(self, *args: str, env: dict[str, str] | None = None, timeout: float = 30) -> Outcome:
-        proc = subprocess.run(self.argv(*args), capture_output=True, env=self.entry.environment(env),
+        proc = subprocess.run(self.argv(*args), capture_output=True, env=self.entry.environment({**self.extra_env,
+                                                                                               **(env or {})}),
                               cwd=self.entry.cwd, timeout=timeout, check=False)
         return Outcome(proc.returncode, proc.stdout.decode(), proc.stderr.decode())
 
     def spawn(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         return subprocess.Popen(self.argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=self.entry.environment(env), cwd=self.entry.cwd)
+                                env=self.entry.environment({**self.extra_env, **(env or {})}), cwd=self.entry.cwd)
 
     def cli(self, *args: str) -> Outcome:
         """Another command (``inbox list``...) with this device's config, through the same entry."""
-        result = self.entry.run("--config", str(self.config_path), *args)
+        result = self.entry.run("--config", str(self.config_path), *args, env=self.extra_env or None)
         return Outcome(result.status, result.stdout, result.stderr)
 
     @staticmethod

@@ -500,8 +500,9 @@ def test_runs_as_its_own_process_and_provisions_the_worker(tmp_path: pathlib.Pat
         assert run.returncode == 0, run.stderr
         assert json.loads(run.stdout.splitlines()[0])["status"] == "accepted"
         snapshot = json.loads((state / "cluster-state.json").read_text())
-        # register, offers, then the execution: starting twice, secrets, running, artifacts, completion
-        assert len(snapshot["leases"]) == 1 and snapshot["requests"] == 8
+        # register, offers, then the execution: the renewal of the offered lease (at once), starting
+        # twice, secrets, running, artifacts, completion
+        assert len(snapshot["leases"]) == 1 and snapshot["requests"] == 9
         assert info["credentialFile"] not in json.dumps(snapshot)
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=10) == 0

@@ -100,8 +100,9 @@ def _coordinator(journal: Journal, ingress: DirectIngress, clock: Clock, *, seed
     draws = random.Random(seed)
     twin = random.Random(seed)  # the same sequence, for the expected values
     assert journal.runtime is not None
+    # one fake clock for the wall and the boot clock: the backoff's boot-clock note follows it
     return PullCoordinator(journal, ingress, runtime=journal.runtime, backoff_base_ms=base, clock_ms=clock,
-                           random=draws.random), twin
+                           random=draws.random, boot_ms=clock), twin
 
 
 def _unreached(message: str = "connect: Connection refused") -> TransportError:
@@ -143,7 +144,8 @@ def test_golden_backoff_example_of_section_4_1(journal: Journal, ingress: Direct
     session = _register(ingress)
     ingress.state.add_candidate(build_task("shell", now_ms=clock.now))
     assert journal.runtime is not None
-    coordinator = PullCoordinator(journal, ingress, runtime=journal.runtime, clock_ms=clock, random=lambda: 0.5)
+    coordinator = PullCoordinator(journal, ingress, runtime=journal.runtime, clock_ms=clock, random=lambda: 0.5,
+                                  boot_ms=clock)
     ingress.script.append(TransportError("boom", code="request_rejected"))
     result = coordinator.pull(session)
     assert (result.status, result.next_attempt_at_ms, result.attempt_count) == ("unavailable", T0 + 500, 1)
@@ -373,18 +375,41 @@ def test_a_clock_that_steps_back_never_moves_claim_times_backwards(
     journal: Journal, ingress: DirectIngress, clock: Clock, root: pathlib.Path
 ) -> None:
     session = _register(ingress)
-    coordinator, _ = _coordinator(journal, ingress, clock)
+    boot = Clock()  # the boot clock: never stepped
+    coordinator = PullCoordinator(journal, ingress, runtime=journal.runtime, clock_ms=clock, boot_ms=boot,
+                                  random=random.Random(7).random)
     ingress.script.append(TransportError("down", code="request_rejected"))
     first = coordinator.pull(session)
     claim = _claim(root)
     assert claim is not None and first.next_attempt_at_ms is not None
     clock.now = first.next_attempt_at_ms - 10_000_000  # NTP stepped the clock back ~3 h
+    boot.now += 60_000  # the backoff (at most 60 s) is over by the boot clock
     ingress.script.append(TransportError("down", code="request_rejected"))
     second = coordinator.pull(session)
     after = _claim(root)
     assert second.status == "unavailable"  # a due date > 1 h away counts as due: no wedge
     assert after is not None and after["updatedAtMs"] >= claim["updatedAtMs"]
     assert after["lastAttemptAtMs"] >= claim["lastAttemptAtMs"]
+
+
+@pytest.mark.parametrize("step_ms", [-1_800_000, 1_800_000])
+def test_a_backoff_runs_on_the_boot_clock_whatever_the_wall_clock_does(
+    journal: Journal, ingress: DirectIngress, clock: Clock, step_ms: int
+) -> None:
+    """Issue 23 ("backoff" among the timers): half an hour back no longer makes a claim
+    wait half an hour more; half an hour ahead does not send it early."""
+    session = _register(ingress)
+    boot = Clock()
+    coordinator = PullCoordinator(journal, ingress, runtime=journal.runtime, clock_ms=clock, boot_ms=boot,
+                                  random=lambda: 0.5)
+    ingress.script.append(TransportError("down", code="request_rejected", http_status=503, retry_after_ms=30_000))
+    first = coordinator.pull(session)
+    assert first.status == "unavailable" and coordinator.backoff_due_boot_ms == boot.now + 30_000
+    clock.now += step_ms
+    boot.now += 29_000
+    assert coordinator.pull(session).status == "backoff"  # not yet, by the boot clock
+    boot.now += 1_000
+    assert coordinator.pull(session).status in ("accepted", "idle")  # due: sent again
 
 
 def test_backoff_base_is_range_checked(journal: Journal, ingress: DirectIngress, clock: Clock) -> None:

@@ -37,6 +37,7 @@ from tests.support.direct_ingress import DirectIngress, Response
 T0 = 1_700_000_000_000
 LEASE_MS = 60_000
 HEARTBEAT_MS = 10_000
+BOOT = "6f1c0e2a-1b2c-4d3e-8f40-123456789abc"
 
 
 class Clock:
@@ -75,7 +76,8 @@ def _stored(store: RuntimeDirectory) -> SessionState | None:
 def _keeper(store: RuntimeDirectory, ingress: Any, clock: Clock, **kwargs: Any) -> SessionKeeper:
     options: dict[str, Any] = {
         "worker_id": "edge-1", "max_concurrent_runs": 2, "lease_duration_ms": LEASE_MS,
-        "heartbeat_interval_ms": HEARTBEAT_MS, "clock_ms": clock, "capabilities": local_capabilities("aarch64"),
+        "heartbeat_interval_ms": HEARTBEAT_MS, "clock_ms": clock, "wall_ms": clock, "boot_id": BOOT,
+        "capabilities": local_capabilities("aarch64"),
     }
     options.update(kwargs)
     return SessionKeeper(store, ingress, **options)
@@ -98,7 +100,7 @@ def test_first_ensure_registers_and_persists_the_session(store: RuntimeDirectory
                                                     "protocolVersion": "1.0.0", "supportTier": "tier1"}
     assert (body["maxConcurrentRuns"], body["availableSlots"], body["leaseDurationMs"]) == (2, 2, LEASE_MS)
     stored = _stored(store)
-    assert stored is not None and stored == SessionState(record, None)
+    assert stored is not None and stored == SessionState(record, None, BOOT)
 
 
 def test_within_the_interval_the_session_is_current_without_network_io(store: RuntimeDirectory, ingress: DirectIngress,
@@ -244,7 +246,7 @@ def test_retry_after_on_a_registration_is_remembered_without_a_session(store: Ru
     ingress.script.append(TransportError("busy", code="response_rejected", http_status=429, retry_after_ms=30_000))
     with pytest.raises(SessionError):
         _keeper(store, ingress, clock).ensure(1)
-    assert _stored(store) == SessionState(None, (T0, T0 + 30_000))
+    assert _stored(store) == SessionState(None, (T0, T0 + 30_000), BOOT)
     clock.now += 29_999
     with pytest.raises(SessionError) as info:
         _keeper(store, ingress, clock).ensure(1)  # another process
@@ -443,7 +445,7 @@ def test_record_parser_survives_single_byte_corruption(position: int, value: int
 
 def test_state_round_trips_byte_for_byte() -> None:
     record = parse_session_record(RECORD)
-    for state in (SessionState(record, (5, 10)), SessionState(None, None), SessionState(record, None)):
+    for state in (SessionState(record, (5, 10), BOOT), SessionState(None, None, BOOT), SessionState(record, None, BOOT)):
         data = state.to_bytes()
         assert parse_session_state(data) == state and parse_session_state(data).to_bytes() == data
 
@@ -510,6 +512,94 @@ def test_rejects_heartbeat_intervals_outside_the_rules(worker: dict[str, Any], p
     with pytest.raises(ConfigError) as info:
         parse_config(_config(**worker))
     assert info.value.path == path
+
+
+# -- clocks (issue 23; spec README "Decisions for clocks") ----------------------------------------------
+
+class Boot:
+    """A boot clock that starts near 0, unrelated to the wall and cluster clocks."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def _boot_keeper(store: RuntimeDirectory, ingress: DirectIngress, boot: Boot, wall: Clock,
+                 **kwargs: Any) -> tuple[SessionKeeper, Any]:
+    from qinglong_edge.worker.cluster_clock import ClusterClock
+
+    cluster = ClusterClock(store, boot_ms=boot, wall_ms=wall, boot_id=BOOT)
+    return _keeper(store, ingress, wall, clock_ms=boot, cluster=cluster, **kwargs), cluster
+
+
+def test_the_session_runs_on_the_boot_clock_and_feeds_the_cluster_clock(store: RuntimeDirectory,
+                                                                        ingress: DirectIngress, clock: Clock) -> None:
+    boot, wall = Boot(), Clock()
+    keeper, cluster = _boot_keeper(store, ingress, boot, wall)
+    record = keeper.ensure(1).session
+    assert record.heartbeat_at_ms == boot.now  # boot ms: the send instant
+    assert cluster.sample is not None and cluster.sample.to_cluster(boot.now) == T0  # a register answer
+    wall.now += 86_400_000  # the device's wall clock steps a day ahead: the session does not care
+    assert keeper.ensure(1).action == "current"
+    boot.now += HEARTBEAT_MS
+    assert keeper.ensure(1).action == "heartbeat"
+    assert _ops(ingress) == ["register", "heartbeat"]
+
+
+def test_a_device_far_ahead_of_the_cluster_keeps_its_session(store: RuntimeDirectory, ingress: DirectIngress,
+                                                             clock: Clock) -> None:
+    """Before: the cluster's leaseExpiresAtMs was compared with the device's wall clock, so
+    a device minutes ahead re-registered every cycle (fencing the leases of its jobs)."""
+    boot = Boot()
+    wall = Clock()
+    wall.now = T0 + 240_000
+    keeper, _ = _boot_keeper(store, ingress, boot, wall)
+    keeper.ensure(1)
+    for _ in range(5):
+        boot.now += HEARTBEAT_MS
+        assert keeper.ensure(1).action == "heartbeat"
+    assert _ops(ingress).count("register") == 1
+
+
+def test_the_session_lease_ends_at_the_earlier_of_send_plus_duration_and_the_translated_expiry(
+        store: RuntimeDirectory, ingress: DirectIngress, clock: Clock) -> None:
+    boot = Boot()
+    keeper, _ = _boot_keeper(store, ingress, boot, clock)
+    record = keeper.ensure(1).session
+    assert keeper.lease_end_ms(record) == boot.now + LEASE_MS  # both terms agree (zero round trip)
+    boot.now += LEASE_MS - LEASE_MARGIN_MS  # the session lease is over by the boot clock
+    assert keeper.ensure(1).action == "registered"
+
+
+def test_a_schema_version_2_file_is_mapped_onto_the_boot_clock(store: RuntimeDirectory, ingress: DirectIngress,
+                                                               clock: Clock) -> None:
+    """An upgrade with a session in RAM (wall-clock times, schemaVersion 2) never re-registers
+    the session its jobs rely on: the times are mapped onto the boot clock once."""
+    record = _keeper(store, ingress, clock).ensure(1).session  # registered (its lease from the double)
+    legacy = {"schemaVersion": 2, "session": {**record.to_json(), "heartbeatAtMs": clock.now,
+                                              "registeredAtMs": clock.now}, "retryAfter": None}
+    store.write(STATE_NAME, json.dumps(legacy, separators=(",", ":")).encode() + b"\n")
+    boot = Boot()
+    keeper, _ = _boot_keeper(store, ingress, boot, clock)
+    boot.now += 1000
+    clock.now += 1000
+    outcome = keeper.ensure(1)
+    assert outcome.action == "current" and outcome.session.session_id == record.session_id
+    assert json.loads(store.read(STATE_NAME) or b"{}")["schemaVersion"] == 3  # mapped once, rewritten
+    boot.now += HEARTBEAT_MS
+    assert keeper.ensure(1).action == "heartbeat"
+    assert json.loads(store.read(STATE_NAME) or b"{}")["schemaVersion"] == 3
+    assert _ops(ingress) == ["register", "heartbeat"]
+
+
+def test_a_session_of_another_boot_is_registered_again(store: RuntimeDirectory, ingress: DirectIngress,
+                                                       clock: Clock) -> None:
+    """A fallback runtime directory on flash outlives a reboot: its boot-clock times are void."""
+    _keeper(store, ingress, clock, boot_id="00000000-0000-4000-8000-000000000000").ensure(1)
+    outcome = _keeper(store, ingress, clock).ensure(1)
+    assert outcome.action == "registered" and outcome.session.generation == 2
 
 
 @pytest.mark.parametrize("damage", ["missing", "empty", "garbage"])
