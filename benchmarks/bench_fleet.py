@@ -12,11 +12,11 @@ being 1.1 x the fleet's steady mean request rate.
 What is real and what is modelled:
 
 * real, imported from the agent (no copy): the splay phase
-  (:func:`qinglong_edge.worker.pacing.splay_delay_ms`), the session keeper's decision
-  (:func:`~qinglong_edge.worker.pacing.session_step`, Retry-After windows kept across
-  cron runs: :func:`~qinglong_edge.worker.pacing.retry_after_window`), the claim's due
-  check (:func:`~qinglong_edge.worker.pacing.claim_due`) and its full-jitter backoff with
-  Retry-After (:func:`~qinglong_edge.worker.pacing.retry_delay_ms`), the shipped config
+  (:func:`qinglong_edge.worker.delivery.pacing.splay_delay_ms`), the session keeper's decision
+  (:func:`~qinglong_edge.worker.delivery.pacing.session_step`, Retry-After windows kept across
+  cron runs: :func:`~qinglong_edge.worker.delivery.pacing.retry_after_window`), the claim's due
+  check (:func:`~qinglong_edge.worker.delivery.pacing.claim_due`) and its full-jitter backoff with
+  Retry-After (:func:`~qinglong_edge.worker.delivery.pacing.retry_delay_ms`), the shipped config
   defaults (:func:`qinglong_edge.config.parse_config`), and the budget rules of the pull
   coordinator (a refused connection never counts; a 503 does; an idle answer keeps the
   claim; after a re-registration a claim that never counted is replaced in the same
@@ -53,7 +53,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from qinglong_edge.config import parse_config  # noqa: E402
-from qinglong_edge.worker.pacing import (  # noqa: E402
+from qinglong_edge.worker.delivery.pacing import (  # noqa: E402
     claim_due,
     retry_after_window,
     retry_delay_ms,

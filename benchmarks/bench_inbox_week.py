@@ -49,11 +49,11 @@ from qinglong_edge.contracts.inbox import (  # noqa: E402
     to_starting_acknowledged,
 )
 from qinglong_edge.worker import cycle  # noqa: E402
-from qinglong_edge.worker.journal import Journal, JournalOptions  # noqa: E402
-from qinglong_edge.worker.pacing import splay_delay_ms  # noqa: E402
-from qinglong_edge.worker.pull import PullCoordinator  # noqa: E402
-from qinglong_edge.worker.runtime import RuntimeDirectory  # noqa: E402
-from qinglong_edge.worker.session import SessionKeeper, local_capabilities  # noqa: E402
+from qinglong_edge.worker.delivery.pacing import splay_delay_ms  # noqa: E402
+from qinglong_edge.worker.delivery.pull import PullCoordinator  # noqa: E402
+from qinglong_edge.worker.delivery.session import SessionKeeper, local_capabilities  # noqa: E402
+from qinglong_edge.worker.journal.runtime import RuntimeDirectory  # noqa: E402
+from qinglong_edge.worker.journal.store import Journal, JournalOptions  # noqa: E402
 from tests.support.cluster_state import ClusterState  # noqa: E402
 from tests.support.cluster_tasks import build_task  # noqa: E402
 from tests.support.direct_ingress import DirectIngress  # noqa: E402

@@ -56,7 +56,7 @@ def _child(mode: str, count: int, directory: str) -> None:
     """Run ``count`` units of work and print the /proc/self/io deltas and time."""
     # Imported here: the parent process measures nothing of ours.
     from qinglong_edge.contracts.journal_records import PendingClaim  # noqa: PLC0415
-    from qinglong_edge.worker.journal import Journal, JournalOptions  # noqa: PLC0415
+    from qinglong_edge.worker.journal.store import Journal, JournalOptions  # noqa: PLC0415
     from tests.worker import offer_vectors as vectors  # noqa: PLC0415
 
     offers = [{**vectors.offer(), "offerId": f"offer-{i}"} for i in range(count)]

@@ -49,7 +49,7 @@ import tempfile
 import time
 from typing import Any
 
-from qinglong_edge.worker.runtime import journal_key
+from qinglong_edge.worker.journal.runtime import journal_key
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CPU_TARGET = 1.10

@@ -53,7 +53,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from qinglong_edge.worker.runtime import journal_key  # noqa: E402
+from qinglong_edge.worker.journal.runtime import journal_key  # noqa: E402
 from tests.support.cluster_double import ClusterDouble, Exchange  # noqa: E402
 
 TARGETS = {"resident_rss": 1.15, "supervise_cpu": 1.0, "launch_cpu": 2.0, "upload_rss_growth_mib": 1.0}

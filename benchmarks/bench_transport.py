@@ -95,7 +95,7 @@ RENEWAL = r'''
 import json, pathlib, sys, tempfile, time
 sys.path.insert(0, sys.argv[1])
 from tests.support.transport_env import WorkerFiles
-from qinglong_edge.worker.ingress_material import load_material
+from qinglong_edge.worker.ingress.material import load_material
 port, count, path, body = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5].encode()
 files = WorkerFiles(pathlib.Path(tempfile.mkdtemp()))
 results = {}

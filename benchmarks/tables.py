@@ -273,7 +273,8 @@ def fleet(j: dict[str, Any]) -> list[Section]:
     ]
     notes = [
         f"{j['devices']} simulated devices in virtual time, cron every minute at :00, each cycle running the agent's "
-        "own splay, session-step, due-check and backoff/Retry-After functions (qinglong_edge.worker.pacing) with the "
+        "own splay, session-step, due-check and backoff/Retry-After functions (qinglong_edge.worker.delivery.pacing) "
+        "with the "
         f"config parser's defaults (ours: splayMaxMs {ours['splay_max_ms']}; baseline: today's defaults, splayMaxMs "
         f"{today['splay_max_ms']}). The cluster is up, then down (connections refused) for {j['outage_s']} s, then "
         f"serves C = {j['capacity_factor']} x the steady mean rate = {ours['capacity_rps']} requests/s, 503 "

@@ -69,7 +69,7 @@ Shape (camelCase, like the QingLong configs; defaults in brackets)::
 ``execution`` needs ``localApi`` or ``worker``: with the Local API it configures Local Runs;
 on a worker-only device (spec README "Limits without a Local API") it gives remote jobs
 their grace periods, PID cap and cgroup mode, which otherwise take the same edge defaults
-(:func:`qinglong_edge.worker.remote_job.remote_limits`).
+(:func:`qinglong_edge.worker.remote.job.remote_limits`).
 
 Storage caps (issue 16; spec README "Decisions for storage on flash"): the security audit
 (``auditMaximumEntries`` rows, ``auditRetentionMs``), terminal Runs with their attempts,
@@ -119,10 +119,10 @@ SCHEMA = "qinglong/edge-agent@v1"
 DEFAULT_CONFIG_PATH = "/etc/qinglong-edge/config.json"
 #: ``worker.runtimeDirectory``: a RAM directory for what is not precious (spec README
 #: "Decisions for storage on flash"; systemd ``RuntimeDirectory=qinglong-edge``; the
-#: OpenWrt UCI defaults say ``/var/run/qinglong-edge``). See qinglong_edge.worker.runtime.
+#: OpenWrt UCI defaults say ``/var/run/qinglong-edge``). See qinglong_edge.worker.journal.runtime.
 DEFAULT_RUNTIME_DIRECTORY = "/run/qinglong-edge"
 #: ``worker.splayMaxMs``: a fleet's devices spread over the whole cron minute by a stable
-#: per-device phase plus a little jitter (qinglong_edge.worker.pacing; benchmarks/bench_fleet.py:
+#: per-device phase plus a little jitter (qinglong_edge.worker.delivery.pacing; benchmarks/bench_fleet.py:
 #: 50 s left the per-second load above a cluster sized at 1.1 x the mean).
 DEFAULT_SPLAY_MAX_MS = 60_000
 ENV_CONFIG = "QINGLONG_EDGE_CONFIG"

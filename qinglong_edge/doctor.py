@@ -11,7 +11,7 @@ command exits 0 only when every required check passes.
 One source of truth (issue 18 item 5): directories are judged by
 :func:`qinglong_edge.filecheck.directory_problem` (the journal and the Local store use
 the same rules), the worker's credential, certificate, key and trust anchors by the very
-functions ``pull`` reads them with (:mod:`qinglong_edge.worker.ingress_material`), so a
+functions ``pull`` reads them with (:mod:`qinglong_edge.worker.ingress.material`), so a
 file that fails ``pull`` fails ``doctor`` with the same words. One root cause is one
 failure: a directory that is not ours (another owner, loose mode, a symlink) is reported
 once, with the chown/chmod remedy, and the probes inside it are not run (each would fail
@@ -331,7 +331,7 @@ def check_memory(config: EdgeConfig) -> Check:
     OOM killer takes a job before the agent.
     """
     from qinglong_edge.process.cgroups import CgroupManager
-    from qinglong_edge.worker.remote_files import remote_limits
+    from qinglong_edge.worker.remote.job_files import remote_limits
 
     execution = config.execution
     if execution is not None:
@@ -361,7 +361,7 @@ def check_isolation(config: EdgeConfig) -> Check:
     PID namespace, PID namespace with private /proc) and, below the highest, why.
     """
     from qinglong_edge.process.isolation import probe_isolation
-    from qinglong_edge.worker.job_isolation import remote_hidden_paths, remote_readonly_paths
+    from qinglong_edge.worker.remote.isolation import remote_hidden_paths, remote_readonly_paths
 
     paths = ", ".join(remote_hidden_paths(config))
     readonly = ", ".join(remote_readonly_paths(config)) or "none"
@@ -450,12 +450,12 @@ def check_clock() -> Check:
 
 def check_clock_skew(worker: WorkerConfig) -> Check | None:
     """How far the device's wall clock is from the cluster's, as the last ``pull`` of this
-    boot measured it (the sample in the runtime directory, worker/cluster_clock.py); None
+    boot measured it (the sample in the runtime directory, worker/delivery/cluster_clock.py); None
     before any. A skew over 60 s is a warning, not a failure: leases run on the boot clock
     and the times sent are translated (spec README "Decisions for clocks")."""
     from qinglong_edge.clock import boot_ms, wall_ms
     from qinglong_edge.contracts.clocks import SKEW_NOTICE_MS
-    from qinglong_edge.worker.cluster_clock import skew_message, stored_sample
+    from qinglong_edge.worker.delivery.cluster_clock import skew_message, stored_sample
 
     found = stored_sample(worker.runtime_directory, worker.journal_directory)
     if found is None:
@@ -479,11 +479,11 @@ def _worker_file_remedy(path: str, forbidden: int) -> str:
 
 def check_worker_file(path: str, name: str, what: str, *, forbidden: int, credential: bool = False) -> Check:
     """Read the file exactly as ``pull`` does before every request
-    (:func:`qinglong_edge.worker.ingress_material.read_guarded_file`: the file *and its
+    (:func:`qinglong_edge.worker.ingress.material.read_guarded_file`: the file *and its
     directory* with no ``forbidden`` bits, not a symlink, 1 byte - its limit; the
     credential also parsed as a ``ql3w`` token). Nothing read is shown."""
     from qinglong_edge.errors import TransportError
-    from qinglong_edge.worker.ingress_material import (
+    from qinglong_edge.worker.ingress.material import (
         MAX_CREDENTIAL_BYTES,
         MAX_TLS_MATERIAL_BYTES,
         read_authorization,
@@ -569,7 +569,7 @@ def check_architecture(worker: WorkerConfig | None, machine: str | None = None) 
     for this machine (mips...: the cluster can never place work here); a warning when
     the tier is not ``tier1`` (placement requires tier1 unless a task lists the tier).
     """
-    from qinglong_edge.worker.session import platform_architecture, unsupported_architecture_message
+    from qinglong_edge.worker.delivery.session import platform_architecture, unsupported_architecture_message
 
     machine, architecture, tier = platform_architecture(machine)
     if architecture is None:
@@ -595,10 +595,10 @@ def check_architecture(worker: WorkerConfig | None, machine: str | None = None) 
 def check_capabilities(worker: WorkerConfig) -> tuple[Check, Any]:
     """What the device advertises (the capabilities file, or the probes): required; a bad
     file fails it with the line ``pull`` would exit 78 with. Also returns the
-    :class:`~qinglong_edge.worker.capabilities.Advertisement` (None when it failed)."""
+    :class:`~qinglong_edge.worker.delivery.capabilities.Advertisement` (None when it failed)."""
     from qinglong_edge.errors import EdgeError
-    from qinglong_edge.worker.capabilities import advertisement, describe, probe
-    from qinglong_edge.worker.session import local_capabilities
+    from qinglong_edge.worker.delivery.capabilities import advertisement, describe, probe
+    from qinglong_edge.worker.delivery.session import local_capabilities
 
     try:
         base = local_capabilities()
@@ -618,7 +618,7 @@ def check_runtime_directory(worker: WorkerConfig) -> Check:
     subdirectory of this journal, cannot be used) or when it is not on a RAM file system.
     Nothing is created.
     """
-    from qinglong_edge.worker.runtime import FALLBACK_NAME, journal_key
+    from qinglong_edge.worker.journal.runtime import FALLBACK_NAME, journal_key
 
     base = worker.runtime_directory
     fallback = os.path.join(worker.journal_directory, FALLBACK_NAME)
@@ -650,7 +650,7 @@ def check_runtime_directory(worker: WorkerConfig) -> Check:
 
 def _runtime_paths(worker: WorkerConfig) -> list[str]:
     """This journal's runtime directories that exist: the configured one, the fallback."""
-    from qinglong_edge.worker.runtime import FALLBACK_NAME, journal_key
+    from qinglong_edge.worker.journal.runtime import FALLBACK_NAME, journal_key
 
     return [path for path in (os.path.join(worker.runtime_directory, journal_key(worker.journal_directory)),
                               os.path.join(worker.journal_directory, FALLBACK_NAME)) if os.path.isdir(path)]
@@ -676,8 +676,8 @@ def check_runtime_files(worker: WorkerConfig) -> Check:
 
 def check_identity(worker: WorkerConfig) -> Check | None:
     """Another device uses this worker id (issue 23 item 6): the quiet window, if any."""
-    from qinglong_edge.worker.identity_guard import THRESHOLD, WINDOW_MS, IdentityGuard, conflict_message
-    from qinglong_edge.worker.runtime import RuntimeDirectory
+    from qinglong_edge.worker.delivery.identity_guard import THRESHOLD, WINDOW_MS, IdentityGuard, conflict_message
+    from qinglong_edge.worker.journal.runtime import RuntimeDirectory
 
     for path in _runtime_paths(worker):
         try:
@@ -729,13 +729,13 @@ def check_certificate_validity(path: str, name: str, *, role: str, private: bool
     """Every certificate's validity window in one file (issue 18 item 7).
 
     Fails (required) when one is expired or not yet valid, warns when one ends within
-    30 days (:data:`qinglong_edge.worker.certificates.DOCTOR_WARN_MS`), else passes;
+    30 days (:data:`qinglong_edge.worker.ingress.certificates.DOCTOR_WARN_MS`), else passes;
     the detail lists each window. Unreadable dates are a warning: the transport's own
     reading decides whether the file works at all.
     """
     from qinglong_edge.contracts.x509 import iso_utc
     from qinglong_edge.errors import TransportError
-    from qinglong_edge.worker.certificates import DOCTOR_WARN_MS, file_windows
+    from qinglong_edge.worker.ingress.certificates import DOCTOR_WARN_MS, file_windows
 
     try:
         windows = file_windows(path, role, private=private)
@@ -760,10 +760,10 @@ def check_certificate_validity(path: str, name: str, *, role: str, private: bool
 
 def check_worker_tls(worker: WorkerConfig, now_ms: int) -> Check:
     """A real TLS 1.3 handshake with the origin and the client certificate, no request
-    sent (:meth:`~qinglong_edge.worker.transport.IngressTransport.probe_handshake`);
+    sent (:meth:`~qinglong_edge.worker.ingress.transport.IngressTransport.probe_handshake`);
     a failure reports the transport's reason and remedy."""
     from qinglong_edge.errors import TransportError
-    from qinglong_edge.worker.transport import IngressTransport
+    from qinglong_edge.worker.ingress.transport import IngressTransport
 
     name = "worker_tls_handshake"
     target = worker.origin.host_header
@@ -908,7 +908,7 @@ def check_journal_caps(config: EdgeConfig) -> list[Check]:
     if worker is None or not _exists(worker.journal_directory):
         return []
     from qinglong_edge.errors import EdgeError
-    from qinglong_edge.worker.journal_view import JournalReader
+    from qinglong_edge.worker.journal.view import JournalReader
 
     now = int(time.time() * 1000)
     try:
@@ -917,7 +917,7 @@ def check_journal_caps(config: EdgeConfig) -> list[Check]:
             finished_times = []
             busy = 0
             if ids:
-                from qinglong_edge.worker.remote_files import in_flight
+                from qinglong_edge.worker.remote.job_files import in_flight
             for offer_id in ids:
                 record = reader.read_offer(offer_id)
                 if record is None:
@@ -972,7 +972,7 @@ def run_checks(config: EdgeConfig) -> list[Check]:
     checks = [check_python(), check_tls13(worker is not None), check_sqlite(local is not None),
               check_architecture(worker)]
     if worker is not None:
-        from qinglong_edge.worker.session import platform_architecture
+        from qinglong_edge.worker.delivery.session import platform_architecture
 
         if platform_architecture()[1] is not None:  # else the architecture check says why nothing is advertised
             checks.append(check_capabilities(worker)[0])

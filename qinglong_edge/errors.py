@@ -110,7 +110,7 @@ class StorageError(EdgeError, OSError):
 #: ``errno`` values of storage that is full or failing, which may heal by itself (retry
 #: later): ``storage_unavailable`` (74). Every other ``OSError`` on agent storage (EACCES,
 #: EPERM, ENOTDIR, EEXIST, ELOOP...) needs the operator: ``unsafe_storage`` (73). The
-#: journal classifies its errors the same way (:mod:`qinglong_edge.worker.files`).
+#: journal classifies its errors the same way (:mod:`qinglong_edge.worker.journal.files`).
 STORAGE_UNAVAILABLE_ERRNOS: frozenset[int] = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
 
 

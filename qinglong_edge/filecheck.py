@@ -1,6 +1,6 @@
 """The file and directory rules every command and ``doctor`` share (issue 18 item 5).
 
-One source of truth: the journal (:mod:`qinglong_edge.worker.files`), the Local store's
+One source of truth: the journal (:mod:`qinglong_edge.worker.journal.files`), the Local store's
 database directory (:mod:`qinglong_edge.local.store`), ``admin init`` and ``doctor``
 judge a private directory with :func:`stat_problem` / :func:`directory_problem`, so a
 directory that fails a command fails ``doctor`` with the same words, and one root cause

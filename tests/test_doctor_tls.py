@@ -14,7 +14,7 @@ import pytest
 from qinglong_edge.contracts.x509 import certificate_validities
 from qinglong_edge.doctor import check_certificate_validity
 from qinglong_edge.errors import transport_remedy
-from qinglong_edge.worker.certificates import expiring_certificate
+from qinglong_edge.worker.ingress.certificates import expiring_certificate
 from tests.support.cli import run_cli
 from tests.support.tls_server import OpenSSLServer, SilentPeer, TLSServer, cert_path
 from tests.support.transport_env import WorkerFiles

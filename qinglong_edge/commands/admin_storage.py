@@ -63,7 +63,7 @@ def _mib(n: int) -> str:
 def _prune_journal(config: Any) -> dict[str, Any]:
     from qinglong_edge.errors import JournalError
     from qinglong_edge.local.store import now_ms
-    from qinglong_edge.worker.journal import Journal, JournalOptions
+    from qinglong_edge.worker.journal.store import Journal, JournalOptions
 
     worker = config.worker
     try:
@@ -72,7 +72,7 @@ def _prune_journal(config: Any) -> dict[str, Any]:
         if exc.code == "already_owned":
             return {"skipped": "a pull owns the journal (it prunes it every cycle)"}
         raise
-    from qinglong_edge.worker.remote_files import in_flight, process_gone, remove_job_files, worker_record_files
+    from qinglong_edge.worker.remote.job_files import in_flight, process_gone, remove_job_files, worker_record_files
 
     def remove_files(record: dict[str, Any]) -> None:  # the remote run's log, receipt, fact
         files = worker_record_files(worker, record)

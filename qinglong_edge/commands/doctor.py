@@ -1,7 +1,7 @@
 """``qinglong-edge doctor [--placement JSON]``: check this device for everything the agent relies on.
 
 With the worker role it also prints what the device advertises (the capabilities
-file, or the probes: :mod:`qinglong_edge.worker.capabilities`) and, for a placement
+file, or the probes: :mod:`qinglong_edge.worker.delivery.capabilities`) and, for a placement
 given with ``--placement`` (a task's ``placement`` object), whether the reference's
 rules would place that task here (:mod:`qinglong_edge.contracts.placement_decision`,
 assuming an online session with a free slot). Diagnostics only: the cluster decides,

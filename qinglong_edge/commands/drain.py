@@ -62,7 +62,7 @@ def _run(args: argparse.Namespace) -> int:
     from qinglong_edge.commands.pull import release_holder
     from qinglong_edge.config import load_config
     from qinglong_edge.errors import ConfigError, EdgeError, exit_status_for
-    from qinglong_edge.worker.abort import AbortSignal, PullAborted
+    from qinglong_edge.worker.delivery.abort import AbortSignal, PullAborted
     from qinglong_edge.worker.drain import DrainReport, become_journal_owner, run_drain
 
     config = load_config(args.config)

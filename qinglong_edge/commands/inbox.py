@@ -21,7 +21,7 @@ take the owner lock (records change only by atomic link/rename), so they work wh
   truncation fact). A record in flight (a job may run, or its lease is live: the
   resident pull would still run it) is refused (``in_flight``, exit 75) unless
   ``--force``. While a pull owns the journal the command asks it (a request in the
-  runtime directory plus SIGUSR1, :mod:`qinglong_edge.worker.discard`): the owner stops
+  runtime directory plus SIGUSR1, :mod:`qinglong_edge.worker.remote.discard`): the owner stops
   the job (verified), reports the outcome to the cluster as any other (a completion,
   or a start failure before the launch), removes the record and answers; the command
   waits for that answer. With no pull running, ``--force`` stops the job itself (by its
@@ -125,8 +125,8 @@ def _local(worker: WorkerConfig, record: Any, runtime: Any) -> dict[str, Any]:
     """What this device knows about a record beyond it: exit code, log, in flight."""
     from qinglong_edge.contracts.receipt import parse_receipt
     from qinglong_edge.contracts.strictjson import loads
-    from qinglong_edge.worker.cluster_clock import estimated_cluster_now
-    from qinglong_edge.worker.remote_files import in_flight, outcome_name, worker_record_files
+    from qinglong_edge.worker.delivery.cluster_clock import estimated_cluster_now
+    from qinglong_edge.worker.remote.job_files import in_flight, outcome_name, worker_record_files
 
     files = worker_record_files(worker, record)
     out: dict[str, Any] = {"exitCode": None, "outcomeSource": None, "logPath": None, "logBytes": None,
@@ -158,7 +158,7 @@ def _local(worker: WorkerConfig, record: Any, runtime: Any) -> dict[str, Any]:
 
 def _runtime(worker: WorkerConfig) -> Any:
     from qinglong_edge.errors import JournalError
-    from qinglong_edge.worker.runtime import RuntimeDirectory
+    from qinglong_edge.worker.journal.runtime import RuntimeDirectory
 
     try:
         return RuntimeDirectory.open(worker.runtime_directory, worker.journal_directory)
@@ -167,7 +167,7 @@ def _runtime(worker: WorkerConfig) -> Any:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from qinglong_edge.worker.journal import JournalReader
+    from qinglong_edge.worker.journal.store import JournalReader
 
     worker = _worker_config(args)
     root = worker.journal_directory
@@ -229,7 +229,7 @@ def capacity_line(records: int, capacity: dict[str, int]) -> str:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from qinglong_edge.worker.journal import JournalReader
+    from qinglong_edge.worker.journal.store import JournalReader
 
     offer_id = _check_offer_id(args.offer_id)
     worker = _worker_config(args)
@@ -266,8 +266,8 @@ def _log(args: argparse.Namespace) -> int:
 
     from qinglong_edge.commands._follow import follow_log
     from qinglong_edge.errors import EdgeError, UsageError
-    from qinglong_edge.worker.journal import JournalReader
-    from qinglong_edge.worker.remote_files import in_flight, worker_record_files
+    from qinglong_edge.worker.journal.store import JournalReader
+    from qinglong_edge.worker.remote.job_files import in_flight, worker_record_files
 
     offer_id = _check_offer_id(args.offer_id)
     worker = _worker_config(args)
@@ -326,9 +326,9 @@ def _discard(args: argparse.Namespace) -> int:
     from qinglong_edge.config import load_config
     from qinglong_edge.contracts.residency import PRE_LAUNCH_STATES, lease_expired_locally
     from qinglong_edge.errors import EdgeError, UsageError
-    from qinglong_edge.worker.cluster_clock import estimated_cluster_now
-    from qinglong_edge.worker.journal import JournalReader
-    from qinglong_edge.worker.remote_files import in_flight
+    from qinglong_edge.worker.delivery.cluster_clock import estimated_cluster_now
+    from qinglong_edge.worker.journal.store import JournalReader
+    from qinglong_edge.worker.remote.job_files import in_flight
 
     offer_id = _check_offer_id(args.offer_id)
     if not args.yes:
@@ -367,9 +367,9 @@ def _ask_owner(worker: WorkerConfig, offer_id: str, config: Any) -> dict[str, An
     import time
 
     from qinglong_edge.errors import EdgeError, JournalError
-    from qinglong_edge.worker.discard import read_result, resident_owner, signal_owner, write_request
-    from qinglong_edge.worker.ownerlock import lock_holder
-    from qinglong_edge.worker.remote_files import remote_limits
+    from qinglong_edge.worker.journal.ownerlock import lock_holder
+    from qinglong_edge.worker.remote.discard import read_result, resident_owner, signal_owner, write_request
+    from qinglong_edge.worker.remote.job_files import remote_limits
 
     runtime = _runtime(worker)
     if runtime is None:
@@ -406,8 +406,8 @@ def _ask_owner(worker: WorkerConfig, offer_id: str, config: Any) -> dict[str, An
 def _discard_here(config: Any, offer_id: str, busy: bool) -> str | None:
     """No owner: take the lock, stop the record's job by its identity if it may run,
     remove its files and the record. Returns the stop's status, if one was needed."""
-    from qinglong_edge.worker.journal import Journal, JournalOptions
-    from qinglong_edge.worker.remote_files import record_files, remote_limits, remove_job_files
+    from qinglong_edge.worker.journal.store import Journal, JournalOptions
+    from qinglong_edge.worker.remote.job_files import record_files, remote_limits, remove_job_files
 
     worker = config.worker
     limits = remote_limits(config)
@@ -419,7 +419,7 @@ def _discard_here(config: Any, offer_id: str, busy: bool) -> str | None:
         handle = record.get("executorHandle")
         if busy and isinstance(handle, str):
             from qinglong_edge.process.cgroups import CgroupManager
-            from qinglong_edge.worker.remote_job import adopt, stop_job
+            from qinglong_edge.worker.remote.job import adopt, stop_job
 
             cgroups = CgroupManager.detect(limits.cgroups, memory_max=limits.max_run_memory_bytes)  # its leaf too
             job = adopt(handle, cgroups if cgroups.available else None, record["offer"]["candidate"]["attemptId"])

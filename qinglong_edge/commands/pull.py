@@ -4,7 +4,7 @@ One cycle (or cycles at the profile cadence for ``--duration`` seconds): keep th
 Worker Session alive, then one offer pull step (ADR-0110; see
 :mod:`qinglong_edge.worker.cycle`). When a record is in flight afterwards (an offer
 accepted, a job left running by an earlier pull), the same process stays resident and
-executes it to its end (:mod:`qinglong_edge.worker.resident`), then exits. Before its
+executes it to its end (:mod:`qinglong_edge.worker.remote.resident`), then exits. Before its
 splay it checks the owner lock: a live owner (a resident pull) makes it exit 0 at once
 (``busy``). Exit statuses (spec README, sysexits):
 
@@ -30,15 +30,15 @@ splay it checks the owner lock: a live owner (a resident pull) makes it exit 0 a
        directory), then quietly (``--json`` still prints its line); and
        ``identity_conflict``: another device uses this worker id (a cloned SD card):
        no session call and no claim for 10 minutes
-       (:mod:`qinglong_edge.worker.identity_guard`)
+       (:mod:`qinglong_edge.worker.delivery.identity_guard`)
 =====  =====================================================================
 
 Failures also go to stderr, once per distinct failure per hour with their remedy, where
-cron's logger and the pull unit's journal listen (:mod:`qinglong_edge.worker.failure_log`).
+cron's logger and the pull unit's journal listen (:mod:`qinglong_edge.worker.delivery.failure_log`).
 
 Splay: before anything else (before the TLS client is even imported), the cycle waits
 for this device's stable phase in the minute (``worker.splayMaxMs``,
-:func:`qinglong_edge.worker.pacing.splay_delay_ms`); ``--no-splay`` skips it. On a
+:func:`qinglong_edge.worker.delivery.pacing.splay_delay_ms`); ``--no-splay`` skips it. On a
 terminal it says how long it waits.
 
 Device: every ``--json`` line carries ``device`` (``machine``, ``architecture``,
@@ -82,9 +82,9 @@ attempt counted toward the budget of 16 (False: it never reached the cluster);
     {"status":"aborted","signal":"SIGTERM"}
 
 A resident pull adds one line per record event
-(:class:`~qinglong_edge.worker.runner_state.RecordEvent`: ``{"event":..,"offerId":..,
+(:class:`~qinglong_edge.worker.remote.runner_state.RecordEvent`: ``{"event":..,"offerId":..,
 "runId":..,"attemptId":..,"state":..,...}``) and, at its end, one summary line
-(:class:`~qinglong_edge.worker.resident.ResidentSummary`: ``{"event":"summary",
+(:class:`~qinglong_edge.worker.remote.resident.ResidentSummary`: ``{"event":"summary",
 "residentMs":..,"events":..,"records":{state: count},"inFlight":..,"aborted"?:..,
 "exitStatus":..}``); the human output prints each event but the routine renewals.
 SIGUSR1 only wakes a resident pull (a forced ``inbox discard``).
@@ -107,7 +107,7 @@ if TYPE_CHECKING:
 
     from qinglong_edge.config import WorkerConfig
     from qinglong_edge.errors import EdgeError
-    from qinglong_edge.worker.failure_log import FailureLog
+    from qinglong_edge.worker.delivery.failure_log import FailureLog
 
 _EXIT_BY_STATUS = {
     "accepted": 0,
@@ -241,7 +241,7 @@ def _with_remedy(payload: dict[str, object]) -> dict[str, object]:
 
 
 def _describe(report: object, device: dict[str, str | None]) -> str:
-    from qinglong_edge.worker.cycle import CycleReport
+    from qinglong_edge.worker.delivery.pull import CycleReport
 
     assert isinstance(report, CycleReport)
     if report.error is not None:
@@ -291,7 +291,7 @@ def _describe(report: object, device: dict[str, str | None]) -> str:
 
 
 def _exit_status(report: object) -> int:
-    from qinglong_edge.worker.cycle import CycleReport
+    from qinglong_edge.worker.delivery.pull import CycleReport
 
     assert isinstance(report, CycleReport)
     if report.error is not None:
@@ -307,8 +307,8 @@ def _unsupported(args: argparse.Namespace, worker: object, machine: str) -> int:
     """Exit 78 ``unsupported_architecture``: one line once per boot, then quietly."""
     from qinglong_edge.config import WorkerConfig
     from qinglong_edge.errors import JournalError
-    from qinglong_edge.worker.runtime import RuntimeDirectory
-    from qinglong_edge.worker.session import unsupported_architecture_message
+    from qinglong_edge.worker.delivery.session import unsupported_architecture_message
+    from qinglong_edge.worker.journal.runtime import RuntimeDirectory
 
     assert isinstance(worker, WorkerConfig)
     message = unsupported_architecture_message(machine)
@@ -331,9 +331,9 @@ def _splay(worker: object, abort: object, no_splay: bool) -> None:
     import time
 
     from qinglong_edge.config import WorkerConfig
-    from qinglong_edge.worker.abort import AbortSignal
-    from qinglong_edge.worker.pacing import splay_delay_ms
-    from qinglong_edge.worker.runtime import handover_pending
+    from qinglong_edge.worker.delivery.abort import AbortSignal
+    from qinglong_edge.worker.delivery.pacing import splay_delay_ms
+    from qinglong_edge.worker.journal.runtime import handover_pending
 
     assert isinstance(worker, WorkerConfig) and isinstance(abort, AbortSignal)
     if no_splay or handover_pending(worker.runtime_directory, worker.journal_directory):
@@ -362,7 +362,7 @@ def _check_capabilities_file(worker: object, architecture: str) -> None:
     assert isinstance(worker, WorkerConfig)
     if worker.capabilities_file is None:
         return
-    from qinglong_edge.worker.capabilities import read_capabilities_file
+    from qinglong_edge.worker.delivery.capabilities import read_capabilities_file
 
     try:
         read_capabilities_file(worker.capabilities_file, architecture)
@@ -384,7 +384,7 @@ def _resident_owner(worker: object) -> bool:
     exits at once, before its splay (spec README "One resident owner"). Read-only: a
     non-blocking flock probe of the owner lock (dropped at once), nothing written."""
     from qinglong_edge.config import WorkerConfig
-    from qinglong_edge.worker.ownerlock import lock_holder
+    from qinglong_edge.worker.journal.ownerlock import lock_holder
 
     assert isinstance(worker, WorkerConfig)
     if not os.path.isdir(worker.journal_directory):
@@ -430,8 +430,8 @@ def release_holder(worker: object) -> tuple[str, int | None]:
 
     from qinglong_edge.config import WorkerConfig
     from qinglong_edge.errors import EdgeError
-    from qinglong_edge.worker.discard import peek_owner, signal_owner
-    from qinglong_edge.worker.ownerlock import lock_holder
+    from qinglong_edge.worker.journal.ownerlock import lock_holder
+    from qinglong_edge.worker.remote.discard import peek_owner, signal_owner
 
     assert isinstance(worker, WorkerConfig)
     root = worker.journal_directory
@@ -456,8 +456,8 @@ def release_holder(worker: object) -> tuple[str, int | None]:
 def _run(args: argparse.Namespace) -> int:
     from qinglong_edge.config import load_config
     from qinglong_edge.errors import ConfigError, EdgeError, JournalError, UsageError
-    from qinglong_edge.worker.abort import AbortSignal, PullAborted
-    from qinglong_edge.worker.session import platform_architecture
+    from qinglong_edge.worker.delivery.abort import AbortSignal, PullAborted
+    from qinglong_edge.worker.delivery.session import platform_architecture
 
     if args.duration is not None and not 0 < args.duration <= 86_400:
         raise UsageError("--duration must be more than 0 and at most 86400 seconds")
@@ -492,7 +492,8 @@ def _run(args: argparse.Namespace) -> int:
             _check_capabilities_file(worker, architecture)
             return _busy(args)
         _splay(worker, abort, args.no_splay)
-        from qinglong_edge.worker.cycle import CycleReport, run_pull
+        from qinglong_edge.worker.cycle import run_pull
+        from qinglong_edge.worker.delivery.pull import CycleReport
 
         for item in run_pull(worker, duration_s=args.duration, abort=abort, notice=_notice, config=config):
             if isinstance(item, CycleReport):
@@ -500,7 +501,7 @@ def _run(args: argparse.Namespace) -> int:
                 if worker.metrics_textfile is not None or status != 0:  # else: no cost at all
                     import time as _time
 
-                    from qinglong_edge.worker.cycle_status import record_cycle
+                    from qinglong_edge.worker.delivery.cycle_status import record_cycle
 
                     # wall clock (a person's and Prometheus' time); time is loaded already
                     record_cycle(worker, item, status, _time.time_ns() // 1_000_000, _notice)
@@ -513,7 +514,7 @@ def _run(args: argparse.Namespace) -> int:
                 if status != 0 or item.error is not None:
                     failures.say(line, payload)
                 continue
-            # A record event or the resident summary (worker/runner_state.py, worker/resident.py).
+            # A record event or the resident summary (worker/remote/runner_state.py, worker/remote/resident.py).
             summary = getattr(item, "resident_ms", None) is not None
             if summary and getattr(item, "aborted", None) is not None:
                 status = 0  # SIGTERM to a resident pull: persisted, jobs left running, exit 0
@@ -561,14 +562,14 @@ _FAILED_EVENTS = frozenset({"call_failed", "storage_failed", "recovery_required"
 class _FailureSink:
     """Each failure of a pull to stderr once per distinct failure per hour, with its remedy
     (issue 23 item 5: cron and the pull unit keep stderr, not stdout;
-    :mod:`qinglong_edge.worker.failure_log`). Imported only when a failure happens."""
+    :mod:`qinglong_edge.worker.delivery.failure_log`). Imported only when a failure happens."""
 
     def __init__(self, worker: WorkerConfig) -> None:
         self._worker = worker
         self._log: FailureLog | None = None
 
     def say(self, line: str, payload: dict[str, object]) -> bool:
-        from qinglong_edge.worker.failure_log import FailureLog, failure_key
+        from qinglong_edge.worker.delivery.failure_log import FailureLog, failure_key
 
         if self._log is None:
             self._log = FailureLog(self._worker)

@@ -3,7 +3,7 @@
 Sources: reference ``workerProcessConfig.ts`` (6265e31, ``QL3_WORKER_CAPABILITIES_FILE``)
 and ``remoteWorkerPlacement.ts`` (``normalizeRemoteWorkerCapabilities``); the file
 handling around these pure rules (no symlink, a regular file, mode, read once) is
-:mod:`qinglong_edge.worker.capabilities`.
+:mod:`qinglong_edge.worker.delivery.capabilities`.
 
 **The file** (``worker.capabilitiesFile``) is the whole capabilities object, as the
 reference worker reads it: strict UTF-8 and strict JSON (:mod:`.strictjson`: no
@@ -113,7 +113,7 @@ def probed_capabilities(
 
     Args:
         base: ``{architecture, executors, protocolVersion, supportTier}`` of the platform
-            (:func:`qinglong_edge.worker.session.local_capabilities`).
+            (:func:`qinglong_edge.worker.delivery.session.local_capabilities`).
         python_version: :func:`python_semver` of the jobs' interpreter.
         labels: ``worker.labels`` (validated by the configuration), or None.
         cpu_cores / memory_bytes / disk_bytes: what the probes found (None or < 1:

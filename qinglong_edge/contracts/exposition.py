@@ -1,7 +1,7 @@
 """The Prometheus text exposition format 0.0.4 (issue 26 item 5), written, never parsed.
 
 Used by ``serve``'s ``GET /metrics`` (:mod:`qinglong_edge.local.metrics`) and by the
-node_exporter textfile each cron ``pull`` writes (:mod:`qinglong_edge.worker.cycle_status`).
+node_exporter textfile each cron ``pull`` writes (:mod:`qinglong_edge.worker.delivery.cycle_status`).
 Format facts (Prometheus "Exposition formats"): one ``# HELP`` and one ``# TYPE`` line
 per family, then its samples ``name{label="value",...} number``; metric and label names
 ``[a-zA-Z_:][a-zA-Z0-9_:]*`` / ``[a-zA-Z_][a-zA-Z0-9_]*``; label values escape ``\\``,

@@ -39,7 +39,7 @@ from qinglong_edge.contracts.fields import MAX_SAFE_INTEGER
 from qinglong_edge.contracts.ids import HEX64
 
 # The inbox record rules and state machine live in contracts/inbox.py; these names are
-# re-exported so existing callers (worker/journal.py, commands, tests) keep working.
+# re-exported so existing callers (worker/journal/store.py, commands, tests) keep working.
 from qinglong_edge.contracts.inbox import (
     INBOX_FIELD_STATES,
     INBOX_OPTIONAL_KEYS,

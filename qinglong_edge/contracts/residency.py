@@ -125,7 +125,7 @@ def lease_loss_reason(
 def lease_expired_locally(lease: dict[str, Any], cluster_now_ms: int) -> bool:
     """Whether a stored lease (``offer.lease``) is over by the cluster's clock as this
     device estimates it (``expiresAtMs <= cluster_now_ms``; the estimate is
-    :meth:`qinglong_edge.worker.cluster_clock.ClusterClock.cluster_now`). For the records
+    :meth:`qinglong_edge.worker.delivery.cluster_clock.ClusterClock.cluster_now`). For the records
     no runner tracks (pruning, ``inbox``); a tracked record's expiry is its local one
     (:func:`qinglong_edge.contracts.clocks.local_lease_expiry_ms`, boot clock)."""
     source = object_value(lease, "$.offer.lease")

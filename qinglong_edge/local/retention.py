@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qinglong_edge.config import EdgeConfig
+from qinglong_edge.crashpoints import crashpoint
 from qinglong_edge.errors import StoreError
 from qinglong_edge.local.audit import prune_audit
 from qinglong_edge.local.retention_rows import (
@@ -80,7 +81,6 @@ from qinglong_edge.local.retention_rows import (
 )
 from qinglong_edge.local.run_logs import LogFile, LogScan, attempt_log_path, remove_attempt_logs, scan_logs
 from qinglong_edge.local.store import Store, now_ms
-from qinglong_edge.worker.crashpoints import crashpoint
 
 __all__ = [
     "AUDIT_BATCH",

@@ -13,11 +13,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from qinglong_edge.crashpoints import crashpoint
 from qinglong_edge.errors import StoreError
 from qinglong_edge.local.audit import audit_usage
 from qinglong_edge.local.run_logs import LogFile
 from qinglong_edge.local.store import foreign_keys_off, read_transaction, write_transaction
-from qinglong_edge.worker.crashpoints import crashpoint
 
 __all__ = [
     "PRUNABLE_RUN_STATUSES",

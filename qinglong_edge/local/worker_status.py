@@ -37,8 +37,8 @@ MAX_RECORDS: Final = 64
 
 def _session(runtime: Any) -> dict[str, Any] | None:
     from qinglong_edge.contracts.errors import ContractError
-    from qinglong_edge.worker.journal import SESSION_NAME
-    from qinglong_edge.worker.session import parse_session_state
+    from qinglong_edge.worker.delivery.session import parse_session_state
+    from qinglong_edge.worker.journal.store import SESSION_NAME
 
     try:
         data = runtime.read(SESSION_NAME)
@@ -59,10 +59,10 @@ def worker_status(worker: WorkerConfig) -> dict[str, Any]:
     Raises:
         JournalError: the journal cannot be read safely (the route answers 503).
     """
-    from qinglong_edge.worker.cycle_status import read_cycles
-    from qinglong_edge.worker.journal_view import JournalReader
-    from qinglong_edge.worker.remote_files import in_flight
-    from qinglong_edge.worker.runtime import RuntimeDirectory
+    from qinglong_edge.worker.delivery.cycle_status import read_cycles
+    from qinglong_edge.worker.journal.runtime import RuntimeDirectory
+    from qinglong_edge.worker.journal.view import JournalReader
+    from qinglong_edge.worker.remote.job_files import in_flight
 
     now = wall_ms()
     session: dict[str, Any] | None = None

@@ -163,7 +163,7 @@ class JobSpec:
             secret): 0..128 of ``[A-Za-z0-9._:/-]``.
         lease_file, lease_stop_file: a remote job's lease file in the runtime directory
             and the mark the wrapper creates when it stops the job because the lease was
-            not renewed in time (:mod:`qinglong_edge.worker.job_lease`; the wrapper's
+            not renewed in time (:mod:`qinglong_edge.worker.remote.lease`; the wrapper's
             step 5a); absolute paths, both or neither.
     """
 

@@ -556,7 +556,7 @@ def flat_json(data: bytes) -> dict[bytes, bytes] | None:
 
 
 class LeaseWatch:
-    """The agent's lease file of this job (qinglong_edge/worker/job_lease.py): when the
+    """The agent's lease file of this job (qinglong_edge/worker/remote/lease.py): when the
     job must be stopped for its lease, and the mark to leave when it is (step 5a).
 
     Read at the start (a missing, damaged or another boot's file: ``lease_unavailable``,

@@ -5,11 +5,11 @@ and printing)::
 
     the platform's architecture (unsupported_architecture before any I/O)
     open the runtime directory (RAM); the advertisement: the capabilities file, else
-      the probes (worker/capabilities.py; invalid_capabilities before any network I/O)
+      the probes (worker/delivery/capabilities.py; invalid_capabilities before any network I/O)
     open the journal (owner lock; another pull ->
       already_owned, reported as "busy"); a session record of an older version moves
       from the journal root to the runtime directory
-    once a UTC day: the client certificate's expiry warning (worker/expiry.py)
+    once a UTC day: the client certificate's expiry warning (worker/delivery/expiry.py)
     [--duration S] repeat at the profile cadence (edge 2 s) until S seconds passed:
         clock sanity (not before the package's date; a router that booted at 1970 waits for NTP)
         prune terminal inbox records past retention, abandoned claims beyond their bound
@@ -24,12 +24,12 @@ cluster then answers ``idle worker_unavailable``) and the coordinator makes no c
 
 No timers: besides the owner lock's refresh thread, nothing runs in the background;
 between cycles the process sleeps in the foreground. The splay (the device's phase in
-the minute, :func:`qinglong_edge.worker.pacing.splay_delay_ms`) is slept by the ``pull``
+the minute, :func:`qinglong_edge.worker.delivery.pacing.splay_delay_ms`) is slept by the ``pull``
 command before it even imports this module.
 
 Storage (spec README "Decisions for storage on flash"): an idle cycle in steady state
 writes only to the runtime directory: the owner record, the session record after a
-heartbeat, the attempt marker (see :mod:`qinglong_edge.worker.pull`).
+heartbeat, the attempt marker (see :mod:`qinglong_edge.worker.delivery.pull`).
 """
 
 from __future__ import annotations
@@ -42,18 +42,28 @@ from collections.abc import Callable, Iterator
 
 import qinglong_edge.clock as _clock
 from qinglong_edge.config import EdgeConfig, WorkerConfig
-from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.errors import JournalError, SessionError
-from qinglong_edge.worker.cluster_clock import ClusterClock
-from qinglong_edge.worker.expiry import daily_expiry_warning
-from qinglong_edge.worker.ingress_http import DEFAULT_MAX_REQUEST_BYTES
-from qinglong_edge.worker.journal import Journal, JournalOptions
-from qinglong_edge.worker.pull import AbortSignal, PullCoordinator, PullResult, SessionAuthority
-from qinglong_edge.worker.runtime import HANDOVER_NAME, RuntimeDirectory
-from qinglong_edge.worker.session import SessionKeeper, SessionOutcome, local_capabilities, migrate_legacy_record
-from qinglong_edge.worker.transport import IngressTransport, TransportResponse
+from qinglong_edge.worker.delivery.cluster_clock import ClusterClock
+from qinglong_edge.worker.delivery.expiry import daily_expiry_warning
+from qinglong_edge.worker.delivery.pull import (
+    AbortSignal,
+    CycleReport,
+    PullCoordinator,
+    PullResult,
+    SessionAuthority,
+    inbox_full,
+)
+from qinglong_edge.worker.delivery.session import (
+    SessionKeeper,
+    local_capabilities,
+    migrate_legacy_record,
+)
+from qinglong_edge.worker.ingress.http_exchange import DEFAULT_MAX_REQUEST_BYTES
+from qinglong_edge.worker.ingress.transport import IngressTransport, TransportResponse
+from qinglong_edge.worker.journal.runtime import HANDOVER_NAME, RuntimeDirectory
+from qinglong_edge.worker.journal.store import Journal, JournalOptions
 
-__all__ = ["CLOCK_FLOOR_MS", "CycleReport", "inbox_full", "run_pull", "wall_ms"]
+__all__ = ["CLOCK_FLOOR_MS", "run_pull", "wall_ms"]
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
@@ -67,75 +77,6 @@ CLOCK_FLOOR_MS = _clock.CLOCK_FLOOR_MS
 def wall_ms() -> int:
     """Wall-clock milliseconds since the epoch."""
     return time.time_ns() // 1_000_000
-
-
-class CycleReport(Frozen):
-    """One cycle: the session step and the pull step (either may be missing on failure).
-
-    Attributes:
-        session: what the session keeper did, or None when it failed.
-        result: the pull step's result, or None when the cycle stopped before it.
-        error: the failure code when the cycle stopped early (``credential_rejected``,
-            ``session_unavailable``, ``invalid_response``, ``clock_not_set``).
-        detail: a human-readable line (no secrets).
-        reason: the transport reason behind ``error`` (``certificate_expired``...), if any.
-        remedy: its one-line remedy ("" without one).
-        inbox: inbox records by state as the cycle saw them (an offer it accepted
-            included), for the metrics textfile; None when the cycle stopped before.
-    """
-
-    __slots__ = ("session", "result", "error", "detail", "reason", "remedy", "inbox")  # noqa: RUF023 (field order)
-
-    session: SessionOutcome | None
-    result: PullResult | None
-    error: str | None
-    detail: str
-    reason: str | None
-    remedy: str
-    inbox: dict[str, int] | None
-
-    def __init__(  # noqa: PLR0917 (the dataclass signature)
-        self,
-        session: SessionOutcome | None,
-        result: PullResult | None,
-        error: str | None = None,
-        detail: str = "",
-        reason: str | None = None,
-        remedy: str = "",
-        inbox: dict[str, int] | None = None,
-    ) -> None:
-        _set = object.__setattr__
-        _set(self, "inbox", inbox)
-        _set(self, "session", session)
-        _set(self, "result", result)
-        _set(self, "error", error)
-        _set(self, "detail", detail)
-        _set(self, "reason", reason)
-        _set(self, "remedy", remedy)
-
-    def to_json(self) -> dict[str, object]:
-        out: dict[str, object] = {}
-        if self.session is not None:
-            out["session"] = {
-                "action": self.session.action,
-                "sessionId": self.session.session.session_id,
-                "generation": self.session.session.generation,
-                "version": self.session.session.version,
-            }
-            if self.session.detail:  # capabilities_changed, session_fenced, version_resynced...
-                out["session"]["detail"] = self.session.detail  # type: ignore[index]
-        if self.result is not None:
-            out.update(self.result.to_json())
-        if self.error is not None:
-            out["status"] = "failed"
-            out["code"] = self.error
-            if self.reason is not None:
-                out["reason"] = self.reason
-        if self.detail:
-            out["detail"] = self.detail
-        if self.error is not None and self.remedy:
-            out["remedy"] = self.remedy
-        return out
 
 
 def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator, worker: WorkerConfig,
@@ -155,7 +96,7 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
     if kept:
         # Imported only with records in the inbox: an idle cycle on an empty inbox does
         # not load the job files' names (contracts.receipt, launch, ingress).
-        from qinglong_edge.worker.remote_files import in_flight
+        from qinglong_edge.worker.remote.job_files import in_flight
     for stored in kept:
         if in_flight(stored, now):
             busy += 1
@@ -196,16 +137,8 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
     return CycleReport(session, result, inbox=states), busy
 
 
-def inbox_full(result: PullResult, in_flight: int, maximum_entries: int) -> PullResult:
-    """The ``inbox_full`` result with its true reason: how many entries records that still
-    need this device hold (finished records never do: they make room)."""
-    return PullResult("inbox_full", offer_id=result.offer_id, reason="capacity_exhausted",
-                      attempt_count=result.attempt_count,
-                      detail=f"{in_flight} of {maximum_entries} entries held by records that need this device")
-
-
 def _process_gone(record: dict[str, Any]) -> bool:
-    from qinglong_edge.worker.remote_files import process_gone
+    from qinglong_edge.worker.remote.job_files import process_gone
 
     return process_gone(record)
 
@@ -213,7 +146,7 @@ def _process_gone(record: dict[str, Any]) -> bool:
 def _leftovers(worker: WorkerConfig, record: dict[str, Any]) -> None:
     """The files of an acknowledged completion are removed right after it; a crash in
     between leaves them, found here (two ``lstat`` per such record, no write otherwise)."""
-    from qinglong_edge.worker.remote_files import remove_job_files, worker_record_files
+    from qinglong_edge.worker.remote.job_files import remove_job_files, worker_record_files
 
     files = worker_record_files(worker, record)
     if files is not None and (os.path.lexists(files.receipt_path) or os.path.lexists(files.log_path)):
@@ -222,7 +155,7 @@ def _leftovers(worker: WorkerConfig, record: dict[str, Any]) -> None:
 
 def _remove_files(worker: WorkerConfig, runtime: RuntimeDirectory, record: dict[str, Any]) -> None:
     """A pruned record's log, receipt, truncation fact, scratch directory and outcome note."""
-    from qinglong_edge.worker.remote_files import outcome_name, remove_job_files, worker_record_files
+    from qinglong_edge.worker.remote.job_files import outcome_name, remove_job_files, worker_record_files
 
     files = worker_record_files(worker, record)
     if files is not None:
@@ -297,11 +230,11 @@ def run_pull(
             directory.
 
     After a cycle that leaves a record in flight (an accepted offer, a job re-adopted),
-    the resident loop (:mod:`qinglong_edge.worker.resident`, imported only then) drives
+    the resident loop (:mod:`qinglong_edge.worker.remote.resident`, imported only then) drives
     every record to its end, yielding each
-    :class:`~qinglong_edge.worker.runner_state.RecordEvent` and notable
+    :class:`~qinglong_edge.worker.remote.runner_state.RecordEvent` and notable
     :class:`CycleReport` and finally one
-    :class:`~qinglong_edge.worker.resident.ResidentSummary`; ``--duration`` bounds only
+    :class:`~qinglong_edge.worker.remote.resident.ResidentSummary`; ``--duration`` bounds only
     the idle cycles.
 
     Raises:
@@ -322,7 +255,7 @@ def run_pull(
     own_runtime = runtime is None
     runtime = runtime or RuntimeDirectory.open(worker.runtime_directory, worker.journal_directory)
     try:
-        from qinglong_edge.worker.capabilities import advertisement
+        from qinglong_edge.worker.delivery.capabilities import advertisement
 
         # Read once, here: a resident pull keeps this advertisement for its whole life.
         capabilities = advertisement(worker, base, runtime).capabilities  # invalid_capabilities: exit 78
@@ -395,7 +328,7 @@ def _run_journal(
                 yield report
                 abort.check()
                 if busy or _discards_pending(runtime):
-                    from qinglong_edge.worker.resident import Resident
+                    from qinglong_edge.worker.remote.resident import Resident
 
                     yield from Resident(config=config, worker=worker, journal=journal, runtime=runtime, wire=wire,
                                         keeper=keeper, coordinator=coordinator, abort=abort, clock_ms=boot_ms,

@@ -33,15 +33,15 @@ from collections.abc import Callable, Iterator
 from qinglong_edge.clock import boot_ms
 from qinglong_edge.config import EdgeConfig, WorkerConfig
 from qinglong_edge.contracts._shape import Frozen
-from qinglong_edge.worker.abort import AbortSignal
-from qinglong_edge.worker.cluster_clock import ClusterClock
 from qinglong_edge.worker.cycle import _InterruptibleTransport
-from qinglong_edge.worker.journal import Journal, JournalOptions
-from qinglong_edge.worker.pull import PullCoordinator, SessionAuthority
-from qinglong_edge.worker.remote_files import in_flight
-from qinglong_edge.worker.runtime import RuntimeDirectory
-from qinglong_edge.worker.session import SessionKeeper
-from qinglong_edge.worker.transport import IngressTransport
+from qinglong_edge.worker.delivery.abort import AbortSignal
+from qinglong_edge.worker.delivery.cluster_clock import ClusterClock
+from qinglong_edge.worker.delivery.pull import PullCoordinator, SessionAuthority
+from qinglong_edge.worker.delivery.session import SessionKeeper
+from qinglong_edge.worker.ingress.transport import IngressTransport
+from qinglong_edge.worker.journal.runtime import RuntimeDirectory
+from qinglong_edge.worker.journal.store import Journal, JournalOptions
+from qinglong_edge.worker.remote.job_files import in_flight
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
@@ -160,7 +160,7 @@ def run_drain(
 def _drain(worker: WorkerConfig, config: EdgeConfig, *, journal: Journal, runtime: RuntimeDirectory, wire: Any,
            keeper: SessionKeeper, abort: AbortSignal, clock: Callable[[], int],
            random: Callable[[], float], cluster: ClusterClock) -> Iterator[Any]:
-    from qinglong_edge.worker.resident import Resident
+    from qinglong_edge.worker.remote.resident import Resident
 
     now = cluster.cluster_now  # in flight is judged by the lease's own (the cluster's) clock
     stored = keeper.current()

@@ -50,25 +50,25 @@ def _json_object(data: bytes, *required: str) -> dict[str, Any]:
 
 
 def _owner(data: bytes) -> object:
-    from qinglong_edge.worker.ownerlock import parse_owner_record
+    from qinglong_edge.worker.journal.ownerlock import parse_owner_record
 
     return parse_owner_record(data)
 
 
 def _session(data: bytes) -> object:
-    from qinglong_edge.worker.session import parse_session_state
+    from qinglong_edge.worker.delivery.session import parse_session_state
 
     return parse_session_state(data)
 
 
 def _marker(data: bytes) -> object:
-    from qinglong_edge.worker.pull import parse_marker
+    from qinglong_edge.worker.delivery.pull import parse_marker
 
     return parse_marker(data)
 
 
 def _identity(data: bytes) -> object:
-    from qinglong_edge.worker.identity_guard import parse_identity
+    from qinglong_edge.worker.delivery.identity_guard import parse_identity
 
     return parse_identity(data)
 
@@ -91,7 +91,7 @@ def _wrapper(data: bytes) -> object:
 
 
 def _clock_sample(data: bytes) -> object:
-    from qinglong_edge.worker.cluster_clock import read_sample
+    from qinglong_edge.worker.delivery.cluster_clock import read_sample
 
     value = _json_object(data, "bootId")
     if read_sample(data, str(value["bootId"])) is None:
@@ -100,7 +100,7 @@ def _clock_sample(data: bytes) -> object:
 
 
 def _job_lease(data: bytes) -> object:
-    from qinglong_edge.worker.job_lease import parse_job_lease
+    from qinglong_edge.worker.remote.lease import parse_job_lease
 
     return parse_job_lease(data)
 
@@ -159,7 +159,7 @@ def kind_of(name: str) -> RuntimeFile | None:
 def damaged_files(directory: str) -> list[tuple[str, str, str]]:
     """``(name, problem, meaning)`` of each damaged file of ours in ``directory`` (the
     runtime directory of one journal). The reader rules are the agent's
-    (:meth:`qinglong_edge.worker.runtime.RuntimeDirectory.read`): a regular file, not a
+    (:meth:`qinglong_edge.worker.journal.runtime.RuntimeDirectory.read`): a regular file, not a
     symlink, of this user, no group/other bits, 2 bytes up to the kind's limit, and a
     content its parser takes. Names that are none of ours and temp files are skipped.
 

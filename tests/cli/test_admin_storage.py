@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
+from qinglong_edge import crashpoints
 from qinglong_edge.local.retention import measure_store
 from qinglong_edge.local.run_logs import log_name
 from qinglong_edge.local.store import now_ms
-from qinglong_edge.worker import crashpoints
 from tests.support.cli import REPO, run_cli
 from tests.support.run_history import DAY, History
 
@@ -169,7 +169,7 @@ def test_a_crash_in_a_log_prune_resumes_safely(site: tuple[History, pathlib.Path
 
 def test_prune_also_prunes_the_journal_when_no_pull_owns_it(site: tuple[History, pathlib.Path]) -> None:
     from qinglong_edge.contracts.journal_records import PendingClaim
-    from qinglong_edge.worker.journal import Journal, JournalOptions
+    from qinglong_edge.worker.journal.store import Journal, JournalOptions
     from tests.worker import offer_vectors as vectors
 
     _, root = site

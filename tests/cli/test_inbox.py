@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from qinglong_edge.worker.journal import Journal
+from qinglong_edge.worker.journal.store import Journal
 from tests.support.cli import run_cli
 from tests.worker import offer_vectors as vectors
 

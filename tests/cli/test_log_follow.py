@@ -14,8 +14,8 @@ import pytest
 
 from qinglong_edge.commands._follow import follow_log
 from qinglong_edge.config import parse_config
-from qinglong_edge.worker.journal import Journal, JournalReader
-from qinglong_edge.worker.remote_files import worker_record_files
+from qinglong_edge.worker.journal.store import Journal, JournalReader
+from qinglong_edge.worker.remote.job_files import worker_record_files
 from tests.support.cli import repo_entry, run_cli
 from tests.support.local_site import API, LocalSite
 from tests.worker import offer_vectors as vectors

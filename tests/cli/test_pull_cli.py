@@ -23,7 +23,7 @@ import pytest
 from qinglong_edge.contracts.journal_records import PendingClaim
 from qinglong_edge.contracts.offer import ClaimAuthority
 from qinglong_edge.errors import transport_remedy
-from qinglong_edge.worker.journal import Journal
+from qinglong_edge.worker.journal.store import Journal
 from tests.support.cluster_double import ClusterDouble, Fault
 from tests.support.pull_env import PullEnv, kill, wait_stopped
 

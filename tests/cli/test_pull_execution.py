@@ -305,7 +305,7 @@ def test_a_planted_isolation_answer_does_not_turn_isolation_off(env: RemoteEnv) 
     ``"available":false`` and the next job ran unisolated. The runtime directory is hidden
     from isolated jobs now, and a negative answer is never read: the probe decides."""
     from qinglong_edge.process.isolation import probe_isolation
-    from qinglong_edge.worker.runtime import boot_id
+    from qinglong_edge.worker.journal.runtime import boot_id
 
     if not probe_isolation().available:
         pytest.skip("no job isolation here")
@@ -611,7 +611,7 @@ def test_an_isolated_job_cannot_read_the_credential_or_the_journal(env: RemoteEn
 # -- every runner crash point (the slower tier) ---------------------------------------------------------------
 
 def _sweep_params() -> list[object]:
-    from qinglong_edge.worker.crashpoints import RUNNER_STEPS
+    from qinglong_edge.crashpoints import RUNNER_STEPS
 
     points = [f"runner.{step}" for step in RUNNER_STEPS] + ["session.heartbeat_answered"]
     return [pytest.param(point, marks=() if point in CRASH_POINTS else (pytest.mark.matrix,)) for point in points]
@@ -619,7 +619,7 @@ def _sweep_params() -> list[object]:
 
 @pytest.mark.parametrize("point", _sweep_params())
 def test_sigkill_at_every_crash_point_converges(env: RemoteEnv, point: str, tmp_path: pathlib.Path) -> None:
-    """Each named boundary (worker/crashpoints.py RUNNER_STEPS): killed there, the next pull
+    """Each named boundary (crashpoints.py RUNNER_STEPS): killed there, the next pull
     converges; the job ran at most once and the cluster applied at most one outcome."""
     step = point.split(".", 1)[1]
     if point == "session.heartbeat_answered":

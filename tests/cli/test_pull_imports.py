@@ -32,7 +32,7 @@ IMPORT_COST = ("dataclasses", "inspect", "ast", "dis", "tokenize", "typing", "ar
 
 PROBE = """
 import json, sys
-import qinglong_edge.worker.crashpoints as crashpoints
+import qinglong_edge.crashpoints as crashpoints
 published = []
 _crashpoint = crashpoints.crashpoint
 def _hook(name):
@@ -48,7 +48,64 @@ sys.exit(status)
 """
 #: What the execution after the inbox publication imports (lazily, only then): the
 #: resident loop, the runner, the seven calls, the process core and what it needs.
-EXECUTION = ("qinglong_edge.worker.resident", "qinglong_edge.worker.runner", "qinglong_edge.worker.calls",
+#: Every module of ours an idle cron cycle loads, exactly: a new one on this path is a
+#: decision (each costs the router's minute), made here and in benchmarks/bench_pull.py.
+IDLE_OURS = frozenset({
+    "qinglong_edge",
+    "qinglong_edge.cli",
+    "qinglong_edge.clock",
+    "qinglong_edge.commands",
+    "qinglong_edge.commands._output",
+    "qinglong_edge.commands.pull",
+    "qinglong_edge.config",
+    "qinglong_edge.contracts",
+    "qinglong_edge.contracts._shape",
+    "qinglong_edge.contracts.capabilities",
+    "qinglong_edge.contracts.clocks",
+    "qinglong_edge.contracts.collation",
+    "qinglong_edge.contracts.credentials",
+    "qinglong_edge.contracts.digest",
+    "qinglong_edge.contracts.errors",
+    "qinglong_edge.contracts.fields",
+    "qinglong_edge.contracts.ids",
+    "qinglong_edge.contracts.inbox",
+    "qinglong_edge.contracts.journal_records",
+    "qinglong_edge.contracts.offer",
+    "qinglong_edge.contracts.origin",
+    "qinglong_edge.contracts.placement",
+    "qinglong_edge.contracts.residency",
+    "qinglong_edge.contracts.session",
+    "qinglong_edge.contracts.strictjson",
+    "qinglong_edge.contracts.x509",
+    "qinglong_edge.crashpoints",
+    "qinglong_edge.errors",
+    "qinglong_edge.filecheck",
+    "qinglong_edge.worker",
+    "qinglong_edge.worker.cycle",
+    "qinglong_edge.worker.delivery",
+    "qinglong_edge.worker.delivery.abort",
+    "qinglong_edge.worker.delivery.capabilities",
+    "qinglong_edge.worker.delivery.cluster_clock",
+    "qinglong_edge.worker.delivery.expiry",
+    "qinglong_edge.worker.delivery.identity_guard",
+    "qinglong_edge.worker.delivery.pacing",
+    "qinglong_edge.worker.delivery.pull",
+    "qinglong_edge.worker.delivery.session",
+    "qinglong_edge.worker.ingress",
+    "qinglong_edge.worker.ingress.certificates",
+    "qinglong_edge.worker.ingress.http_exchange",
+    "qinglong_edge.worker.ingress.material",
+    "qinglong_edge.worker.ingress.tls_wire",
+    "qinglong_edge.worker.ingress.transport",
+    "qinglong_edge.worker.journal",
+    "qinglong_edge.worker.journal.files",
+    "qinglong_edge.worker.journal.ownerlock",
+    "qinglong_edge.worker.journal.runtime",
+    "qinglong_edge.worker.journal.store",
+    "qinglong_edge.worker.journal.view",
+})
+
+EXECUTION = ("qinglong_edge.worker.remote.resident", "qinglong_edge.worker.remote.runner", "qinglong_edge.worker.remote.calls",
              "qinglong_edge.process.spawn", "qinglong_edge.process.stop", "subprocess")
 
 
@@ -102,12 +159,13 @@ def test_an_idle_cron_cycle_imports_nothing_it_does_not_need(tmp_path: pathlib.P
     assert {"ssl", "http.client", "email.utils", "datetime"} <= modules  # what the baseline pays too
     assert sorted((set(FORBIDDEN) | set(IMPORT_COST)) & modules) == []
     # An empty inbox has no job files to name: those modules wait for a record (0.2 MiB).
-    assert sorted({"qinglong_edge.worker.remote_files", "qinglong_edge.contracts.receipt",
+    assert sorted({"qinglong_edge.worker.remote.job_files", "qinglong_edge.contracts.receipt",
                    "qinglong_edge.contracts.launch"} & modules) == []
     # The probes are light (issue 25): placement decisions and semver ranges are doctor's.
-    assert "qinglong_edge.worker.capabilities" in modules
+    assert "qinglong_edge.worker.delivery.capabilities" in modules
     assert sorted({"qinglong_edge.contracts.semver", "qinglong_edge.contracts.placement_decision"} & modules) == []
     assert sorted(set(EXECUTION) & modules) == []
+    assert sorted(m for m in modules if m.startswith("qinglong_edge")) == sorted(IDLE_OURS)
 
 
 def test_the_probe_sees_the_argparse_path(env: PullEnv) -> None:

@@ -164,7 +164,7 @@ def test_the_64_jobs_wedge_at_the_edge_default(tmp_path: pathlib.Path, cluster: 
         to_start_failure_acknowledged,
         to_starting_acknowledged,
     )
-    from qinglong_edge.worker.journal import Journal
+    from qinglong_edge.worker.journal.store import Journal
     from tests.worker import offer_vectors as vectors
 
     env = RemoteEnv(tmp_path, cluster)  # inboxMaximumEntries: the edge default, 64

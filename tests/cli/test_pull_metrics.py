@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from qinglong_edge.worker.cycle_status import in_ram
+from qinglong_edge.worker.delivery.cycle_status import in_ram
 from tests.cli.test_pull_imports import FORBIDDEN, IMPORT_COST, PROBE
 from tests.support.cluster_double import ClusterDouble
 from tests.support.observe_tools import require_tool
@@ -149,6 +149,6 @@ def test_an_idle_cycle_with_the_textfile_imports_nothing_heavy(tmp_path: pathlib
     assert proc.returncode == 0, proc.stderr
     line = [text for text in proc.stderr.splitlines() if text.startswith("MODULES=")][-1]
     modules = set(json.loads(line[len("MODULES="):]))
-    assert "qinglong_edge.worker.cycle_status" in modules  # the probe sees it ran
+    assert "qinglong_edge.worker.delivery.cycle_status" in modules  # the probe sees it ran
     assert sorted((set(FORBIDDEN) | set(IMPORT_COST)) & modules) == []
     assert os.path.exists(ram_dir / "q.prom")

@@ -24,14 +24,13 @@ from qinglong_edge.contracts.journal_records import AbandonedClaim, PendingClaim
 from qinglong_edge.contracts.offer import ClaimAuthority, IdleResponse, OfferedResponse
 from qinglong_edge.contracts.origin import Origin, parse_origin
 from qinglong_edge.contracts.session import SessionProjection
-from qinglong_edge.worker.cycle import CycleReport
-from qinglong_edge.worker.ingress_http import ResponseHead
-from qinglong_edge.worker.ingress_material import Material
-from qinglong_edge.worker.journal import JournalOptions
-from qinglong_edge.worker.ownerlock import OwnerRecord
-from qinglong_edge.worker.pull import PullResult, SessionAuthority
-from qinglong_edge.worker.session import SessionOutcome, SessionRecord
-from qinglong_edge.worker.transport import TransportResponse
+from qinglong_edge.worker.delivery.pull import CycleReport, PullResult, SessionAuthority
+from qinglong_edge.worker.delivery.session import SessionOutcome, SessionRecord
+from qinglong_edge.worker.ingress.http_exchange import ResponseHead
+from qinglong_edge.worker.ingress.material import Material
+from qinglong_edge.worker.ingress.transport import TransportResponse
+from qinglong_edge.worker.journal.ownerlock import OwnerRecord
+from qinglong_edge.worker.journal.store import JournalOptions
 
 SESSION_ID = "018f0000-0000-7000-8000-000000000001"
 TOKEN = "T" * 43

@@ -369,7 +369,7 @@ def test_a_lease_change_at_equal_version_is_refused_by_the_check() -> None:
 
 
 def test_a_real_journal_stores_the_whole_lifecycle(tmp_path: pathlib.Path) -> None:
-    from qinglong_edge.worker.journal import Journal
+    from qinglong_edge.worker.journal.store import Journal
 
     journal = Journal.open(str(tmp_path / "worker"))
     try:

@@ -8,9 +8,9 @@ import pathlib
 
 from qinglong_edge.config import parse_config
 from qinglong_edge.local.worker_status import worker_status
-from qinglong_edge.worker.cycle_status import CYCLES_NAME
-from qinglong_edge.worker.journal import Journal
-from qinglong_edge.worker.runtime import RuntimeDirectory
+from qinglong_edge.worker.delivery.cycle_status import CYCLES_NAME
+from qinglong_edge.worker.journal.runtime import RuntimeDirectory
+from qinglong_edge.worker.journal.store import Journal
 from tests.support.local_api import local_api
 from tests.worker import offer_vectors as vectors
 

@@ -149,7 +149,7 @@ def test_installed_ipk_pulls_an_offer_configured_through_uci(unpacked: Unpacked,
     assert list(device.inbox()) == [line["offerId"]] == list(cluster.state.leases_by_offer())
     assert "OpenWrt package" not in outcome.stderr
     assert_agent_loaded_from(outcome.stderr, unpacked.root / LIBRARY,
-                             {"qinglong_edge.commands.pull", "qinglong_edge.worker.transport"})
+                             {"qinglong_edge.commands.pull", "qinglong_edge.worker.ingress.transport"})
     listed = device.cli("inbox", "list", "--json")
     assert listed.status == 0, listed.stderr[-4000:]
     assert [row["offerId"] for row in json.loads(listed.stdout)["offers"]] == [line["offerId"]]

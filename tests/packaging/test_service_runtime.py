@@ -34,7 +34,7 @@ from collections.abc import Iterator
 import pytest
 
 from qinglong_edge.config import load_config
-from qinglong_edge.worker.runtime import journal_key
+from qinglong_edge.worker.journal.runtime import journal_key
 from tests.packaging.conftest import Dist, Unpacked, unpack_ipk
 from tests.packaging.installed import STOP_MARGIN_S, Router, serve_stop_seconds, worker_options
 from tests.support.cli import Entry, unprivileged_python

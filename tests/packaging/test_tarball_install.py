@@ -235,5 +235,5 @@ def test_staged_install_runs_a_real_pull_cycle(sh: Shell, unpacked_tarball: path
     assert outcome.status == 0, outcome.stdout + outcome.stderr[-4000:]
     assert (outcome.last()["status"], outcome.last()["reason"]) == ("accepted", "new_claim")
     assert list(device.inbox()) == [outcome.last()["offerId"]] == list(cluster.state.leases_by_offer())
-    assert_agent_loaded_from(outcome.stderr, root / "usr/lib/qinglong-edge", {"qinglong_edge.worker.pull"})
+    assert_agent_loaded_from(outcome.stderr, root / "usr/lib/qinglong-edge", {"qinglong_edge.worker.delivery.pull"})
     assert list(workdir.iterdir()) == []

@@ -57,7 +57,7 @@ def test_pull_cycle_and_inbox_from_a_read_only_zipapp(pyz: pathlib.Path, workdir
     assert cluster.completion(line["runId"])["status"] == "succeeded"
     assert device.claim() is None
     assert_agent_loaded_from(outcome.stderr, pyz, {"qinglong_edge.cli", "qinglong_edge.commands.pull",
-                                                   "qinglong_edge.worker.transport", "qinglong_edge.worker.journal"})
+                                                   "qinglong_edge.worker.ingress.transport", "qinglong_edge.worker.journal.store"})
 
     listed = device.cli("inbox", "list", "--json")
     assert listed.status == 0, listed.stderr[-4000:]

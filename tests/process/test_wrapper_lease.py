@@ -1,5 +1,5 @@
 """The job wrapper's lease stop (step 5a; issue 23 item 4): a remote job's wrapper reads
-the agent's per-job lease file (worker/job_lease.py) and stops the job itself -- TERM, the
+the agent's per-job lease file (worker/remote/lease.py) and stops the job itself -- TERM, the
 lease's terminate grace, SIGKILL -- at its ``stopAtBootMs``, unless the agent moved that
 later meanwhile. Real wrappers, real commands, real files and the real boot clock.
 """
@@ -18,7 +18,7 @@ from qinglong_edge.errors import ExecutionError
 from qinglong_edge.process import wrapper
 from qinglong_edge.process.logs import read_receipt
 from qinglong_edge.process.spawn import JobSpec, Publication, start_job
-from qinglong_edge.worker.job_lease import JobLease
+from qinglong_edge.worker.remote.lease import JobLease
 from tests.support.jobs import reap
 
 

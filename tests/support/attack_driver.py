@@ -10,8 +10,8 @@ work) or ``local`` (a Local Run, as the execution controller starts one).
 It lays out a device below ROOT the way an installation does (every path the agent reads
 back: docs/architecture.md, "What the agent reads back"), loads its configuration, and
 launches :mod:`tests.support.attack_job` through the real code: remote jobs with
-:func:`qinglong_edge.worker.remote_job.launch` (the limits, hidden and read-only paths,
-cgroup and memory leaf of :func:`~qinglong_edge.worker.remote_files.remote_limits`), the
+:func:`qinglong_edge.worker.remote.job.launch` (the limits, hidden and read-only paths,
+cgroup and memory leaf of :func:`~qinglong_edge.worker.remote.job_files.remote_limits`), the
 Local Run with the Local launcher's spec. Prints one JSON object: ``kind``, ``level``
 (the probe's), ``cells`` (``[cell, path key or null, result, detail]``; a read's
 ``read`` becomes ``hidden`` when it did not find the real content), ``changed`` (path
@@ -75,7 +75,7 @@ def _layout(root: str, lib: str, python: str) -> tuple[str, dict[str, str]]:
                       "maxRunPids": PIDS_LIMIT, "maxRunMemoryBytes": MEMORY_LIMIT},
     }
     _write(config, json.dumps(document), 0o644)
-    from qinglong_edge.worker.runtime import RuntimeDirectory
+    from qinglong_edge.worker.journal.runtime import RuntimeDirectory
 
     with RuntimeDirectory.open(os.path.join(root, "run"), os.path.join(root, "journal")) as runtime:
         runtime.write("session.json", b'{"sessionId":"the session"}\n')
@@ -155,8 +155,8 @@ def _launch_remote(root: str, config_path: str, kind: str, argv: list[str]) -> t
     from qinglong_edge.contracts.receipt import new_callback_token
     from qinglong_edge.process.cgroups import CgroupManager
     from qinglong_edge.process.isolation import probe_isolation
-    from qinglong_edge.worker.remote_files import job_files, remote_limits
-    from qinglong_edge.worker.remote_job import launch
+    from qinglong_edge.worker.remote.job import launch
+    from qinglong_edge.worker.remote.job_files import job_files, remote_limits
 
     config = load_config(config_path)
     limits = remote_limits(config)

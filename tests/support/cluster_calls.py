@@ -4,7 +4,7 @@
 of remote-execution.md 3 with bodies in the reference worker's key order, built from the
 claimed offer (so for the golden fixture they are byte for byte the section 6 vectors).
 JSON routes go through the agent's own transport
-(:meth:`IngressTransport.post_json <qinglong_edge.worker.transport.IngressTransport.post_json>`,
+(:meth:`IngressTransport.post_json <qinglong_edge.worker.ingress.transport.IngressTransport.post_json>`,
 real TLS 1.3 mutual TLS, the route's request and response caps); :meth:`WorkerCalls.raw`
 and :meth:`WorkerCalls.upload` use :mod:`tests.support.ingress_client`, which shows error
 bodies and can send what the agent never would. It tracks the lease version the way a
@@ -19,8 +19,8 @@ from typing import Any
 
 from qinglong_edge.contracts.offer import ClaimAuthority, OfferedResponse, claim_request_body, parse_offer_response
 from qinglong_edge.contracts.session import capabilities_snapshot, register_request_body
-from qinglong_edge.worker.session import local_capabilities
-from qinglong_edge.worker.transport import IngressTransport
+from qinglong_edge.worker.delivery.session import local_capabilities
+from qinglong_edge.worker.ingress.transport import IngressTransport
 from tests.support.cluster_double import ClusterDouble
 from tests.support.cluster_faults import RESPONSE_CAPS
 from tests.support.cluster_wire import compact

@@ -1,6 +1,6 @@
 """A raw TLS 1.3 client for the worker ingress and the artifact stream (tests only).
 
-The agent's transport (:class:`qinglong_edge.worker.transport.IngressTransport`) only
+The agent's transport (:class:`qinglong_edge.worker.ingress.transport.IngressTransport`) only
 posts JSON and never shows an error body; this client sends any bytes with any headers
 over a fresh mutual-TLS connection (the committed client certificate) and returns what
 came back, the ``{"code":...}`` of an error included. It is how the tests send what the

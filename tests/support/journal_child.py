@@ -37,7 +37,7 @@ def _emit(**payload: object) -> None:
 
 
 def _hold(root: str, stale_ms: int) -> int:
-    from qinglong_edge.worker.ownerlock import OwnerLock
+    from qinglong_edge.worker.journal.ownerlock import OwnerLock
 
     lock = OwnerLock.acquire(root, stale_ms=stale_ms)
     record = lock.record
@@ -59,7 +59,7 @@ def _hold(root: str, stale_ms: int) -> int:
 
 def _try(root: str) -> int:
     from qinglong_edge.errors import JournalError
-    from qinglong_edge.worker.ownerlock import OwnerLock
+    from qinglong_edge.worker.journal.ownerlock import OwnerLock
 
     start = time.monotonic()
     try:
@@ -74,7 +74,7 @@ def _try(root: str) -> int:
 
 def _cycle(root: str, resume: bool) -> int:
     from qinglong_edge.contracts.journal_records import PendingClaim
-    from qinglong_edge.worker.journal import Journal
+    from qinglong_edge.worker.journal.store import Journal
     from tests.worker import offer_vectors as vectors
 
     with Journal.open(root) as journal:
@@ -94,7 +94,7 @@ def _cycle(root: str, resume: bool) -> int:
 
 def _count(root: str) -> int:
     from qinglong_edge.contracts.journal_records import PendingClaim
-    from qinglong_edge.worker.journal import Journal
+    from qinglong_edge.worker.journal.store import Journal
     from tests.worker import offer_vectors as vectors
 
     with Journal.open(root) as journal:
@@ -111,7 +111,7 @@ def _count(root: str) -> int:
 
 def _abandon(root: str) -> int:
     from qinglong_edge.contracts.journal_records import PendingClaim
-    from qinglong_edge.worker.journal import Journal
+    from qinglong_edge.worker.journal.store import Journal
     from tests.worker import offer_vectors as vectors
 
     with Journal.open(root) as journal:

@@ -170,7 +170,7 @@ class PullEnv:
     @property
     def runtime(self) -> pathlib.Path:
         """This journal's runtime directory (``<run>/journal-<key>``)."""
-        from qinglong_edge.worker.runtime import journal_key
+        from qinglong_edge.worker.journal.runtime import journal_key
 
         return self.run_base / journal_key(str(self.journal))
 

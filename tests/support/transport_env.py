@@ -27,7 +27,7 @@ import pytest
 
 from qinglong_edge.contracts.credentials import encode_secret
 from qinglong_edge.errors import TransportError
-from qinglong_edge.worker.transport import IngressTransport
+from qinglong_edge.worker.ingress.transport import IngressTransport
 from tests.support.tls_server import cert_path
 
 SESSION_ID = "01890a5d-ac96-774b-bcce-b302099a8057"

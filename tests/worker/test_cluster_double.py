@@ -30,7 +30,7 @@ from qinglong_edge.contracts.session import (
     register_request_body,
     transition_request_body,
 )
-from qinglong_edge.worker.session import local_capabilities
+from qinglong_edge.worker.delivery.session import local_capabilities
 from tests.support.cluster_double import ClusterDouble, Fault
 from tests.support.pull_env import REPO, child_env
 from tests.support.tls_server import cert_path

@@ -2,7 +2,7 @@
 duration loop, the early stop on a rejected credential, the abort signal, the runtime
 directory (and its fallback) and the daily certificate warning. The cluster is the
 double's state machine called directly; the journal and the runtime directory are real.
-The splay phase is tested in tests/worker/test_pacing.py."""
+The splay phase is tested in tests/worker/delivery/test_pacing.py."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 from qinglong_edge.config import WorkerConfig, parse_config
 from qinglong_edge.errors import TransportError
 from qinglong_edge.worker.cycle import CLOCK_FLOOR_MS, run_pull
-from qinglong_edge.worker.pull import AbortSignal, PullAborted
-from qinglong_edge.worker.runtime import RuntimeDirectory, journal_key
+from qinglong_edge.worker.delivery.pull import AbortSignal, PullAborted
+from qinglong_edge.worker.journal.runtime import RuntimeDirectory, journal_key
 from tests.support.cluster_state import ClusterState
 from tests.support.cluster_tasks import build_task
 from tests.support.direct_ingress import DirectIngress
@@ -63,8 +63,8 @@ def test_the_runtime_directory_holds_the_session_and_owner_records(tmp_path: pat
     reports = list(run_pull(worker, clock_ms=lambda: NOW, transport=ingress))  # type: ignore[arg-type]
     assert reports[0].result is not None and reports[0].result.status == "idle"
     runtime = tmp_path / "run" / journal_key(worker.journal_directory)
-    # capabilities.probe: the probes' per-boot cache (worker/capabilities.py); identity.json:
-    # the generation this device registered (worker/identity_guard.py); clock.json: the cluster clock sample
+    # capabilities.probe: the probes' per-boot cache (worker/delivery/capabilities.py); identity.json:
+    # the generation this device registered (worker/delivery/identity_guard.py); clock.json: the cluster clock sample
     assert sorted(os.listdir(runtime)) == ["capabilities.probe", "clock.json", "identity.json", "owner.json",
                                            "session.json"]
     assert stat.S_IMODE(runtime.stat().st_mode) == 0o700
@@ -154,7 +154,7 @@ def test_the_client_certificate_expiry_warning_once_a_day(tmp_path: pathlib.Path
 def test_a_cycle_prunes_abandoned_claims_beyond_a_lowered_bound(tmp_path: pathlib.Path, ingress: Closable) -> None:
     """Issue 16: the bound holds from the next cycle, not only from the next abandon."""
     from qinglong_edge.contracts.journal_records import PendingClaim
-    from qinglong_edge.worker.journal import Journal, JournalOptions
+    from qinglong_edge.worker.journal.store import Journal, JournalOptions
     from tests.worker import offer_vectors as vectors
 
     worker = _worker(tmp_path, abandonedMaximumEntries=2)

@@ -1,0 +1,1 @@
+"""The journal wing: the claim and inbox files' crash safety, the owner lock, the runtime directory."""
