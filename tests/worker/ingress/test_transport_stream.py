@@ -223,7 +223,7 @@ with TLSServer(lambda request: answer) as server:
 
 @contextlib.contextmanager
 def _server_process() -> Iterator[str]:
-    repo = str(pathlib.Path(__file__).resolve().parents[2])
+    repo = str(pathlib.Path(__file__).resolve().parents[3])
     child = subprocess.Popen([sys.executable, "-c", _SERVER_CHILD, repo, ANSWER.decode()], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
     try:

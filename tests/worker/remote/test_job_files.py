@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parent.parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[3]
 NOBODY = 65534
 
 
