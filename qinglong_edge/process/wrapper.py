@@ -1315,7 +1315,8 @@ class Supervisor:
     (a capability), ``status`` and ``alone`` (what ``waitpid`` said), ``term_spent``
     (every member has had its one TERM: ours to the leftovers or the lease stop's, so a
     stop's TERM is dropped from then on, in any later phase), ``lease_stopping`` (the
-    stop is the lease's: the lease file is not read again).
+    stop is the lease's: the lease file is not read again). The phases of real jobs are
+    checked against the table by ``tests/process/test_wrapper_phases.py``.
     """
 
     def __init__(self, job: Job) -> None:
