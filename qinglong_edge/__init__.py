@@ -1,7 +1,8 @@
 """qinglong-edge: a QingLong 3.0 Remote Worker and Local run API for small devices.
 
-Layers (lower never imports upper): ``contracts`` (pure validators) <
-``errors``/``config`` < ``worker`` < ``local`` < ``execution`` < ``commands``/``cli``.
+Folders import only what the graph of tests/test_layers.py allows (docs/architecture.md,
+"Layers"): ``contracts`` (pure validators) at the bottom, then ``errors``/``config``, the
+process core, the worker's wings, ``local``, ``execution``, and ``commands``/``cli`` on top.
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ DEFAULT_RUNTIME_DIRECTORY = "/run/qinglong-edge"
 DEFAULT_SPLAY_MAX_MS = 60_000
 ENV_CONFIG = "QINGLONG_EDGE_CONFIG"
 #: ``execution.maxRunPids`` by profile. Edge: Local 2 Runs x 16 + remote 1 x 16 + the
-#: agent's own threads fit the 64-task envelope (docs/architecture.md, "PIDs").
+#: agent's own threads fit the 64-task envelope (docs/worker/remote.md, "PIDs").
 DEFAULT_RUN_PIDS = {"edge": 16, "standalone": 28}
 #: ``execution.maxRunMemoryBytes`` by profile: the memory limit of one job's cgroup leaf
 #: (its wrapper is outside it). Edge: on a 128 MiB router, OpenWrt itself (~24 MiB), serve

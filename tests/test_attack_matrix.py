@@ -1,5 +1,5 @@
 """The attack matrix (issue 24 item 5): what a hostile job can do, cell by cell, against
-what the README says ("What a remote job can do") and docs/architecture.md lists ("What
+what the README says ("What a remote job can do") and docs/worker/remote.md lists ("What
 the agent reads back").
 
 One job per (kind, isolation level) tries every cell and prints the results
@@ -72,9 +72,9 @@ def readme_answers() -> dict[str, list[str]]:
 
 
 def path_classes() -> dict[str, str]:
-    """docs/architecture.md "What the agent reads back": path key -> how a remote job is kept out
+    """docs/worker/remote.md "What the agent reads back": path key -> how a remote job is kept out
     (``hidden``, ``read-only`` or ``root's``), from the table's key and third column."""
-    rows = _table((REPO / "docs" / "architecture.md").read_text(), "### What the agent reads back")
+    rows = _table((REPO / "docs" / "worker" / "remote.md").read_text(), "## What the agent reads back")
     found = {}
     for row in rows:
         key = re.search(r"\(`([a-z_]+)`\)", row[0])

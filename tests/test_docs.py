@@ -1,10 +1,12 @@
-"""README.md and docs/architecture.md say what the code does.
+"""README.md and the pages of docs/ say what the code does.
 
 Each test reads a part of the docs and checks it against the real thing: the config
 table against the config parser (every key, bound and default), the command table
 against the argument parser, the troubleshooting table against the checks ``doctor``
-really runs, the curl examples against the Local API router, the module map against the
-package tree, and the README's Local API walkthrough is run as a shell script.
+really runs, the curl examples against the Local API router, the module maps against the
+package tree, the folder table against the import graph of ``tests/test_layers.py``, every
+link, path and named section against what exists, the README's "Layout" against the
+folders, and the README's Local API walkthrough is run as a shell script.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from qinglong_edge.local import routes
 REPO = pathlib.Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text(encoding="utf-8")
 ARCHITECTURE = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+#: Every page of docs/ (docs/architecture.md is the overview; one page per folder).
+PAGES = {path: path.read_text(encoding="utf-8") for path in sorted((REPO / "docs").rglob("*.md"))}
+PACKAGE = REPO / "qinglong_edge"
 
 
 def _section(title: str) -> str:
@@ -293,17 +298,121 @@ def test_documented_bodies_are_the_contract_bodies() -> None:
         parse_task_start_request(decode_local_api_body(body.encode()))
 
 
-# -- architecture -----------------------------------------------------------------------------
+# -- architecture ---------------------------------------------------------------------------
 
-def test_module_map_names_every_module() -> None:
-    package = REPO / "qinglong_edge"
-    for path in sorted(package.rglob("*.py")):
-        relative = path.relative_to(package).as_posix()
-        if relative.endswith("__init__.py") or relative.startswith("commands/"):
+#: A module map line: two spaces, a path under qinglong_edge/, white space, what it is.
+_MAP_LINE = re.compile(r"^  ([a-z0-9_/]+\.py)\s", re.M)
+
+
+def test_module_maps_name_every_module_once() -> None:
+    """Each module has exactly one line in the module maps (the overview's or its folder's page)."""
+    named: list[str] = []
+    for text in PAGES.values():
+        for block in re.findall(r"^```\nqinglong_edge/\n(.*?)^```", text, re.S | re.M):
+            named += _MAP_LINE.findall(block)
+    modules = sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py") if p.name != "__init__.py")
+    assert sorted(set(named)) == sorted(named), "a module map names a module twice"
+    assert sorted(named) == modules, (f"missing from the module maps: {sorted(set(modules) - set(named))}; "
+                                      f"named but absent: {sorted(set(named) - set(modules))}")
+
+
+def _folder_table() -> dict[str, set[str]]:
+    """docs/architecture.md "Layers": folder -> the folders its "may import" cell names."""
+    section = ARCHITECTURE.split("## Layers\n", 1)[1].split("\n## ", 1)[0]
+    graph = {}
+    for line in section.splitlines():
+        if not line.startswith("| `"):
             continue
-        assert relative in ARCHITECTURE, f"{relative} is missing from the module map"
-    for match in re.findall(r"^  ([a-z_/]+\.py)\s", ARCHITECTURE, re.M):
-        assert (package / match).is_file(), f"the module map names {match}, which does not exist"
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        folder = re.match(r"`([^`]+)`", cells[0])
+        assert folder, line
+        graph[folder.group(1).removesuffix("/").removesuffix(".py")] = {
+            name.removesuffix("/").removesuffix(".py") for name in re.findall(r"`([^`]+)`", cells[3])}
+    return graph
+
+
+def test_the_folder_table_is_the_import_graph() -> None:
+    from tests.test_layers import ALLOWED
+
+    assert _folder_table() == ALLOWED
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(text: str) -> set[str]:
+    found: set[str] = set()
+    for heading in re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```", "", text, flags=re.S | re.M), re.M):
+        slug, n = _slug(heading), 0
+        while (slug if n == 0 else f"{slug}-{n}") in found:
+            n += 1
+        found.add(slug if n == 0 else f"{slug}-{n}")
+    return found
+
+
+DOCUMENTS = {REPO / "README.md": README, **PAGES}
+
+
+@pytest.mark.parametrize("page", sorted(DOCUMENTS), ids=lambda p: p.relative_to(REPO).as_posix())
+def test_relative_links_reach_a_file_and_its_heading(page: pathlib.Path) -> None:
+    for target in re.findall(r"\]\(([^)\s]+)\)", DOCUMENTS[page]):
+        if re.match(r"[a-z]+:", target):
+            continue  # https:, mailto:
+        path, _, anchor = target.partition("#")
+        resolved = (page.parent / path).resolve() if path else page
+        assert resolved.exists(), f"{page.name}: link {target} names no file"
+        if anchor and resolved.suffix == ".md":
+            assert anchor in _anchors(resolved.read_text(encoding="utf-8")), f"{page.name}: link {target}: no such heading"
+
+
+def _repo_file(name: str) -> bool:
+    """A path a page names in backquotes: under the repository, else under qinglong_edge/; a
+    bare file name: some file of that name in the repository (tests, packaging...)."""
+    if "/" not in name:
+        return any(REPO.glob(f"**/{name}"))
+    return (REPO / name).exists() or (PACKAGE / name).exists()
+
+
+@pytest.mark.parametrize("page", sorted(DOCUMENTS), ids=lambda p: p.relative_to(REPO).as_posix())
+def test_every_python_path_named_exists(page: pathlib.Path) -> None:
+    """Every ``path.py`` a page names in backquotes (``qinglong_edge/...``, ``tests/...``,
+    ``benchmarks/...``, or relative to the package: ``worker/journal/files.py``) exists."""
+    for name in set(re.findall(r"`([\w./-]+\.py)`", DOCUMENTS[page])):
+        assert _repo_file(name), f"{page.relative_to(REPO)} names {name}, which does not exist"
+
+
+def _referring_files() -> list[pathlib.Path]:
+    return sorted([REPO / "README.md", *PAGES, *PACKAGE.rglob("*.py"), *(REPO / "tests").rglob("*.py")])
+
+
+def test_named_sections_exist() -> None:
+    """A reference of the form ``docs/<page>.md "Section"`` (in the package, the tests, the
+    README or a page) names text that is on that page."""
+    pattern = re.compile(r"docs/([\w/.-]+\.md)\)?[,:]?\s*\(?\"([^\"]+)\"")
+    for path in _referring_files():
+        for page, section in pattern.findall(path.read_text(encoding="utf-8")):
+            target = REPO / "docs" / page
+            assert target.is_file(), f"{path.relative_to(REPO)} names docs/{page}, which does not exist"
+            words = " ".join(section.split()).lower()
+            assert words in " ".join(target.read_text(encoding="utf-8").split()).lower(), (
+                f'{path.relative_to(REPO)}: docs/{page} has no "{section}"')
+
+
+def test_readme_layout_names_every_folder_and_page() -> None:
+    block = _section("Layout").split("```")[1]
+    for folder in sorted(p.parent for p in PACKAGE.rglob("__init__.py")):
+        if folder != PACKAGE:
+            assert f"{folder.name}/" in block, f"README Layout misses qinglong_edge/{folder.relative_to(PACKAGE)}/"
+    for module in sorted(PACKAGE.glob("*.py")):
+        if module.name != "__init__.py":
+            assert module.name in block, f"README Layout misses qinglong_edge/{module.name}"
+    for page in (REPO / "docs").rglob("*"):
+        if page.is_file() and page.suffix in (".md", ".json"):
+            assert page.relative_to(REPO / "docs").as_posix() in block, f"README Layout misses docs/{page.name}"
+    for name in re.findall(r"\b([a-z_]+\.py)\b", block):
+        assert any(PACKAGE.rglob(name)) or any(REPO.glob(f"*/{name}")), f"README Layout names {name}, which is gone"
 
 
 # -- the walkthrough, run ---------------------------------------------------------------------

@@ -1,3 +1,3 @@
-"""Layer 3: the Local SQLite store and the Local /api/v3 server (ADR-0372)."""
+"""The Local SQLite store and the Local /api/v3 server (ADR-0372); docs/local.md."""
 
 from __future__ import annotations

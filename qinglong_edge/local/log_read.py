@@ -40,7 +40,7 @@ Two steps, so the store's one connection is never held during file I/O:
 Truncation: Local logs carry the cap's notice in the file itself
 (:data:`~qinglong_edge.process.logs.TRUNCATION_NOTICE`) and no separate fact; the
 reference forbids inferring truncation from a size or the text, so every Local read
-says ``{"truncated":"unknown"}`` (docs/architecture.md, "Run log reads").
+says ``{"truncated":"unknown"}`` (docs/local.md, "Seeing what runs").
 """
 
 from __future__ import annotations

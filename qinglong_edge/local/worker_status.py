@@ -17,7 +17,7 @@ runtime directory, the inbox records from the journal. Body (keys in this order)
 
 At most :data:`MAX_RECORDS` records (the newest accepted); lease tokens, credentials and
 callback digests never appear. ``lastCycle`` is the last *failed* cycle unless the
-metrics textfile is on (only then does every cycle write it: docs/architecture.md).
+metrics textfile is on (only then does every cycle write it: docs/local.md, "Metrics").
 """
 
 from __future__ import annotations

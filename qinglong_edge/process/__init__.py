@@ -7,5 +7,5 @@ the durable ``ql3lp1.`` handle), ``cgroups`` (a cgroup per job), ``jobspec`` (wh
 is), ``spawn`` (start a job under the job wrapper, behind the start barrier),
 ``wrapper`` (the job wrapper *program*: run, never imported by the agent), ``logs``
 (what the wrapper publishes, read back), ``isolation`` (does job isolation work here),
-``stop`` (verified stop).
+``stop`` (verified stop). See docs/process.md.
 """

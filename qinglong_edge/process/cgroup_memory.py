@@ -4,7 +4,7 @@ Issue 24 item 3. The job (not its wrapper) runs in a cgroup of its own with
 ``memory.max`` (``execution.maxRunMemoryBytes``) and no swap, so a job at its limit is
 OOM-killed there while the wrapper lives on to publish the receipt, and the agent is
 never the kernel's choice (jobs also get ``oom_score_adj`` 1000, see the wrapper). The
-layout per system (docs/architecture.md, "The job's memory"):
+layout per system (docs/process.md, "Memory"):
 
 * **cgroup v1 memory hierarchy** (hybrid systems such as this project's CI machines):
   ``<memory mount>/<agent's memory cgroup>/qinglong-edge/<name>`` holds the job alone

@@ -3,7 +3,7 @@
 Issue 23: no damaged runtime file (empty, truncated, garbage, a loose mode) is a permanent
 error. Each reader in the agent already treats a damaged copy as this table says; this
 module lets ``doctor`` find them (read-only: nothing is created, repaired or removed) and
-is the list docs/architecture.md "Runtime files" mirrors.
+is the list docs/worker/journal.md "Runtime files" mirrors.
 
 :func:`damaged_files` returns ``(name, problem, meaning)`` for each file that a reader would
 take as damaged. ``problem`` is one short phrase (``0 bytes``, ``not a session record``,
@@ -105,7 +105,7 @@ def _job_lease(data: bytes) -> object:
     return parse_job_lease(data)
 
 
-#: Every kind, in the order of docs/architecture.md "Runtime files" (the last four: "Clocks").
+#: Every kind, in the order of docs/worker/journal.md "Runtime files" (the last four: docs/clocks.md "Runtime files").
 KINDS: tuple[RuntimeFile, ...] = (
     RuntimeFile(r"owner\.json", "the owner lock's diagnostic record (pid, start time, boot id)", _owner,
                 "unknown owner: the lock itself is the flock; rewritten at the next acquisition"),

@@ -4,7 +4,7 @@ real job wrappers, real files and real (tmpfs) mounts.
 
 Before: a zero-length ``attempt.json`` (a power loss with the runtime directory on disk)
 made every pull exit 73 for good, and doctor did not see it. Now no damaged runtime file
-is a permanent error: docs/architecture.md "Runtime files" says what each damaged file
+is a permanent error: docs/worker/journal.md "Runtime files" says what each damaged file
 means; doctor names them (``runtime_files``).
 """
 

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 
 MEMORY_LIMIT = 128 * MIB
 PIDS_LIMIT = 64
-RUN_PIDS_DEFAULT = 16  # execution.maxRunPids, edge profile (docs/architecture.md, "PIDs")
+RUN_PIDS_DEFAULT = 16  # execution.maxRunPids, edge profile (docs/worker/remote.md, "PIDs")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ KIND is ``remote-isolated`` (the isolation the probe finds here, at its PID leve
 work) or ``local`` (a Local Run, as the execution controller starts one).
 
 It lays out a device below ROOT the way an installation does (every path the agent reads
-back: docs/architecture.md, "What the agent reads back"), loads its configuration, and
+back: docs/worker/remote.md, "What the agent reads back"), loads its configuration, and
 launches :mod:`tests.support.attack_job` through the real code: remote jobs with
 :func:`qinglong_edge.worker.remote.job.launch` (the limits, hidden and read-only paths,
 cgroup and memory leaf of :func:`~qinglong_edge.worker.remote.job_files.remote_limits`), the

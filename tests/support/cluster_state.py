@@ -73,7 +73,7 @@ Offers (``claimNext``), keyed by (workerId, offerId):
 
 An idle answer stores nothing keyed by the offerId (as the reference: its idle paths
 only read, and the offerId is written only by the lease claim's transaction; see
-docs/architecture.md "Idle answers and the kept claim"), so the same offerId and token
+docs/worker/delivery.md "Idle answers and the kept claim"), so the same offerId and token
 sent again later are a fresh claim attempt: the worker keeps its claim across idle
 answers.
 

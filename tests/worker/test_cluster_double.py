@@ -410,7 +410,7 @@ def test_idle_reasons(cluster: ClusterDouble, case: str, reason: str) -> None:
 
 
 def test_an_idle_answer_stores_nothing_for_the_offer_id(cluster: ClusterDouble) -> None:
-    """As the reference (docs/architecture.md, "Idle answers and the kept claim"): the
+    """As the reference (docs/worker/delivery.md, "Idle answers and the kept claim"): the
     same offerId and token answered idle, again and again, and then claimed as new."""
     call(cluster, path("register"), register_body())
     cluster.state.candidates.clear()

@@ -32,7 +32,7 @@ an idle cycle reads it at most)::
      "foreignAtMs":[<boot ms>...],"quietUntilMs":<boot ms>|null,"quietSinceWallMs":<wall ms>|null}
 
 A damaged or foreign copy (another boot, another worker id, garbage) counts as absent:
-nothing is compared and no window holds (docs/architecture.md, "Runtime files").
+nothing is compared and no window holds (docs/worker/journal.md, "Runtime files").
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ Storage on flash (spec README "Decisions for storage on flash", issue 16): a cla
 kept across idle answers, so an idle cycle in steady state writes nothing to the journal
 (only the RAM marker). That is correct because the reference cluster stores nothing
 keyed by the offerId when it answers idle (verified in its source, see
-docs/architecture.md "Idle answers and the kept claim"): sending the same offerId and
+docs/worker/delivery.md "Idle answers and the kept claim"): sending the same offerId and
 token again later is a fresh claim attempt, and a lease the cluster did commit is found
 again by offerId (``lease_recovery``).
 

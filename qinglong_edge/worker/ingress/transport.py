@@ -137,7 +137,7 @@ if TYPE_CHECKING:
     from qinglong_edge.contracts.x509 import CertificateValidity
 
 # Imported where used, not here: a successful idle pull cycle needs neither the failure
-# classification (transport_reasons), nor the stream's file half (transport_stream), nor
+# classification (reasons.py), nor the stream's file half (stream.py), nor
 # the DER reader (contracts.x509); a cron run on a router pays for every import.
 
 __all__ = [

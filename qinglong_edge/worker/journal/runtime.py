@@ -18,9 +18,9 @@ OpenWrt, where the init script creates it)::
         notice.<key>                      once-per-boot and once-per-day notices
         wrapper-<16 hex>.pyc, isolation.json  the compiled job wrapper and the isolation
                                           answer, kept only while remote jobs are isolated
-                                          (remote_job.py; this directory is hidden from them)
+                                          (worker/remote/job.py; this directory is hidden from them)
 
-A reboot loses all of it, by design (docs/architecture.md, "What a reboot loses"): the
+A reboot loses all of it, by design (docs/worker/journal.md, "What a reboot loses"): the
 next cycle registers a new session, a claim bound to the old one is dropped or
 abandoned, and notices are shown again.
 

@@ -5,7 +5,7 @@ isolation (:class:`qinglong_edge.process.spawn.Isolation`, where
 :func:`qinglong_edge.process.isolation.probe_isolation` says it works) the paths of
 :func:`remote_hidden_paths` are empty for it and those of :func:`remote_readonly_paths`
 read-only; without, ``doctor`` lists them as what a remote job can read and change.
-Everything the agent reads back is one of them, or belongs to root (docs/architecture.md,
+Everything the agent reads back is one of them, or belongs to root (docs/worker/remote.md,
 "What the agent reads back": nothing a job can write is trusted later).
 """
 

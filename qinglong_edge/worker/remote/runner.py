@@ -24,7 +24,7 @@ which enforce the allowed transitions::
     any non-terminal      T12 the lease expired locally (or the session was replaced
                               before launch): stop what runs       -> recovery_required
 
-Decisions (spec README "Decisions for remote execution"; docs/architecture.md, "The life
+Decisions (spec README "Decisions for remote execution"; docs/worker/remote.md, "The life
 of a remote run"):
 
 * ``target_ok`` before T1/T2: the record's session must be the current one (else T12).
