@@ -21,14 +21,14 @@ each Run it controls (``running``, ``stopping``, ``completing``, ``reconciling``
 **A stop never blocks the thread.** Each stop is a
 :class:`~qinglong_edge.process.stop.Stopping` (the one stop algorithm of
 :mod:`qinglong_edge.process.stop`, as timed steps), kept per attempt while it is under
-way. Its first step (look, SIGTERM) runs at once, where the stop is decided; the loop then
-steps each stop when it is due (every ``poll_ms``, 25 ms, and at a grace's end: re-verify,
-SIGKILL), and what follows the stop (the terminal write, the completion, ``lost``) runs
-when its last step has the :class:`~qinglong_edge.process.stop.StopResult`. So while Run A
-sits out its terminate grace, a cancel of Run B is handled at once: B gets its SIGTERM
-within one turn of the loop (``benchmarks/bench_controller_stop.py`` measures it). A stop
-that finds nothing to signal ends in its first step, and its follow-up runs right there,
-as before.
+way (:class:`~qinglong_edge.execution.stops.StopBook`). Its first step (look, SIGTERM)
+runs at once, where the stop is decided; the loop then steps each stop when it is due
+(every ``poll_ms``, 25 ms, and at a grace's end: re-verify, SIGKILL), and what follows the
+stop (the terminal write, the completion, ``lost``) runs when its last step has the
+:class:`~qinglong_edge.process.stop.StopResult`. So while Run A sits out its terminate
+grace, a cancel of Run B is handled at once: B gets its SIGTERM within one turn of the
+loop (``benchmarks/bench_controller_stop.py`` measures it). A stop that finds nothing to
+signal ends in its first step, and its follow-up runs right there, as before.
 
 The thread wakes on :meth:`notify` (a self-pipe), on any Run's exit (its wrapper's pidfd
 is in the same ``selectors`` set), at the next step of a stop under way, at the nearest
@@ -63,17 +63,8 @@ on ``<database>.controller.lock`` (``already_owned`` otherwise) and the thread r
 when it ends, so a second ``serve`` on the same database can never adopt, and then "shut
 down", the Runs of the one that is running.
 
-Restart recovery (first thing on the thread): every active attempt is reloaded. One with a
-handle whose identity still runs is adopted (the pass stops it if its Run has an intent);
-one whose process is gone is reconciled: ``cancelled``/``timed_out`` if it has an intent,
-else ``lost`` (``RECOVERY_PROCESS_NOT_RUNNING``: its exit status died with the previous
-agent); a pid now owned by another process is never signalled (the identity differs). An
-attempt ``starting`` without a handle never ran its job (start barrier) and becomes
-``lost`` (``RECOVERY_UNSTARTED_LAUNCH``) or ``cancelled``. A cgroup ``qinglong-edge/<id>``
-whose ``<id>`` is an attempt of *this* database that is no longer active (leftovers of a
-crash) is emptied and removed; cgroups named after anything else (another agent's
-database, an operator's) are never touched. A log FIFO left by an older version of the
-agent (which drained Run output itself) is removed.
+Restart recovery (first thing on the thread; repeated by each pass until complete):
+:mod:`qinglong_edge.execution.recovery`.
 
 Shutdown (:meth:`stop`): decision for the drain that 7.2 mentions: the Runs this agent is
 running are stopped, not left behind. Each active Run gets a ``shutdown`` intent (an
@@ -91,13 +82,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import logging
 import os
 import selectors
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from qinglong_edge.clock import boot_id, boot_ms
 from qinglong_edge.config import ExecutionConfig
@@ -108,15 +98,14 @@ from qinglong_edge.execution.launcher import (
     MAX_LAUNCH_ATTEMPTS,
     ActiveRun,
     Launcher,
-    open_pidfd,
 )
 from qinglong_edge.execution.phases import CONTROLLER_TRANSITIONS
+from qinglong_edge.execution.recovery import Recovery, discard_cgroup
+from qinglong_edge.execution.stops import StopBook
 from qinglong_edge.execution.transitions import (
     MAX_PAGE,
     Candidate,
     Snapshot,
-    finished_attempts,
-    list_active,
     list_candidates,
     load_snapshot,
     mark_lost,
@@ -124,11 +113,10 @@ from qinglong_edge.execution.transitions import (
     record_completion,
     request_control_cancellation,
 )
-from qinglong_edge.local.run_logs import LEGACY_LOG_NAME, parse_log_name
 from qinglong_edge.local.store import Store, now_ms
 from qinglong_edge.process.cgroups import CgroupManager, RunCgroup, out_of_memory
-from qinglong_edge.process.identity import decode_handle, inspect
-from qinglong_edge.process.stop import Stopping, StopResult, check_transition
+from qinglong_edge.process.identity import inspect
+from qinglong_edge.process.stop import StopResult, check_transition
 
 __all__ = ["ExecutionController"]
 
@@ -206,7 +194,9 @@ class ExecutionController:
         self._active: dict[str, ActiveRun] = {}
         self._retry_at: dict[str, float] = {}
         #: Stops under way, by attempt id (module docstring: a stop never blocks the thread).
-        self._stops: dict[str, _StopWork] = {}
+        self._stops = StopBook(terminate_grace_ms=config.terminate_grace_ms, kill_grace_ms=config.kill_grace_ms,
+                               poll_ms=self.poll_ms)
+        self._recovery: Recovery | None = None
         #: When the next pass is due (``time.monotonic()``), unless the thread is woken first.
         self._pass_at = 0.0
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -265,6 +255,11 @@ class ExecutionController:
             max_log_bytes=self.config.max_log_bytes, work_directory=self.work_directory, clock=self.clock,
             new_id=self.new_id, launch_attempts=self._launch_attempts, launch_backoff_s=self._launch_backoff_s,
             terminate_grace_ms=self.config.terminate_grace_ms, kill_grace_ms=self.config.kill_grace_ms,
+        )
+        self._recovery = Recovery(
+            self.store, cgroups=self.cgroups, log_directory=self.config.log_directory,
+            kill_grace_ms=self.config.kill_grace_ms, clock=self.clock, new_id=self.new_id, boot_id=self._boot_id,
+            stops=self._stops, active=self._active, track=self._track,
         )
         self._move("recovering")
         self._thread = threading.Thread(target=self._main, name="qinglong-edge-execution", daemon=True)
@@ -391,8 +386,7 @@ class ExecutionController:
         except Exception as exc:  # noqa: BLE001 - still close what we hold
             _log.error("shutdown drain failed: %s", _one_line(exc))
         finally:
-            for work in self._stops.values():
-                work.stopping.close()
+            self._stops.close()
             for active in list(self._active.values()):
                 active.close()
             self._selector.close()
@@ -433,7 +427,7 @@ class ExecutionController:
         if self._woken:
             return 0.0
         wait = max(0.0, self._pass_at - time.monotonic())
-        step = self._stops_wait()
+        step = self._stops.wait_s()
         return wait if step is None else min(wait, step)
 
     def _pump(self, seconds: float) -> bool:
@@ -465,43 +459,6 @@ class ExecutionController:
                 self._selector.unregister(active.pidfd)
         self._active.pop(active.attempt_id, None)
         self._retry_at.pop(active.attempt_id, None)
-
-    # -- stops under way ----------------------------------------------------------------
-
-    def _begin_stop(self, attempt_id: str, handle: str, cgroup: RunCgroup | None,
-                    then: Callable[[StopResult], None]) -> None:
-        """Begin the stop of ``attempt_id``: its first step now (look, SIGTERM); ``then``
-        runs with the result once it is over: right here if the first step ends it
-        (nothing alive, nothing to wait for), else from :meth:`_advance_stops`."""
-        stopping = Stopping(handle, cgroup, terminate_grace_ms=self.config.terminate_grace_ms,
-                            kill_grace_ms=self.config.kill_grace_ms, poll_ms=self.poll_ms)
-        if stopping.step() is None:
-            assert stopping.result is not None  # done
-            then(stopping.result)
-            return
-        self._stops[attempt_id] = _StopWork(stopping, then)
-
-    def _stops_wait(self) -> float | None:
-        """Seconds until the earliest stop under way wants its next step; None if none."""
-        waits = [w for w in (work.stopping.wait_s() for work in self._stops.values()) if w is not None]
-        return min(waits) if waits else None
-
-    def _advance_stops(self) -> None:
-        """Step every stop that is due; run the follow-up of each one that is over (what
-        a follow-up raises is logged, and the others go on)."""
-        for attempt_id, work in self._due_stops():
-            result = work.stopping.result
-            if result is None:
-                continue
-            del self._stops[attempt_id]
-            self._guarded(f"the end of the stop of attempt {attempt_id}", functools.partial(work.then, result))
-
-    def _due_stops(self) -> Iterator[tuple[str, _StopWork]]:
-        for attempt_id, work in list(self._stops.items()):
-            wait = work.stopping.wait_s()
-            if wait is not None and wait <= 0:
-                work.stopping.step()
-            yield attempt_id, work
 
     # -- one pass -----------------------------------------------------------------------
 
@@ -690,91 +647,24 @@ class ExecutionController:
             _log.warning("run %s: its cgroup is not empty yet; it is swept at the next start", active.run_id)
 
     def _discard_orphan_cgroup(self, attempt_id: str) -> None:
-        cgroup = self.cgroups.open(attempt_id)
-        if cgroup is not None:
-            with contextlib.suppress(EdgeError):
-                cgroup.kill()
-            deadline = time.monotonic() + self.config.kill_grace_ms / 1000
-            while not cgroup.remove() and time.monotonic() < deadline:
-                time.sleep(0.01)
-
-    # -- restart recovery ---------------------------------------------------------------
+        discard_cgroup(self.cgroups, attempt_id, self.config.kill_grace_ms)
 
     def _recover(self) -> None:
-        """Restart recovery (module docstring); repeated by later passes until complete."""
-        snaps = self.store.run(list_active)
-        complete = True
-        for snap in snaps:
-            if snap.attempt.id in self._stops:
-                complete = False  # its stop is under way: the next pass looks again
-                continue
-            if snap.attempt.id in self._active:
-                continue
-            try:
-                self._recover_one(snap)
-            except EdgeError as exc:
-                complete = False
-                _log.warning("run %s: recovery deferred: %s", snap.run.id, exc.code)
-        active_ids = {s.attempt.id for s in snaps} | set(self._active)
-        leftover = sorted(self.cgroups.owned_names() - active_ids)
-        for name in self.store.run(lambda c: finished_attempts(c, leftover)):
-            self._discard_orphan_cgroup(name)
-        self._sweep_fifos()
-        if complete and self.phase == "recovering":
+        """Restart recovery (:mod:`qinglong_edge.execution.recovery`); once it is complete
+        the controller moves on to ``controlling``."""
+        recovery = self._recovery
+        if recovery is not None and recovery.run() and self.phase == "recovering":
             self._move("controlling")
 
-    def _recover_one(self, snap: Snapshot) -> None:
-        attempt = snap.attempt
-        handle = attempt.executor_handle
-        reason = snap.run.cancel_reason
-        if handle is None:
-            self._discard_orphan_cgroup(attempt.id)
-            if reason is not None:
-                self.store.run(lambda c: mark_terminal(c, snap, reason=reason, now_ms=self.clock(),
-                                                       new_id=self.new_id))
-            else:
-                self.store.run(lambda c: mark_lost(c, snap, why="unstarted_launch", actor_id="local-startup",
-                                                   now_ms=self.clock(), new_id=self.new_id))
-            return
-        status = inspect(handle)
-        if status.status == "unknown":
-            raise EdgeError(f"identity unavailable ({status.reason})", code="provider_unavailable")
-        cgroup = self.cgroups.open(attempt.id)
-        if status.status == "running":
-            identity = decode_handle(handle).identity
-            adopted = ActiveRun(snap.run.id, attempt.id, handle, identity, None, cgroup, attempt.deadline_at_ms,
-                                pidfd=open_pidfd(identity.pid),
-                                deadline_boot_ms=attempt.deadline_in_boot(self._boot_id))
-            self._track(adopted)
-            _log.info("run %s: adopted pid %d after restart", snap.run.id, identity.pid)
-            return
-        # Gone (or the pid belongs to someone else now): never signal it; empty our cgroup.
+    def _begin_stop(self, attempt_id: str, handle: str, cgroup: RunCgroup | None,
+                    then: Callable[[StopResult], None]) -> None:
+        self._stops.begin(attempt_id, handle, cgroup, then)
 
-        def then(_leftovers: StopResult) -> None:
-            if reason is not None:
-                self.store.run(lambda c: mark_terminal(c, snap, reason=reason, now_ms=self.clock(),
-                                                       new_id=self.new_id))
-            else:
-                self.store.run(lambda c: mark_lost(c, snap, why="process_not_running", actor_id="local-startup",
-                                                   now_ms=self.clock(), new_id=self.new_id))
-            if cgroup is not None:
-                cgroup.remove()
-
-        self._begin_stop(attempt.id, handle, cgroup, then)
-
-    def _sweep_fifos(self) -> None:
-        """Remove the log FIFOs an older agent made (it drained Run output through them;
-        the job wrapper needs none): only names this agent makes, never a foreign file."""
-        try:
-            names = os.listdir(self.config.log_directory)
-        except OSError:
-            return
-        for name in names:
-            parsed = parse_log_name(name)
-            legacy = LEGACY_LOG_NAME.fullmatch(name)
-            if (parsed is not None and parsed[2] == "fifo") or (legacy is not None and legacy.group(2) == "fifo"):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(self.config.log_directory, name))
+    def _advance_stops(self) -> None:
+        """Step the stops that are due; the follow-up of each one that is over runs
+        guarded (what one raises is logged; the others go on)."""
+        self._stops.advance(lambda attempt_id, follow_up: self._guarded(
+            f"the end of the stop of attempt {attempt_id}", follow_up))
 
     # -- shutdown drain -----------------------------------------------------------------
 
@@ -795,16 +685,6 @@ class ExecutionController:
             if snap is not None and snap.controllable and snap.run.cancel_reason is not None:
                 self._stop_for_intent(active, snap, snap.run.cancel_reason, active.handle, active.cgroup)
         while self._stops:
-            self._pump(self._stops_wait() or 0.0)
+            self._pump(self._stops.wait_s() or 0.0)
             self._advance_stops()
 
-
-class _StopWork:
-    """A stop under way (:class:`Stopping`) and what follows it (``then``, called once
-    with the :class:`StopResult` when the stop is over)."""
-
-    __slots__ = ("stopping", "then")
-
-    def __init__(self, stopping: Stopping, then: Callable[[StopResult], None]) -> None:
-        self.stopping = stopping
-        self.then = then
