@@ -22,11 +22,11 @@ package linked in as on a router). Figures, all in one run (issue 15):
   Reported per minute (scaled when the window is shorter). Target: <= 1x one idle cycle.
 * **offered answer to the job's first instruction**: the pull's CPU from the moment the
   cluster answers the offer (read by the double as it sends it) to the moment the job's
-  first shell instruction reads it from ``/proc`` (the job finds the pull as its
-  wrapper's parent): starting twice, the log, the launch barrier, the job wrapper's
-  start (its compiled program and the isolation answer are cached in the runtime
-  directory, warm after the first job of a boot), the handle. Median of N. Target: <=
-  2x one idle cycle.
+  first shell instruction opens a FIFO whose reader, in the bench, then samples the
+  pull's ``/proc`` (the job runs in its own PID namespace, issue 24): starting twice,
+  the log, the launch barrier, the job wrapper's start (its compiled program and the
+  isolation answer are cached in the runtime directory, warm after the first job of a
+  boot), the handle. Median of N. Target: <= 2x one idle cycle.
 * **uploading a 4 MiB log**: the peak RSS of a resident pull whose job wrote 4 MiB (under
   ``worker.maxLogBytes`` 4 MiB; the upload streams the file in 64 KiB steps) less that
   of the same run with a 6-byte log. Target: growth <= 1 MiB.
@@ -184,17 +184,38 @@ class Device:
             path.unlink()
 
 
-def _job(traces: pathlib.Path, name: str, *, output: str = "echo ready") -> str:
-    """A shell job: its first instruction records the pull's CPU, then it works and
-    waits for its gate file."""
-    stamp, gate = traces / f"{name}.cpu", traces / f"{name}.go"
-    return (f"cat /proc/$(cut -d' ' -f4 /proc/$PPID/stat)/task/*/schedstat > {stamp}; {output}; "
-            f"while [ ! -e {gate} ]; do sleep 0.1; done")
+def _job(traces: pathlib.Path, name: str, *, output: str = "echo ready", stamp: bool = False) -> str:
+    """A shell job: it works and waits for its gate file. With ``stamp``, its first
+    instruction opens the FIFO ``<name>.fifo`` for writing, which wakes the bench's
+    :class:`Stamp` reader: the job runs in its own PID namespace (issue 24), so it
+    cannot name the pull's ``/proc`` entry itself; the reader, outside, samples the
+    pull's CPU the moment the job opens the FIFO."""
+    gate = traces / f"{name}.go"
+    first = f": > {traces / f'{name}.fifo'}; " if stamp else ""
+    return f"{first}{output}; while [ ! -e {gate} ]; do sleep 0.1; done"
 
 
-def _launch_cpu_ms(stamp: pathlib.Path, at_offer_ns: int) -> float:
-    first = sum(int(line.split()[0]) for line in stamp.read_text().splitlines() if line.strip())
-    return (first - at_offer_ns) / 1e6
+class Stamp:
+    """Samples ``pid``'s CPU (ns, every thread) when the job opens its FIFO for writing."""
+
+    def __init__(self, traces: pathlib.Path, name: str) -> None:
+        self.path = traces / f"{name}.fifo"
+        os.mkfifo(self.path, 0o600)
+        self.pid = 0
+        self.ns: int | None = None
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        with open(self.path, "rb") as handle:  # blocks until the job's first instruction
+            self.ns = _schedstat_ns(self.pid)
+            handle.read()
+
+    def wait(self, timeout: float) -> int:
+        self.thread.join(timeout)
+        if self.ns is None:
+            raise SystemExit(f"the job never opened {self.path}")
+        return self.ns
 
 
 def main() -> int:
@@ -234,14 +255,15 @@ def main() -> int:
         launches: list[float] = []
         for index in range(args.runs):
             name = f"launch{index}"
-            cluster.add_command_task(_job(device.traces, name))
+            cluster.add_command_task(_job(device.traces, name, stamp=True))
             (device.traces / f"{name}.go").write_text("go")  # ends at once after its stamp
             offered.clear()
+            stamp = Stamp(device.traces, name)
             proc = device.start()
-            watched["pid"] = proc.pid
+            stamp.pid = watched["pid"] = proc.pid
             _wait(proc)
             watched["pid"] = 0
-            launches.append(_launch_cpu_ms(device.traces / f"{name}.cpu", offered["ns"]))
+            launches.append((stamp.wait(10) - offered["ns"]) / 1e6)
             device.clear_inbox()
 
         # one resident pull supervising a running job for the window
