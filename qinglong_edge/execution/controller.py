@@ -366,6 +366,7 @@ class ExecutionController:
         except Exception as exc:  # noqa: BLE001 - the loop must run even if recovery could not finish
             _log.warning("restart recovery failed (%s); the control loop retries it", _one_line(exc))
         self._ready.set()
+        self._pass_at = time.monotonic() + self._pass_interval()  # the first pass: when woken or due
         while not self._stopping.is_set():
             if self._pump(self._next_wait()):
                 self._woken = True

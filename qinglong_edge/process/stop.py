@@ -361,6 +361,9 @@ class Stopping:
                                      went out; the kill grace runs
         killing      -> done         all gone (stopped SIGKILL), grace over (timed_out), unknown
 
+    A step that moves on also polls at once (after the SIGTERM, after the SIGKILL), as the
+    blocking loop always did: one step can go ``terminating -> killing -> done``.
+
     Args:
         handle, cgroup, terminate_grace_ms, kill_grace_ms, poll_ms, clock: as :func:`stop`.
 
