@@ -85,6 +85,10 @@ Protocol (all bytes):
    log, fact and receipt that the wrapper made at the start, 0700, had their parents
    fsynced then: :func:`fsync_parents`.)
 
+Steps 4-6 are :class:`Supervisor`'s, in explicit phases (``starting``, ``running``,
+``stopping``, ``killing``, ``draining``, ``closed``: plain strings, their table is
+:data:`PHASE_NEXT`, checked by :func:`advance`).
+
 If the wrapper itself is killed (SIGKILL to the group, the OOM killer), nothing is
 published: that is the caller's "No receipt" case. If the agent dies after the release,
 the wrapper and the command go on and the receipt still appears.
@@ -170,6 +174,32 @@ _FORWARDED = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP)
 PR_SET_CHILD_SUBREAPER = 36
 #: Interval between SIGKILL passes over the descendants that are still there (s).
 _KILL_PASS_S = 0.02
+
+#: The phases of the supervision of a job (steps 4-7; :class:`Supervisor`), plain strings.
+STARTING = "starting"  # before the fork; the forwarded signals are blocked
+RUNNING = "running"  # the command runs; no TERM has gone out
+STOPPING = "stopping"  # a TERM went out (a stop's, the leftovers', the lease stop's): SIGKILL at kill_at
+KILLING = "killing"  # SIGKILL passes every 20 ms until no child is left or the kill grace is over
+DRAINING = "draining"  # nothing of the job is left (or it is given up): its output drains for drainms
+CLOSED = "closed"  # the output pipe is closed: the fact and the receipt follow (step 7)
+#: phase -> the phases it may become (the table in :class:`Supervisor`'s docstring).
+PHASE_NEXT: dict[str, tuple[str, ...]] = {
+    STARTING: (RUNNING,),
+    RUNNING: (STOPPING, DRAINING),
+    STOPPING: (KILLING, DRAINING),
+    KILLING: (DRAINING,),
+    DRAINING: (CLOSED,),
+    CLOSED: (),
+}
+
+
+def advance(phase: str, to: str) -> str:
+    """``to``, when :data:`PHASE_NEXT` lets ``phase`` become it; ``to == phase`` is no move
+    (a signal handler may have got there first). Raises RuntimeError otherwise (a bug)."""
+    if to != phase and to not in PHASE_NEXT[phase]:
+        raise RuntimeError(f"the job wrapper's phase {phase} cannot become {to}")
+    return to
+
 
 # Linux constants (<sched.h>, <sys/mount.h>) for the isolation; not in os before 3.12.
 CLONE_NEWNS = 0x00020000
@@ -1129,7 +1159,9 @@ def _init_loop(job: Job, command: int, err_w: int) -> int:
     clock. Then the init exits with the command's exit code (or 128 + its signal), which
     the wrapper records as the command's: PID 1 of a namespace cannot die of most signals.
     The signals stay blocked here since the wrapper blocked them before its fork, so none
-    is lost; they are taken with ``sigtimedwait``.
+    is lost; they are taken with ``sigtimedwait``. Its phases are the wrapper's
+    (:data:`PHASE_NEXT`): running -> stopping (the one TERM, ours or a stop's) -> killing
+    (the SIGKILL passes), then the exit.
     """
     os.close(err_w)
     null = os.open("/dev/null", os.O_RDWR)
@@ -1138,8 +1170,8 @@ def _init_loop(job: Job, command: int, err_w: int) -> int:
     os.close(null)
     watched = (*_FORWARDED, _signal.SIGCHLD)
     status: int | None = None
-    termed = False
-    kill_at: float | None = None
+    phase = RUNNING
+    kill_at = 0.0  # from "stopping" on: the next SIGKILL pass (boot clock s)
     while True:
         while True:
             try:
@@ -1151,20 +1183,21 @@ def _init_loop(job: Job, command: int, err_w: int) -> int:
             if pid == command:
                 status = raw
         now = boot_s()
-        if status is not None and not termed:
-            termed = True
+        if status is not None and phase == RUNNING:
+            phase = advance(phase, STOPPING)
             kill_at = now + job.terminate_grace_ms / 1000
             _kill_all(_signal.SIGTERM)
-        if kill_at is not None and now >= kill_at:
+        if phase != RUNNING and now >= kill_at:
+            phase = advance(phase, KILLING)
             _kill_all(_signal.SIGKILL)
             kill_at = now + _KILL_PASS_S
-        info = _signal.sigtimedwait(watched, 30.0 if kill_at is None else max(kill_at - now, 0.001))
+        info = _signal.sigtimedwait(watched, 30.0 if phase == RUNNING else max(kill_at - now, 0.001))
         if info is None or info.si_signo == _signal.SIGCHLD or info.si_pid != 0:
             continue
         if info.si_signo == _signal.SIGTERM:
-            if termed:
+            if phase != RUNNING:
                 continue
-            termed = True
+            phase = advance(phase, STOPPING)
             kill_at = boot_s() + job.terminate_grace_ms / 1000
         _kill_all(info.si_signo)
 
@@ -1259,26 +1292,66 @@ def _failure_line(job: Job, report: bytes) -> str:
 # -- the wrapper ---------------------------------------------------------------------------
 
 
-class Runner:
-    """Fork the command, forward signals, copy output, end its leftovers, reap (steps 4-6)."""
+class Supervisor:
+    """Fork the command, forward signals, copy output, end its leftovers, reap (steps 4-6).
+
+    Its :attr:`phase` (one of :data:`PHASE_NEXT`'s keys, moved by :meth:`_enter` only)::
+
+        starting  -> running              forked
+        running   -> stopping             a stop's TERM passed on (``kill_at`` = now +
+                                          ``termgracems``); the command exited and its
+                                          leftovers got our TERM; the lease stop (5a)
+        running   -> draining             the command exited, nothing of it is left (or
+                                          no subreaper: nothing of ours to end)
+        stopping  -> killing              ``kill_at`` reached: SIGKILL passes for up to
+                                          ``killgracems`` (``give_up_at``); without a
+                                          subreaper only the lease stop kills the command
+        stopping  -> draining             all gone before ``kill_at``
+        killing   -> draining             all gone, or given up (stuck in the kernel)
+        draining  -> closed               the pipe's end of file, or ``drainms`` over
+
+    The init of a PID namespace (:func:`_init_loop`) walks running -> stopping -> killing
+    of the same table and exits. Facts that stay flags, orthogonal to the phase: ``reaper``
+    (a capability), ``status`` and ``alone`` (what ``waitpid`` said), ``term_spent``
+    (every member has had its one TERM: ours to the leftovers or the lease stop's, so a
+    stop's TERM is dropped from then on, in any later phase), ``lease_stopping`` (the
+    stop is the lease's: the lease file is not read again). The phases of real jobs are
+    checked against the table by ``tests/process/test_wrapper_phases.py``.
+    """
 
     def __init__(self, job: Job) -> None:
         self.job = job
         self.pid = 0
         self.status: int | None = None
+        self.phase = STARTING
         #: prctl(PR_SET_CHILD_SUBREAPER) worked: orphaned descendants are our children.
         self.reaper = False
         #: No child of ours is left, zombie or alive (waitpid said ECHILD).
         self.alone = False
-        #: When the job's remaining descendants get SIGKILL (boot clock s): the first
-        #: forwarded TERM (a stop), else the wrapper's own TERM once the command exited.
-        self.kill_at: float | None = None
-        #: The wrapper's own TERM to the leftovers went out: a stop now adds no second one.
-        self.ended = False
-        #: After the first SIGKILL pass: when the wrapper stops waiting (boot clock s).
-        self.give_up_at: float | None = None
+        #: From ``stopping`` on: when the job's remaining descendants get SIGKILL (boot
+        #: clock s); only ever brought forward.
+        self.kill_at = 0.0
+        #: The wrapper's own TERM went out (the leftovers', the lease stop's): a stop now
+        #: adds no second one.
+        self.term_spent = False
+        #: In ``killing``: when the wrapper stops waiting (boot clock s).
+        self.give_up_at = 0.0
+        #: In ``draining``: when the drain ends (boot clock s).
+        self.drain_until = 0.0
         #: The job is being stopped for its lease (step 5a).
         self.lease_stopping = False
+
+    def _enter(self, phase: str) -> None:
+        """Move to ``phase`` along :data:`PHASE_NEXT` (:func:`advance`)."""
+        self.phase = advance(self.phase, phase)
+
+    def _stop_timer(self, kill_at: float) -> None:
+        """``running`` -> ``stopping`` with SIGKILL due at ``kill_at``; later, bring it forward."""
+        if self.phase == RUNNING:
+            self._enter(STOPPING)
+            self.kill_at = kill_at
+        else:
+            self.kill_at = min(self.kill_at, kill_at)
 
     def _forward(self, number: int, frame: object) -> None:
         """Pass ``number`` on to the job, once (module docstring, step 5).
@@ -1289,10 +1362,10 @@ class Runner:
         if self.pid <= 0:
             return  # unreachable: the signals stay blocked until the command is forked
         if number == _signal.SIGTERM:
-            if self.ended:
+            if self.term_spent:
                 return
-            if self.kill_at is None:
-                self.kill_at = boot_s() + self.job.terminate_grace_ms / 1000
+            if self.phase == RUNNING:
+                self._stop_timer(boot_s() + self.job.terminate_grace_ms / 1000)
         self._signal_job(number)
 
     def _signal_job(self, number: int) -> None:
@@ -1347,6 +1420,7 @@ class Runner:
                 self.pid = os.fork()
             finally:
                 if self.pid != 0:
+                    self._enter(RUNNING)  # before the signals: a pending TERM starts the stop's clock
                     _signal.pthread_sigmask(_signal.SIG_UNBLOCK, watched)  # pending ones are forwarded now
         except OSError as exc:
             job.env.clear()
@@ -1403,16 +1477,17 @@ class Runner:
             return -1.0
         if not self.reaper:
             return None  # the command still runs; nothing of ours to end
-        if self.status is not None and self.kill_at is None:
-            self.ended = True  # leftovers of a command that exited by itself: one TERM each
-            self.kill_at = now + job.terminate_grace_ms / 1000
+        if self.phase == RUNNING:
+            if self.status is None:
+                return None
+            self.term_spent = True  # leftovers of a command that exited by itself: one TERM each
+            self._stop_timer(now + job.terminate_grace_ms / 1000)
             self._signal_job(_signal.SIGTERM)
-        if self.kill_at is None:
-            return None
-        if now < self.kill_at:
-            return self.kill_at - now
-        if self.give_up_at is None:
+        if self.phase == STOPPING:
+            if now < self.kill_at:
+                return self.kill_at - now
             self.give_up_at = now + job.kill_grace_ms / 1000
+            self._enter(KILLING)
         elif now >= self.give_up_at:
             # SIGKILL is pending on whatever is left (stuck in the kernel): it never runs
             # user code again. The receipt is not held back for it.
@@ -1440,21 +1515,21 @@ class Runner:
         poller.register(out_r, select.POLLIN)
         poller.register(wake_r, select.POLLIN)
         out_open = True
-        drain_until: float | None = None
         while True:
             self._reap()
             now = boot_s()
-            if drain_until is None:
+            if self.phase != DRAINING:
                 lease_wait = self._lease(now)
                 wait = self._end(now)
                 if wait is not None and wait < 0:
-                    drain_until = now + job.drain_ms / 1000  # the command and its descendants are gone
+                    self._enter(DRAINING)  # the command and its descendants are gone
+                    self.drain_until = now + job.drain_ms / 1000
                 elif lease_wait is not None:
                     wait = lease_wait if wait is None else min(wait, lease_wait)
-            if drain_until is not None:
-                if not out_open or now >= drain_until:
+            if self.phase == DRAINING:
+                if not out_open or now >= self.drain_until:
                     break
-                wait = drain_until - now
+                wait = self.drain_until - now
             for fd, _ in poller.poll(None if wait is None else wait * 1000):
                 if fd == wake_r:
                     try:
@@ -1466,6 +1541,7 @@ class Runner:
                     poller.unregister(out_r)
                     out_open = False
         os.close(out_r)  # a holder still writing gets EPIPE: nobody reads any more
+        self._enter(CLOSED)
 
     def _lease(self, now: float) -> float | None:
         """Step 5a: the stop of a job whose lease the agent stopped renewing (a frozen or
@@ -1482,13 +1558,15 @@ class Runner:
         if watch is None:
             return None
         if self.lease_stopping:
-            if not self.reaper and self.status is None and self.kill_at is not None and now >= self.kill_at:
+            if not self.reaper and self.status is None and now >= self.kill_at:
+                if self.phase == STOPPING:
+                    self._enter(KILLING)
                 try:
                     os.kill(self.pid, _signal.SIGKILL)  # no subreaper: the command itself, at least
                 except OSError:
                     pass
                 return None
-            return None if self.reaper or self.kill_at is None else max(0.0, self.kill_at - now)
+            return None if self.reaper else max(0.0, self.kill_at - now)
         left = watch.stop_at_ms / 1000 - now
         if left > 0:
             return left
@@ -1497,13 +1575,12 @@ class Runner:
         if left > 0:
             return left
         self.lease_stopping = True
-        kill_at = now + watch.terminate_grace_ms / 1000
         if self.status is None:
             watch.mark()
-            if not self.ended and self.kill_at is None:
+            if not self.term_spent and self.phase == RUNNING:
                 self._signal_job(_signal.SIGTERM)
-            self.ended = True  # a stop's TERM after this one is dropped (each member has had one)
-        self.kill_at = kill_at if self.kill_at is None else min(self.kill_at, kill_at)
+            self.term_spent = True  # a stop's TERM after this one is dropped (each member has had one)
+        self._stop_timer(now + watch.terminate_grace_ms / 1000)
         return max(0.0, self.kill_at - now)
 
     def _copy(self, fd: int) -> bool:
@@ -1579,7 +1656,7 @@ def main(argv: list[str]) -> int:
     os.close(devnull)
     if not released:
         return NOT_STARTED
-    code = Runner(job).run()
+    code = Supervisor(job).run()
     _finish(job, code)
     return code
 

@@ -223,7 +223,7 @@ class Resident:
         instant when this process accepted it; a lease from an offer is renewed at once)."""
         track = Track(record, self.clock_ms())
         self.tracks[track.offer_id] = track
-        self.runner.restore(track, self.coordinator.sent.get(track.offer_id))
+        self.runner.lease.restore(track, self.coordinator.sent.get(track.offer_id))
         return track
 
     def _forget(self) -> None:
@@ -381,7 +381,7 @@ class Resident:
         left = None
         if aborted is not None and live:
             now = self.clock_ms()
-            left = min(self.runner.expiry_ms(track) - now for track in live)
+            left = min(self.runner.lease.expiry_ms(track) - now for track in live)
         yield ResidentSummary(self.clock_ms() - started, count, states, len(live), aborted, left)
 
     def _drain(self) -> Iterator[RecordEvent]:
