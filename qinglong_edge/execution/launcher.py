@@ -320,7 +320,7 @@ class ActiveRun:
         """Enter ``phase``.
 
         Raises:
-            ExecutionError: ``invalid_transition`` when :data:`RUN_TRANSITIONS
+            ExecutionError: ``invalid_phase`` when :data:`RUN_TRANSITIONS
                 <qinglong_edge.execution.phases.RUN_TRANSITIONS>` has no such move (a bug).
         """
         check_transition(RUN_TRANSITIONS, f"run {self.run_id}", self.phase, phase)

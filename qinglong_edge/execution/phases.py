@@ -2,7 +2,7 @@
 
 Each table maps a phase to the phases it may move to; every move is checked against it
 (:func:`~qinglong_edge.process.stop.check_transition`, ``ExecutionError`` code
-``invalid_transition`` on a move the table does not list: a bug, never a Run's fault).
+``invalid_phase`` on a move the table does not list: a bug, never a Run's fault).
 A stop itself has its own phases (``new -> terminating -> killing -> done``:
 :data:`qinglong_edge.process.stop.STOP_TRANSITIONS`).
 

@@ -334,11 +334,11 @@ def check_transition(table: dict[str, frozenset[str]], what: str, current: str, 
         what: what moves, for the message (``"stop"``, ``"run 1b2c..."``).
 
     Raises:
-        ExecutionError: ``invalid_transition`` (a caller bug: a move the table does not
+        ExecutionError: ``invalid_phase`` (a caller bug: a move the table does not
             list, or an unknown phase).
     """
     if target not in table.get(current, ()):
-        raise ExecutionError(f"{what}: no transition from {current!r} to {target!r}", code="invalid_transition")
+        raise ExecutionError(f"{what}: no transition from {current!r} to {target!r}", code="invalid_phase")
 
 
 class Stopping:

@@ -132,7 +132,7 @@ def test_the_controller_refuses_a_phase_move_its_table_does_not_list(env: Env) -
     controller = ExecutionController(env.store, env.config(), work_directory=env.root)
     with pytest.raises(ExecutionError) as refused:
         controller._move("draining")  # new -> draining: not in the table
-    assert refused.value.code == "invalid_transition" and controller.phase == "new"
+    assert refused.value.code == "invalid_phase" and controller.phase == "new"
     controller.stop(1)
 
 
@@ -152,7 +152,7 @@ def test_each_listed_move_is_allowed_and_every_other_one_raises(table: dict[str,
             else:
                 with pytest.raises(ExecutionError) as refused:
                     check_transition(table, "t", current, target)
-                assert refused.value.code == "invalid_transition"
+                assert refused.value.code == "invalid_phase"
     with pytest.raises(ExecutionError):
         check_transition(table, "t", "no-such-phase", next(iter(phases)))
 
@@ -174,6 +174,6 @@ def test_a_run_walks_each_allowed_move_and_refuses_a_disallowed_one() -> None:
     for illegal in ("running", "stopping", "finished"):
         with pytest.raises(ExecutionError) as refused:
             finished.move(illegal)
-        assert refused.value.code == "invalid_transition" and finished.phase == "finished"
+        assert refused.value.code == "invalid_phase" and finished.phase == "finished"
     with pytest.raises(ExecutionError):
         _active_run("running").move("finished")  # a Run is never finished without its stop
