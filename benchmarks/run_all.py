@@ -45,6 +45,7 @@ PLAN: dict[str, tuple[list[str], list[str]]] = {
     "journal": (["--offers", "20", "--repetitions", "7"], ["--offers", "5", "--repetitions", "2"]),
     "local_api": (["--repeat", "7"], ["--runs", "1000", "--cancels", "60", "--reads", "40", "--repeat", "1"]),
     "cancel_latency": (["--cancels", "300"], ["--cancels", "20"]),
+    "controller_stop": (["--cancels", "200"], ["--cancels", "20"]),
     "pull": (["--runs", "40"], ["--runs", "3"]),
     "startup": (["--runs", "60", "--site"], ["--runs", "5"]),
     "envelope": (["--load-seconds", "15"], ["--load-seconds", "5"]),

@@ -13,24 +13,46 @@ process authority. Public API (``serve`` builds one and calls these)::
 ``stop()`` waits :attr:`ExecutionController.stop_timeout_s` by default (both graces plus
 2 s: the drain stops every Run concurrently, so one grace period in all).
 
+Phases: the controller (``new -> recovering -> controlling -> draining -> closed``) and
+each Run it controls (``running``, ``stopping``, ``completing``, ``reconciling``,
+``finished``) have an explicit phase, every move checked against the tables of
+:mod:`qinglong_edge.execution.phases` (their docstring has both tables).
+
+**A stop never blocks the thread.** Each stop is a
+:class:`~qinglong_edge.process.stop.Stopping` (the one stop algorithm of
+:mod:`qinglong_edge.process.stop`, as timed steps), kept per attempt while it is under
+way (:class:`~qinglong_edge.execution.stops.StopBook`). Its first step (look, SIGTERM)
+runs at once, where the stop is decided; the loop then steps each stop when it is due
+(every ``poll_ms``, 25 ms, and at a grace's end: re-verify, SIGKILL), and what follows the
+stop (the terminal write, the completion, ``lost``) runs when its last step has the
+:class:`~qinglong_edge.process.stop.StopResult`. So while Run A sits out its terminate
+grace, a cancel of Run B is handled at once: B gets its SIGTERM within one turn of the
+loop (``benchmarks/bench_controller_stop.py`` measures it). A stop that finds nothing to
+signal ends in its first step, and its follow-up runs right there, as before.
+
 The thread wakes on :meth:`notify` (a self-pipe), on any Run's exit (its wrapper's pidfd
-is in the same ``selectors`` set), at the nearest deadline, and at least every
-``execution.controlIntervalMs``. Output needs no attention: each Run's job wrapper
-(:mod:`qinglong_edge.process.wrapper`) writes its capped log itself. Each pass:
+is in the same ``selectors`` set), at the next step of a stop under way, at the nearest
+deadline, and at least every ``execution.controlIntervalMs``. Each turn steps the stops
+that are due; a pass (below) runs when the thread was woken, or a deadline, a backoff or
+the control interval is due (not on every 25 ms step of a stop: a pass reads the store).
+Output needs no attention: each Run's job wrapper (:mod:`qinglong_edge.process.wrapper`)
+writes its capped log itself. Each pass:
 
 1. Candidates of local-api.md 7.1 (cancellation intents and due deadlines; see
    :func:`~qinglong_edge.execution.transitions.list_candidates`). Per candidate, 7.2: a
    deadline first writes its ``timeout`` intent; then **completion first** (our child
    already exited: the completion path records its exit code; with an intent the Run still
-   reads ``cancelled``/``timed_out``, 7.2 step 1); then the stop
-   (:func:`~qinglong_edge.process.stop.stop`); then
-   ``mark_terminal`` once the stop is conclusive. If the stop found the process already
+   reads ``cancelled``/``timed_out``, 7.2 step 1); then the stop begins (a
+   :class:`~qinglong_edge.process.stop.Stopping`); then, once it is over,
+   ``mark_terminal`` if the stop is conclusive. If the stop found the process already
    gone without signalling (``already_exited``) and it is our child, its natural exit wins
    and goes through the completion path. A ``claimed`` attempt (queued Run) needs no stop.
-   A stop that is not conclusive is retried after one control interval.
+   A stop that is not conclusive is retried after one control interval. A candidate whose
+   stop is under way is skipped.
 2. Completions of the other Runs: our children by ``waitid(WNOWAIT)`` (the leader stays an
    unreaped zombie, pinning its group number, until leftovers of its group and cgroup are
-   stopped); adopted processes by identity (exit status unknown: ``lost``).
+   stopped, by a stop that begins here); adopted processes by identity (exit status
+   unknown: ``lost``, after a stop of leftovers in the cgroup).
 3. Launches whose handle storage failed to record are put back to ``queued`` (a new
    attempt; :func:`~qinglong_edge.execution.transitions.requeue_launch`), as soon as
    storage takes the write; then launches while fewer than ``execution.maxConcurrentRuns``
@@ -41,24 +63,19 @@ on ``<database>.controller.lock`` (``already_owned`` otherwise) and the thread r
 when it ends, so a second ``serve`` on the same database can never adopt, and then "shut
 down", the Runs of the one that is running.
 
-Restart recovery (first thing on the thread): every active attempt is reloaded. One with a
-handle whose identity still runs is adopted (the pass stops it if its Run has an intent);
-one whose process is gone is reconciled: ``cancelled``/``timed_out`` if it has an intent,
-else ``lost`` (``RECOVERY_PROCESS_NOT_RUNNING``: its exit status died with the previous
-agent); a pid now owned by another process is never signalled (the identity differs). An
-attempt ``starting`` without a handle never ran its job (start barrier) and becomes
-``lost`` (``RECOVERY_UNSTARTED_LAUNCH``) or ``cancelled``. A cgroup ``qinglong-edge/<id>``
-whose ``<id>`` is an attempt of *this* database that is no longer active (leftovers of a
-crash) is emptied and removed; cgroups named after anything else (another agent's
-database, an operator's) are never touched. A log FIFO left by an older version of the
-agent (which drained Run output itself) is removed.
+Restart recovery (first thing on the thread; repeated by each pass until complete):
+:mod:`qinglong_edge.execution.recovery`.
 
 Shutdown (:meth:`stop`): decision for the drain that 7.2 mentions: the Runs this agent is
 running are stopped, not left behind. Each active Run gets a ``shutdown`` intent (an
-existing intent is kept), all are stopped concurrently (one short-lived thread each, so the
-drain takes one grace period, not one per Run), and each is marked terminal
-(``cancelled``, reason ``shutdown``). Queued Runs stay queued for the next start. A Run the
-drain cannot finish within ``timeout_s`` keeps its intent; the next start converges it.
+existing intent is kept), all are stopped concurrently, and each is marked terminal
+(``cancelled``, reason ``shutdown``). Decision: the drain uses the same steppers as the
+loop, on the controller's own thread (it once started one short-lived thread per Run):
+every Run's SIGTERM goes out in the drain's first turn, stops already under way go on,
+and the drain steps them all until each is over, so it takes one grace period in all, not
+one per Run, with no thread per Run (a 64-PID budget). Queued Runs stay queued for the
+next start. A Run the drain cannot finish within ``timeout_s`` keeps its intent; the next
+start converges it.
 """
 
 from __future__ import annotations
@@ -81,14 +98,14 @@ from qinglong_edge.execution.launcher import (
     MAX_LAUNCH_ATTEMPTS,
     ActiveRun,
     Launcher,
-    open_pidfd,
 )
+from qinglong_edge.execution.phases import CONTROLLER_TRANSITIONS
+from qinglong_edge.execution.recovery import Recovery, discard_cgroup
+from qinglong_edge.execution.stops import StopBook
 from qinglong_edge.execution.transitions import (
     MAX_PAGE,
     Candidate,
     Snapshot,
-    finished_attempts,
-    list_active,
     list_candidates,
     load_snapshot,
     mark_lost,
@@ -96,11 +113,10 @@ from qinglong_edge.execution.transitions import (
     record_completion,
     request_control_cancellation,
 )
-from qinglong_edge.local.run_logs import LEGACY_LOG_NAME, parse_log_name
 from qinglong_edge.local.store import Store, now_ms
 from qinglong_edge.process.cgroups import CgroupManager, RunCgroup, out_of_memory
-from qinglong_edge.process.identity import decode_handle, inspect
-from qinglong_edge.process.stop import StopResult, stop
+from qinglong_edge.process.identity import inspect
+from qinglong_edge.process.stop import StopResult, check_transition
 
 __all__ = ["ExecutionController"]
 
@@ -177,6 +193,12 @@ class ExecutionController:
         self._launch_backoff_s = launch_backoff_s
         self._active: dict[str, ActiveRun] = {}
         self._retry_at: dict[str, float] = {}
+        #: Stops under way, by attempt id (module docstring: a stop never blocks the thread).
+        self._stops = StopBook(terminate_grace_ms=config.terminate_grace_ms, kill_grace_ms=config.kill_grace_ms,
+                               poll_ms=self.poll_ms)
+        self._recovery: Recovery | None = None
+        #: When the next pass is due (``time.monotonic()``), unless the thread is woken first.
+        self._pass_at = 0.0
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._wake_lock = threading.Lock()
         self._selector = selectors.DefaultSelector()
@@ -186,8 +208,10 @@ class ExecutionController:
         self._thread: threading.Thread | None = None
         self._woken = False
         self._launcher: Launcher | None = None
-        self._recovered = False
         self._authority_fd = -1
+        #: ``new``, ``recovering``, ``controlling``, ``draining`` or ``closed``
+        #: (:data:`~qinglong_edge.execution.phases.CONTROLLER_TRANSITIONS`).
+        self.phase = "new"
         #: Completed passes (for tests and diagnostics).
         self.passes = 0
 
@@ -232,8 +256,18 @@ class ExecutionController:
             new_id=self.new_id, launch_attempts=self._launch_attempts, launch_backoff_s=self._launch_backoff_s,
             terminate_grace_ms=self.config.terminate_grace_ms, kill_grace_ms=self.config.kill_grace_ms,
         )
+        self._recovery = Recovery(
+            self.store, cgroups=self.cgroups, log_directory=self.config.log_directory,
+            kill_grace_ms=self.config.kill_grace_ms, clock=self.clock, new_id=self.new_id, boot_id=self._boot_id,
+            stops=self._stops, active=self._active, track=self._track,
+        )
+        self._move("recovering")
         self._thread = threading.Thread(target=self._main, name="qinglong-edge-execution", daemon=True)
         self._thread.start()
+
+    def _move(self, phase: str) -> None:
+        check_transition(CONTROLLER_TRANSITIONS, "execution controller", self.phase, phase)
+        self.phase = phase
 
     def _take_authority(self) -> None:
         """Hold ``<database>.controller.lock`` (``flock``, never unlinked) while the thread
@@ -306,6 +340,8 @@ class ExecutionController:
         self.notify()
         thread = self._thread
         if thread is None:
+            if self.phase == "new":
+                self._move("closed")
             return True
         thread.join(timeout_s)
         return not thread.is_alive()
@@ -315,6 +351,13 @@ class ExecutionController:
         """Attempt ids whose processes this controller currently owns (a snapshot)."""
         return list(self._active)
 
+    def run_phase(self, attempt_id: str) -> str | None:
+        """The phase of a Run this controller owns (``running``, ``stopping``,
+        ``completing``, ``reconciling``; :mod:`qinglong_edge.execution.phases`), or None
+        once it is finished (or was never ours). Any thread; for tests and diagnostics."""
+        active = self._active.get(attempt_id)
+        return active.phase if active is not None else None
+
     # -- the thread ---------------------------------------------------------------------
 
     def _main(self) -> None:
@@ -323,18 +366,19 @@ class ExecutionController:
         except Exception as exc:  # noqa: BLE001 - the loop must run even if recovery could not finish
             _log.warning("restart recovery failed (%s); the control loop retries it", _one_line(exc))
         self._ready.set()
+        self._pass_at = time.monotonic() + self._pass_interval()  # the first pass: when woken or due
         while not self._stopping.is_set():
-            self._pump(self._next_timeout(), until_woken=True)
+            if self._pump(self._next_wait()):
+                self._woken = True
             if self._stopping.is_set():
                 break
-            self._woken = False
-            try:
-                self._pass()
-            except StoreError as exc:
-                _log.warning("execution control pass failed: %s", exc.code)
-            except Exception as exc:  # noqa: BLE001 - this thread must never die; the next pass retries
-                _log.error("execution control pass failed: %s", _one_line(exc))
-            self.passes += 1
+            self._guarded("stop step", self._advance_stops)
+            if self._woken or time.monotonic() >= self._pass_at:
+                self._woken = False
+                self._guarded("execution control pass", self._pass)
+                self.passes += 1
+                self._pass_at = time.monotonic() + self._pass_interval()
+        self._move("draining")
         try:
             self._drain()
         except StoreError as exc:  # the store is closed or failing (database gone): nothing can be recorded
@@ -343,6 +387,7 @@ class ExecutionController:
         except Exception as exc:  # noqa: BLE001 - still close what we hold
             _log.error("shutdown drain failed: %s", _one_line(exc))
         finally:
+            self._stops.close()
             for active in list(self._active.values()):
                 active.close()
             self._selector.close()
@@ -351,10 +396,21 @@ class ExecutionController:
                 os.close(self._wake_r)
                 self._wake_w = self._wake_r = -1
             self._release_authority()
+            self._move("closed")
 
-    def _next_timeout(self) -> float:
-        if self._woken:
-            return 0.0
+    @staticmethod
+    def _guarded(what: str, step: Callable[[], None]) -> None:
+        """Run ``step``; log what it raises: this thread must never die (the next turn retries)."""
+        try:
+            step()
+        except StoreError as exc:
+            _log.warning("%s failed: %s", what, exc.code)
+        except Exception as exc:  # noqa: BLE001 - this thread must never die; the next pass retries
+            _log.error("%s failed: %s", what, _one_line(exc))
+
+    def _pass_interval(self) -> float:
+        """Seconds from now to the next pass (a pass just ended): the control interval, or
+        sooner a Run's deadline or a requeued Run's backoff end."""
         timeout = self.config.control_interval_ms / 1000
         now, boot = self.clock(), boot_ms()
         for active in self._active.values():
@@ -367,12 +423,19 @@ class ExecutionController:
             timeout = min(timeout, max(0.0, min(launcher.not_before.values()) - time.monotonic()))
         return timeout
 
-    def _pump(self, seconds: float, *, until_woken: bool = False) -> None:
-        """Wait ``seconds``; notifications and process exits are remembered (``_woken``).
-        With ``until_woken`` (the main loop) they end the wait early; otherwise (the
-        ``wait`` of a stop) the full time is waited.
-        """
+    def _next_wait(self) -> float:
+        """Seconds the loop may wait: until the next pass or the next step of a stop."""
+        if self._woken:
+            return 0.0
+        wait = max(0.0, self._pass_at - time.monotonic())
+        step = self._stops.wait_s()
+        return wait if step is None else min(wait, step)
+
+    def _pump(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for a notification or a process exit; True if one came
+        (it ends the wait)."""
         deadline = time.monotonic() + seconds
+        woken = False
         while True:
             remaining = deadline - time.monotonic()
             for key, _ in self._selector.select(max(remaining, 0.0)):
@@ -380,12 +443,11 @@ class ExecutionController:
                     with contextlib.suppress(BlockingIOError, OSError):
                         while os.read(self._wake_r, 512):
                             pass
-                    self._woken = True
                 else:  # a pidfd: that process exited
                     self._selector.unregister(key.fd)
-                    self._woken = True
-            if (until_woken and self._woken) or remaining <= 0:
-                return
+                woken = True
+            if woken or remaining <= 0:
+                return woken
 
     def _track(self, active: ActiveRun) -> None:
         self._active[active.attempt_id] = active
@@ -399,16 +461,10 @@ class ExecutionController:
         self._active.pop(active.attempt_id, None)
         self._retry_at.pop(active.attempt_id, None)
 
-    def _stop(self, handle: str, cgroup: RunCgroup | None) -> StopResult:
-        return stop(
-            handle, cgroup, terminate_grace_ms=self.config.terminate_grace_ms,
-            kill_grace_ms=self.config.kill_grace_ms, poll_ms=self.poll_ms, wait=self._pump,
-        )
-
     # -- one pass -----------------------------------------------------------------------
 
     def _pass(self) -> None:
-        if not self._recovered:
+        if self.phase == "recovering":
             self._recover()
         now, boot_now, boot = self.clock(), boot_ms(), self._boot_id
         after: tuple[int, str, str] | None = None
@@ -447,8 +503,11 @@ class ExecutionController:
         """local-api.md 7.2 for one candidate.
 
         A deadline first checks for a completion (a job that exited just before its
-        deadline was noticed ended by itself), then writes its ``timeout`` intent.
+        deadline was noticed ended by itself), then writes its ``timeout`` intent. A
+        candidate whose stop is under way is left to that stop.
         """
+        if candidate.attempt_id in self._stops:
+            return
         active = self._active.get(candidate.attempt_id)
         if candidate.kind == "deadline":
             if active is not None and active.exit_code() is not None:
@@ -477,13 +536,36 @@ class ExecutionController:
         if handle is None:
             return  # remaining
         cgroup = active.cgroup if active is not None else self.cgroups.open(snap.attempt.id)
-        result = self._stop(handle, cgroup)
+        self._stop_for_intent(active, snap, reason, handle, cgroup)
+
+    def _stop_for_intent(self, active: ActiveRun | None, snap: Snapshot, reason: str, handle: str,
+                         cgroup: RunCgroup | None) -> None:
+        """7.2 steps 6-7: begin the stop; once it is over, terminalise (or retry)."""
+        if active is not None:
+            active.move("stopping")
+
+        def then(result: StopResult) -> None:
+            try:
+                self._after_intent_stop(active, snap, reason, result)
+            except BaseException:
+                if active is not None and active.phase == "stopping":
+                    active.move("running")  # the next pass decides again
+                raise
+
+        self._begin_stop(snap.attempt.id, handle, cgroup, then)
+
+    def _after_intent_stop(self, active: ActiveRun | None, snap: Snapshot, reason: str, result: StopResult) -> None:
         _log.info("run %s: stop (%s): %s %s", snap.run.id, reason, result.status, result.signal or result.reason or "")
         if active is not None and result.status == "already_exited" and active.exit_code() is not None:
             self._complete(active)  # nothing was signalled: the natural exit wins
             return
         if not result.conclusive:
-            self._retry_at[snap.attempt.id] = time.monotonic() + self.config.control_interval_ms / 1000
+            if self.phase == "draining":
+                _log.warning("run %s: not stopped at shutdown (%s)", snap.run.id, result)
+            else:
+                self._retry_at[snap.attempt.id] = time.monotonic() + self.config.control_interval_ms / 1000
+            if active is not None:
+                active.move("running")
             return
         exit_code = active.exit_code() if active is not None else None
         done = self.store.run(lambda c: mark_terminal(
@@ -491,8 +573,12 @@ class ExecutionController:
         ))
         if done:
             self._finish(active, snap.attempt.id)
+        elif active is not None:
+            active.move("running")
 
     def _check_exit(self, active: ActiveRun) -> None:
+        if active.phase != "running":
+            return  # its stop is under way: the stop's end decides
         if active.process is not None:
             if active.exit_code() is not None:
                 self._complete(active)
@@ -507,33 +593,54 @@ class ExecutionController:
             return
         if active.exited_at_ms is None:
             active.exited_at_ms = self.clock()
-        leftovers = self._stop(active.handle, active.cgroup)
-        if leftovers.status == "stopped":
-            _log.info("run %s: stopped leftover processes after the leader exited", active.run_id)
-        reason = out_of_memory(active.cgroup)
-        status = self.store.run(lambda c: record_completion(
-            c, active.run_id, active.attempt_id, exit_code=code, finished_at_ms=active.exited_at_ms or 0,
-            now_ms=self.clock(), new_id=self.new_id, reason=reason,
-        ))
-        _log.info("run %s: exited with %d: %s", active.run_id, code, status or "already recorded")
-        self._finish(active, active.attempt_id)
+        active.move("completing")
+
+        def then(leftovers: StopResult) -> None:
+            try:
+                if leftovers.status == "stopped":
+                    _log.info("run %s: stopped leftover processes after the leader exited", active.run_id)
+                reason = out_of_memory(active.cgroup)
+                status = self.store.run(lambda c: record_completion(
+                    c, active.run_id, active.attempt_id, exit_code=code, finished_at_ms=active.exited_at_ms or 0,
+                    now_ms=self.clock(), new_id=self.new_id, reason=reason,
+                ))
+            except BaseException:
+                active.move("running")  # the next pass records it again
+                raise
+            _log.info("run %s: exited with %d: %s", active.run_id, code, status or "already recorded")
+            self._finish(active, active.attempt_id)
+
+        self._begin_stop(active.attempt_id, active.handle, active.cgroup, then)
 
     def _reconcile_gone(self, active: ActiveRun) -> None:
-        """An adopted process is gone: exit status unknown."""
-        self._stop(active.handle, active.cgroup)  # leftovers in the cgroup, if any
-        snap = self.store.run(lambda c: load_snapshot(c, active.run_id, active.attempt_id))
-        if snap is not None and snap.controllable and snap.run.cancel_requested_at_ms is not None:
-            return  # the candidate pass terminalises it (stop -> already_exited)
-        if snap is not None and snap.controllable:
-            self.store.run(lambda c: mark_lost(c, snap, why="process_not_running", actor_id="local-execution-control",
-                                               now_ms=self.clock(), new_id=self.new_id))
-        self._finish(active, active.attempt_id)
+        """An adopted process is gone: exit status unknown. Leftovers in its cgroup, if
+        any, are stopped first."""
+        active.move("reconciling")
+
+        def then(_leftovers: StopResult) -> None:
+            try:
+                snap = self.store.run(lambda c: load_snapshot(c, active.run_id, active.attempt_id))
+                if snap is not None and snap.controllable and snap.run.cancel_requested_at_ms is not None:
+                    active.move("running")  # the candidate pass terminalises it (stop -> already_exited)
+                    return
+                if snap is not None and snap.controllable:
+                    self.store.run(lambda c: mark_lost(c, snap, why="process_not_running",
+                                                       actor_id="local-execution-control",
+                                                       now_ms=self.clock(), new_id=self.new_id))
+            except BaseException:
+                if active.phase == "reconciling":
+                    active.move("running")
+                raise
+            self._finish(active, active.attempt_id)
+
+        self._begin_stop(active.attempt_id, active.handle, active.cgroup, then)
 
     def _finish(self, active: ActiveRun | None, attempt_id: str) -> None:
         """After the Run is terminal: reap, close, remove the cgroup."""
         if active is None:
             self._discard_orphan_cgroup(attempt_id)
             return
+        active.move("finished")
         self._forget(active)
         active.reap()
         active.close()
@@ -541,119 +648,44 @@ class ExecutionController:
             _log.warning("run %s: its cgroup is not empty yet; it is swept at the next start", active.run_id)
 
     def _discard_orphan_cgroup(self, attempt_id: str) -> None:
-        cgroup = self.cgroups.open(attempt_id)
-        if cgroup is not None:
-            with contextlib.suppress(EdgeError):
-                cgroup.kill()
-            deadline = time.monotonic() + self.config.kill_grace_ms / 1000
-            while not cgroup.remove() and time.monotonic() < deadline:
-                time.sleep(0.01)
-
-    # -- restart recovery ---------------------------------------------------------------
+        discard_cgroup(self.cgroups, attempt_id, self.config.kill_grace_ms)
 
     def _recover(self) -> None:
-        """Restart recovery (module docstring); repeated by later passes until complete."""
-        snaps = self.store.run(list_active)
-        complete = True
-        for snap in snaps:
-            if snap.attempt.id in self._active:
-                continue
-            try:
-                self._recover_one(snap)
-            except EdgeError as exc:
-                complete = False
-                _log.warning("run %s: recovery deferred: %s", snap.run.id, exc.code)
-        active_ids = {s.attempt.id for s in snaps} | set(self._active)
-        leftover = sorted(self.cgroups.owned_names() - active_ids)
-        for name in self.store.run(lambda c: finished_attempts(c, leftover)):
-            self._discard_orphan_cgroup(name)
-        self._sweep_fifos()
-        self._recovered = complete
+        """Restart recovery (:mod:`qinglong_edge.execution.recovery`); once it is complete
+        the controller moves on to ``controlling``."""
+        recovery = self._recovery
+        if recovery is not None and recovery.run() and self.phase == "recovering":
+            self._move("controlling")
 
-    def _recover_one(self, snap: Snapshot) -> None:
-        attempt = snap.attempt
-        handle = attempt.executor_handle
-        reason = snap.run.cancel_reason
-        if handle is None:
-            self._discard_orphan_cgroup(attempt.id)
-            if reason is not None:
-                self.store.run(lambda c: mark_terminal(c, snap, reason=reason, now_ms=self.clock(),
-                                                       new_id=self.new_id))
-            else:
-                self.store.run(lambda c: mark_lost(c, snap, why="unstarted_launch", actor_id="local-startup",
-                                                   now_ms=self.clock(), new_id=self.new_id))
-            return
-        status = inspect(handle)
-        if status.status == "unknown":
-            raise EdgeError(f"identity unavailable ({status.reason})", code="provider_unavailable")
-        cgroup = self.cgroups.open(attempt.id)
-        if status.status == "running":
-            identity = decode_handle(handle).identity
-            adopted = ActiveRun(snap.run.id, attempt.id, handle, identity, None, cgroup, attempt.deadline_at_ms,
-                                pidfd=open_pidfd(identity.pid),
-                                deadline_boot_ms=attempt.deadline_in_boot(self._boot_id))
-            self._track(adopted)
-            _log.info("run %s: adopted pid %d after restart", snap.run.id, identity.pid)
-            return
-        # Gone (or the pid belongs to someone else now): never signal it; empty our cgroup.
-        self._stop(handle, cgroup)
-        if reason is not None:
-            self.store.run(lambda c: mark_terminal(c, snap, reason=reason, now_ms=self.clock(), new_id=self.new_id))
-        else:
-            self.store.run(lambda c: mark_lost(c, snap, why="process_not_running", actor_id="local-startup",
-                                               now_ms=self.clock(), new_id=self.new_id))
-        if cgroup is not None:
-            cgroup.remove()
+    def _begin_stop(self, attempt_id: str, handle: str, cgroup: RunCgroup | None,
+                    then: Callable[[StopResult], None]) -> None:
+        self._stops.begin(attempt_id, handle, cgroup, then)
 
-    def _sweep_fifos(self) -> None:
-        """Remove the log FIFOs an older agent made (it drained Run output through them;
-        the job wrapper needs none): only names this agent makes, never a foreign file."""
-        try:
-            names = os.listdir(self.config.log_directory)
-        except OSError:
-            return
-        for name in names:
-            parsed = parse_log_name(name)
-            legacy = LEGACY_LOG_NAME.fullmatch(name)
-            if (parsed is not None and parsed[2] == "fifo") or (legacy is not None and legacy.group(2) == "fifo"):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(self.config.log_directory, name))
+    def _advance_stops(self) -> None:
+        """Step the stops that are due; the follow-up of each one that is over runs
+        guarded (what one raises is logged; the others go on)."""
+        self._stops.advance(lambda attempt_id, follow_up: self._guarded(
+            f"the end of the stop of attempt {attempt_id}", follow_up))
 
     # -- shutdown drain -----------------------------------------------------------------
 
     def _drain(self) -> None:
+        """Module docstring, "Shutdown": every Run's stop begins in this first turn; then
+        the stops (those already under way too) are stepped until each is over."""
         for active in list(self._active.values()):
-            if active.exit_code() is not None:
+            if active.phase == "running" and active.exit_code() is not None:
                 self._complete(active)
-        work: list[tuple[ActiveRun, Snapshot, str]] = []
         for active in list(self._active.values()):
+            if active.phase != "running":
+                continue  # its stop is under way (below, it goes on to its end)
             self.store.run(lambda c, a=active: request_control_cancellation(  # type: ignore[misc]
                 c, a.run_id, a.attempt_id, reason="shutdown", requested_at_ms=self.clock(),
                 require_deadline=False, new_id=self.new_id,
             ))
             snap = self.store.run(lambda c, a=active: load_snapshot(c, a.run_id, a.attempt_id))  # type: ignore[misc]
             if snap is not None and snap.controllable and snap.run.cancel_reason is not None:
-                work.append((active, snap, snap.run.cancel_reason))
-        results: dict[str, StopResult] = {}
+                self._stop_for_intent(active, snap, snap.run.cancel_reason, active.handle, active.cgroup)
+        while self._stops:
+            self._pump(self._stops.wait_s() or 0.0)
+            self._advance_stops()
 
-        def stop_one(active: ActiveRun) -> None:
-            results[active.attempt_id] = stop(
-                active.handle, active.cgroup, terminate_grace_ms=self.config.terminate_grace_ms,
-                kill_grace_ms=self.config.kill_grace_ms, poll_ms=self.poll_ms,
-            )
-
-        threads = [threading.Thread(target=stop_one, args=(a,), name="qinglong-edge-drain") for a, _, _ in work]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        for active, snap, reason in work:
-            result = results.get(active.attempt_id)
-            if result is None or not result.conclusive:
-                _log.warning("run %s: not stopped at shutdown (%s)", active.run_id, result)
-                continue
-            exit_code = active.exit_code()
-            if self.store.run(lambda c, s=snap, r=reason, e=exit_code: mark_terminal(  # type: ignore[misc]
-                c, s, reason=r, now_ms=self.clock(), exit_code=e, new_id=self.new_id,
-            )):
-                self._finish(active, active.attempt_id)

@@ -65,6 +65,7 @@ from qinglong_edge.contracts.digest import random_hex
 from qinglong_edge.contracts.ids import new_uuid4
 from qinglong_edge.contracts.strictjson import dumps
 from qinglong_edge.errors import EdgeError, ExecutionError, LogStorageUnavailable, StoreError
+from qinglong_edge.execution.phases import RUN_TRANSITIONS
 from qinglong_edge.execution.transitions import (
     EXECUTOR,
     Changes,
@@ -84,6 +85,7 @@ from qinglong_edge.process.identity import ProcessIdentity
 from qinglong_edge.process.jobspec import DEFAULT_KILL_GRACE_MS, DEFAULT_TERMINATE_GRACE_MS
 from qinglong_edge.process.logs import TRUNCATION_NOTICE
 from qinglong_edge.process.spawn import JobSpec, exit_status_unreaped, job_environment, resolve_executable, start_job
+from qinglong_edge.process.stop import check_transition
 
 __all__ = [
     "ActiveRun",
@@ -296,6 +298,8 @@ class ActiveRun:
 
     Attributes:
         exited_at_ms: wall clock when we first saw the leader exit (our child only).
+        phase: ``running``, ``stopping``, ``completing``, ``reconciling`` or ``finished``
+            (:data:`qinglong_edge.execution.phases.RUN_TRANSITIONS`; moved by :meth:`move`).
     """
 
     run_id: str
@@ -310,6 +314,17 @@ class ActiveRun:
     retry_at: float = 0.0
     #: The deadline on the boot clock (this boot), the controller's timer; None without one.
     deadline_boot_ms: int | None = None
+    phase: str = "running"
+
+    def move(self, phase: str) -> None:
+        """Enter ``phase``.
+
+        Raises:
+            ExecutionError: ``invalid_phase`` when :data:`RUN_TRANSITIONS
+                <qinglong_edge.execution.phases.RUN_TRANSITIONS>` has no such move (a bug).
+        """
+        check_transition(RUN_TRANSITIONS, f"run {self.run_id}", self.phase, phase)
+        self.phase = phase
 
     def exit_code(self) -> int | None:
         """The leader's exit code if it has exited, without reaping it (``WNOWAIT``).

@@ -56,6 +56,16 @@ cannot be told apart from a new group that recycled the number, so without a cgr
 do not signal them (the reference behaves the same); with a cgroup they die by
 ``cgroup.kill``. A leader whose pid now has another start time or group (``REUSED``)
 never gives authority: the unrelated process is not signalled.
+
+Steps, not sleeps. The algorithm lives once, in :class:`Stopping`: an explicit phase
+(``new`` -> ``terminating`` -> ``killing`` -> ``done``, table :data:`STOP_TRANSITIONS`)
+advanced by :meth:`Stopping.step`, which does what is due *now* (look and SIGTERM; one
+poll; the re-verification and SIGKILL) and says when it wants the next step (at most
+``poll_ms`` later, never past a grace's end). It never sleeps, so one thread can advance
+many stops and do other work between their polls: the execution controller does (a stop
+never blocks its loop). :func:`stop` is the blocking form for callers with a thread to
+spare (the remote worker's runner, tests): the same steps with a sleep in between, the
+same signals, verification and :class:`StopResult`.
 """
 
 from __future__ import annotations
@@ -78,7 +88,15 @@ from qinglong_edge.process.identity import (
     scan_processes,
 )
 
-__all__ = ["MAX_GRACE_MS", "StopResult", "pid_namespace_depth", "stop"]
+__all__ = [
+    "MAX_GRACE_MS",
+    "STOP_TRANSITIONS",
+    "StopResult",
+    "Stopping",
+    "check_transition",
+    "pid_namespace_depth",
+    "stop",
+]
 
 #: Upper bound of every grace and poll interval (local-api.md 7.3).
 MAX_GRACE_MS = 30_000
@@ -298,21 +316,183 @@ def _boot_seconds() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
-def _gone_within(
-    target: _Target,
-    grace_ms: int,
-    poll_ms: int,
-    wait: Callable[[float], None],
-    clock: Callable[[], float],
-) -> bool:
-    deadline = clock() + grace_ms / 1000
-    while True:
+#: The phases of one :class:`Stopping` and the phases each may move to (module docstring,
+#: "Phases"); :meth:`Stopping.step` checks every move against it.
+STOP_TRANSITIONS: dict[str, frozenset[str]] = {
+    "new": frozenset({"terminating", "done"}),
+    "terminating": frozenset({"killing", "done"}),
+    "killing": frozenset({"done"}),
+    "done": frozenset(),
+}
+
+
+def check_transition(table: dict[str, frozenset[str]], what: str, current: str, target: str) -> None:
+    """Raise unless ``table`` lets ``current`` move to ``target``.
+
+    Args:
+        table: phase -> the phases it may move to (e.g. :data:`STOP_TRANSITIONS`).
+        what: what moves, for the message (``"stop"``, ``"run 1b2c..."``).
+
+    Raises:
+        ExecutionError: ``invalid_phase`` (a caller bug: a move the table does not
+            list, or an unknown phase).
+    """
+    if target not in table.get(current, ()):
+        raise ExecutionError(f"{what}: no transition from {current!r} to {target!r}", code="invalid_phase")
+
+
+class Stopping:
+    """One stop of a Run's processes as timed steps (the module docstring's algorithm).
+
+    Sans-IO in time: it never sleeps. :meth:`step` does the work that is due now (look and
+    SIGTERM, one poll, the re-verification and SIGKILL) and returns how long until it
+    wants the next step, or ``None`` once :attr:`result` is set. :func:`stop` is this loop
+    with a sleep; the execution controller advances many stops on its one thread, each at
+    its own :attr:`due_at`, and handles intents, deadlines and launches in between.
+
+    Phases (:data:`STOP_TRANSITIONS`; :attr:`phase`)::
+
+        new          -> done         invalid handle, not Linux, nothing alive (already_exited),
+                                     or a signal / /proc failure (unknown)
+        new          -> terminating  the SIGTERM went out; the terminate grace runs
+        terminating  -> done         all gone (stopped SIGTERM, also at the re-verification),
+                                     or unknown
+        terminating  -> killing      grace over and still alive after re-verifying: SIGKILL
+                                     went out; the kill grace runs
+        killing      -> done         all gone (stopped SIGKILL), grace over (timed_out), unknown
+
+    A step that moves on also polls at once (after the SIGTERM, after the SIGKILL), as the
+    blocking loop always did: one step can go ``terminating -> killing -> done``.
+
+    Args:
+        handle, cgroup, terminate_grace_ms, kill_grace_ms, poll_ms, clock: as :func:`stop`.
+
+    Attributes:
+        phase: ``new``, ``terminating``, ``killing`` or ``done``.
+        due_at: when the next step is due, in seconds on ``clock`` (0.0 until the first).
+        result: the :class:`StopResult` once ``phase`` is ``done``, else ``None``.
+
+    Raises:
+        ExecutionError: ``invalid_input`` for durations out of range (a caller bug), at
+            construction; :meth:`step` never raises for process or ``/proc`` trouble.
+    """
+
+    def __init__(
+        self,
+        handle: str,
+        cgroup: RunCgroup | None = None,
+        *,
+        terminate_grace_ms: int,
+        kill_grace_ms: int,
+        poll_ms: int = 25,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        _check_duration("terminate_grace_ms", terminate_grace_ms)
+        _check_duration("kill_grace_ms", kill_grace_ms)
+        _check_duration("poll_ms", poll_ms)
+        if poll_ms > terminate_grace_ms or poll_ms > kill_grace_ms:
+            raise ExecutionError("poll_ms cannot exceed a grace period", code="invalid_input")
+        self.handle = handle
+        self.cgroup = cgroup
+        self.terminate_grace_ms = terminate_grace_ms
+        self.kill_grace_ms = kill_grace_ms
+        self.poll_ms = poll_ms
+        self.clock: Callable[[], float] = clock if clock is not None else _boot_seconds
+        self.phase = "new"
+        self.due_at = 0.0
+        self.result: StopResult | None = None
+        self._target: _Target | None = None
+        #: End of the running grace (terminate, then kill), in seconds on ``clock``.
+        self._grace_ends = 0.0
+        #: When the last poll that kept waiting looked (seconds on ``clock``).
+        self._polled_at = 0.0
+
+    def wait_s(self) -> float | None:
+        """Seconds until :meth:`step` is due (0.0 when due now), ``None`` once done."""
+        if self.result is not None:
+            return None
+        return max(0.0, self.due_at - self.clock())
+
+    def step(self) -> float | None:
+        """Do what is due now; the seconds until the next step (at most ``poll_ms``), or
+        ``None`` when the stop is over (:attr:`result` is set). Calling it early only
+        polls early; calling it after ``done`` returns ``None`` again."""
+        if self.result is not None:
+            return None
+        try:
+            return self._step()
+        except ExecutionError as exc:
+            reason = "signal_failed" if exc.code == "signal_failed" else "provider_unavailable"
+            self._finish(StopResult("unknown", reason=reason))
+        except OSError:
+            self._finish(StopResult("unknown", reason="provider_unavailable"))
+        return None
+
+    def close(self) -> None:
+        """Release the leader's pidfd (a stop abandoned before ``done``; idempotent)."""
+        if self._target is not None:
+            self._target.close()
+
+    def _move(self, phase: str) -> None:
+        check_transition(STOP_TRANSITIONS, "stop", self.phase, phase)
+        self.phase = phase
+
+    def _finish(self, result: StopResult) -> None:
+        self._move("done")
+        self.result = result
+        self.close()
+
+    def _step(self) -> float | None:
+        if self.phase == "new":
+            try:
+                identity = decode_handle(self.handle).identity
+            except ExecutionError:
+                self._finish(StopResult("unknown", reason="invalid_handle"))
+                return None
+            if not sys.platform.startswith("linux"):
+                self._finish(StopResult("unknown", reason="unsupported_platform"))
+                return None
+            self._target = _Target(identity, self.cgroup)
+            if not self._target.alive():
+                self._finish(StopResult("already_exited"))
+                return None
+            self._target.terminate()
+            self._begin_grace("terminating", self.terminate_grace_ms)
+        target = self._target
+        assert target is not None  # set in phase "new"
+        seen = self._poll(target)
+        if seen == "waiting":
+            return self.due_at - self._polled_at
+        if seen == "gone":
+            self._finish(StopResult("stopped", "SIGKILL" if self.phase == "killing" else "SIGTERM"))
+            return None
+        if self.phase == "killing":
+            self._finish(StopResult("timed_out"))
+            return None
+        # The terminate grace is over. Re-verify the full identity before escalating
+        # (inside alive() and kill()).
         if not target.alive():
-            return True
-        now = clock()
-        if now >= deadline:
-            return False
-        wait(min(poll_ms / 1000, deadline - now))
+            self._finish(StopResult("stopped", "SIGTERM"))
+            return None
+        target.kill()
+        self._begin_grace("killing", self.kill_grace_ms)
+        return self._step()  # the kill grace's first poll, right away
+
+    def _begin_grace(self, phase: str, grace_ms: int) -> None:
+        self._move(phase)
+        self._grace_ends = self.clock() + grace_ms / 1000
+
+    def _poll(self, target: _Target) -> str:
+        """One observation: ``gone`` (all gone), ``over`` (the running grace is over) or
+        ``waiting`` (:attr:`due_at` moves at most ``poll_ms`` on, never past the grace end)."""
+        if not target.alive():
+            return "gone"
+        now = self.clock()
+        if now >= self._grace_ends:
+            return "over"
+        self._polled_at = now
+        self.due_at = now + min(self.poll_ms / 1000, self._grace_ends - now)
+        return "waiting"
 
 
 def stop(
@@ -325,7 +505,8 @@ def stop(
     wait: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] | None = None,
 ) -> StopResult:
-    """Stop every process of a Run (see the module docstring for the algorithm).
+    """Stop every process of a Run (see the module docstring for the algorithm), blocking:
+    a :class:`Stopping` stepped until done, sleeping with ``wait`` in between.
 
     Args:
         handle: the ``ql3lp1.`` durable handle from ``RunAttempts.executor_handle``.
@@ -333,8 +514,7 @@ def stop(
         terminate_grace_ms: wait after SIGTERM, 1..30000 (config default 5000).
         kill_grace_ms: wait after SIGKILL, 1..30000 (config default 1000).
         poll_ms: observation interval, 1..30000 and at most either grace.
-        wait: sleeps for the given seconds between polls; the controller passes a
-            function that drains Run output meanwhile.
+        wait: sleeps for the given seconds between polls.
         clock: seconds on a clock that is never stepped (default ``CLOCK_BOOTTIME``: the
             graces are local timers, spec README "Decisions for clocks").
 
@@ -344,37 +524,12 @@ def stop(
     Raises:
         ExecutionError: ``invalid_input`` for durations out of range (a caller bug).
     """
-    _check_duration("terminate_grace_ms", terminate_grace_ms)
-    _check_duration("kill_grace_ms", kill_grace_ms)
-    _check_duration("poll_ms", poll_ms)
-    if clock is None:
-        clock = _boot_seconds
-    if poll_ms > terminate_grace_ms or poll_ms > kill_grace_ms:
-        raise ExecutionError("poll_ms cannot exceed a grace period", code="invalid_input")
+    stopping = Stopping(handle, cgroup, terminate_grace_ms=terminate_grace_ms, kill_grace_ms=kill_grace_ms,
+                        poll_ms=poll_ms, clock=clock)
     try:
-        identity = decode_handle(handle).identity
-    except ExecutionError:
-        return StopResult("unknown", reason="invalid_handle")
-    if not sys.platform.startswith("linux"):
-        return StopResult("unknown", reason="unsupported_platform")
-    target = _Target(identity, cgroup)
-    try:
-        if not target.alive():
-            return StopResult("already_exited")
-        target.terminate()
-        if _gone_within(target, terminate_grace_ms, poll_ms, wait, clock):
-            return StopResult("stopped", "SIGTERM")
-        # Re-verify the full identity before escalating (inside alive() and kill()).
-        if not target.alive():
-            return StopResult("stopped", "SIGTERM")
-        target.kill()
-        if _gone_within(target, kill_grace_ms, poll_ms, wait, clock):
-            return StopResult("stopped", "SIGKILL")
-        return StopResult("timed_out")
-    except ExecutionError as exc:
-        reason = "signal_failed" if exc.code == "signal_failed" else "provider_unavailable"
-        return StopResult("unknown", reason=reason)
-    except OSError:
-        return StopResult("unknown", reason="provider_unavailable")
+        while (delay := stopping.step()) is not None:
+            wait(delay)
     finally:
-        target.close()
+        stopping.close()
+    assert stopping.result is not None  # step() returned None: done
+    return stopping.result
