@@ -376,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         raw_audit = statistics.median(raw_audit_rates)
         result: dict[str, Any] = {
             "benchmark": "local_api",
-            "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+            "command": " ".join([os.path.basename(sys.executable), *(os.path.relpath(a) if a.endswith(".py") else a
+                                                                  for a in sys.argv)]),
             "profile": "edge",
             "journal_mode": "delete",
             "synchronous": "full",

@@ -186,7 +186,8 @@ def machine() -> dict[str, str]:
         "CPU": f"{cpu}, {os.cpu_count()} cores",
         "Memory": memory,
         "System": f"{system}; kernel {platform.release()} {platform.machine()}",
-        "Python": f"{platform.python_implementation()} {platform.python_version()} ({sys.executable})",
+        # relative to the checkout: a tracked document names no path of this machine
+        "Python": f"{platform.python_implementation()} {platform.python_version()} ({_relative(sys.executable)})",
         "SQLite": sqlite3.sqlite_version,
         "OpenSSL": ssl.OPENSSL_VERSION,
         "cgroups": ", ".join(cgroups) or "none",
@@ -208,6 +209,12 @@ def _table(rows: list[Row]) -> list[str]:
     out += [f"| {_cell(r.figure)} | {_cell(r.ours)} | {_cell(r.baseline)} | {_cell(r.ratio)} | {_cell(r.target)} "
             f"| {_met(r.met)} |" for r in rows]
     return out
+
+
+def _relative(path: str) -> str:
+    """``path`` relative to the checkout when it is inside it (``.venv/bin/python``), else its name."""
+    inside = os.path.abspath(path).startswith(REPO + os.sep)
+    return os.path.relpath(path, REPO) if inside else os.path.basename(path)
 
 
 def render(outcomes: list[Outcome], info: dict[str, str], total_s: float, quick: bool, command: str) -> str:
