@@ -220,10 +220,10 @@ def main() -> int:
             held.process.wait()
         result = {
             "runs": args.runs,
-            "python": sys.executable,
+            "python": os.path.basename(sys.executable),
             "commands": {
                 "ours": "start_job(JobSpec([...], env, cwd, log, 1 MiB, truncation_fact=..., receipt=...)) -> "
-                        f"{sys.executable} -I -S /proc/self/fd/N qinglong-edge-job",
+                        "python -I -S /proc/self/fd/N qinglong-edge-job",
                 "baseline": "/bin/sh -c ENTER_SCRIPT qinglong-edge-enter 0 CMD... (the previous launcher)",
             },
             "ready_ms_median": {k: _median(v) for k, v in ready.items()},

@@ -192,7 +192,7 @@ def main() -> int:
     rss_ratio = pull_summary["maxrss_kib_median"] / base_summary["maxrss_kib_median"]
     result: dict[str, Any] = {
         "benchmark": "pull_idle_cycle_vs_mtls_post",
-        "command": "python " + " ".join(pull[1:]),
+        "command": "python " + " ".join(pull[1:]).replace(str(work), "<work>"),
         "baseline_command": "python baseline_mtls_post.py (ssl, http.client, json only; see BASELINE)",
         "python": sys.version.split()[0],
         "site": bool(args.site),

@@ -115,7 +115,8 @@ def _sweep() -> list[str]:
 
 
 def _run(name: str, script: str, args: list[str]) -> Outcome:
-    argv = [sys.executable, script, *args]
+    # relative (the child runs in REPO): a benchmark that prints its own argv names no path of this machine
+    argv = [sys.executable, os.path.relpath(script, REPO), *args]
     env = {key: value for key, value in os.environ.items() if not key.startswith("QINGLONG_EDGE_")}
     env["PYTHONPATH"] = REPO
     started = time.monotonic()
@@ -249,7 +250,7 @@ def render(outcomes: list[Outcome], info: dict[str, str], total_s: float, quick:
                     lines.append(f"| {outcome.name} | {_cell(row.figure)} | {_cell(row.ours)} | {_cell(row.baseline)} "
                                  f"| {_cell(row.ratio)} | {_cell(row.target)} | {_met(row.met)} |")
     for outcome in outcomes:
-        command = " ".join(["python", os.path.relpath(outcome.argv[1], REPO), *outcome.argv[2:]])
+        command = " ".join(["python", *outcome.argv[1:]])
         lines += ["", f"## {outcome.name}", "", f"Command: `{command}` ({outcome.seconds:.0f} s)", ""]
         if outcome.leaked:
             lines += [f"**It left {len(outcome.leaked)} process(es) behind** (killed by the runner): "

@@ -622,6 +622,10 @@ def generic(j: dict[str, Any]) -> list[Section]:
     return [Section("", rows, ["No table for this benchmark yet: see the raw JSON."])]
 
 
+def _failed(run: dict[str, Any]) -> int:
+    return sum(count for status, count in run["statuses"].items() if status.startswith("failed"))
+
+
 def inbox_week(j: dict[str, Any]) -> list[Section]:
     ours, base, cap = j["ours"], j["baseline"], j["inboxMaximumEntries"]
     rows = [
@@ -629,6 +633,7 @@ def inbox_week(j: dict[str, Any]) -> list[Section]:
             ours["claimsRefused"] == 0),
         Row("largest number of inbox entries after a cycle", ours["mostInboxFiles"], base["mostInboxFiles"], None,
             f"<= {cap}", ours["mostInboxFiles"] <= cap),
+        Row("cycles that failed (any status failed:*)", _failed(ours), _failed(base), None, "0", _failed(ours) == 0),
         Row("jobs offered / accepted / left unclaimed", f"{ours['offered']} / {ours['accepted']} / "
             f"{ours['unclaimedAtEnd']}", f"{base['offered']} / {base['accepted']} / {base['unclaimedAtEnd']}"),
         Row("wall time of the simulation (s)", ours["wallSeconds"], base["wallSeconds"]),

@@ -6,6 +6,10 @@ no pull, its log held an error instead of ``ready``, and ``make bench`` failed a
 the whole run (the launch figure had been silently negative before that). The slower
 tier runs the whole plan so a benchmark broken by a change is seen before the record
 run. No figure is asserted, only that each benchmark ran and measured something.
+
+Regression: ``bench_inbox_week.py``'s virtual clock started on 2026-09-21, before
+``clock.CLOCK_FLOOR_MS`` (issue 23): every simulated cycle failed ``clock_not_set``, no
+offer was accepted, and the table still said "met" (0 refused, 0 entries).
 """
 
 from __future__ import annotations
@@ -45,3 +49,9 @@ def test_every_benchmark_runs_in_quick_mode(tmp_path: pathlib.Path) -> None:
     assert isinstance(launch, dict)
     # CPU between the offered answer and the job's first instruction: a real, positive sample
     assert all(value > 0 for value in launch["cpu_ms_all"]), launch
+    week = _raw(text, "inbox_week")
+    for side in ("ours", "baseline"):
+        run = week[side]
+        assert isinstance(run, dict)
+        assert not [status for status in run["statuses"] if status.startswith("failed")], run["statuses"]
+        assert run["accepted"] > 0, run
