@@ -12,6 +12,7 @@ import pytest
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from qinglong_edge.process.cgroups import CgroupManager, RunCgroup
+    from tests.support.cluster_double import ClusterDouble
     from tests.support.openwrt_tools import OpenwrtTools
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -62,6 +63,27 @@ def openwrt_tools() -> OpenwrtTools:
             pytest.fail(f"{found} (required: ${REQUIRE_ENV}=1)")
         pytest.skip(found)
     return found
+
+
+@pytest.fixture(scope="module")
+def shared_cluster() -> Iterator[ClusterDouble]:
+    """One started cluster double (TLS 1.3 mTLS, tests/support/cluster_double.py) per test
+    module, with the reference's 30 s run lease; stopped after the module. A test resets it
+    (``shared_cluster.reset()``) so that each starts from a fresh cluster."""
+    from tests.support.cluster_double import ClusterDouble
+
+    with ClusterDouble() as double:
+        yield double
+
+
+@pytest.fixture(scope="module")
+def shared_remote_cluster() -> Iterator[ClusterDouble]:
+    """Like ``shared_cluster``, with the short run leases of tests/support/remote_env.py
+    (``remote_cluster()``): a lease ends within seconds, so renewals and expiries are seen."""
+    from tests.support.remote_env import remote_cluster
+
+    with remote_cluster() as double:
+        yield double
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-from collections.abc import Iterator
 
 import pytest
 
@@ -16,12 +15,6 @@ from tests.support.pull_env import PullEnv
 CAPS = {"architecture": "amd64", "executors": ["remote-worker"], "protocolVersion": "1.0.0", "supportTier": "tier1",
         "operatingSystem": "linux", "runtimes": [{"name": "python", "version": "3.11.2"}],
         "labels": {"site": "lab"}, "capacity": {"cpuCores": 4, "memoryBytes": 536870912}}
-
-
-@pytest.fixture(scope="module")
-def shared_cluster() -> Iterator[ClusterDouble]:
-    with ClusterDouble() as double:
-        yield double
 
 
 @pytest.fixture

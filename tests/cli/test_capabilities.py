@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from qinglong_edge.contracts.placement import canonical_capabilities
 from tests.support.cluster_double import ClusterDouble
-from tests.support.remote_env import RemoteEnv, dump, remote_cluster, wait_until
+from tests.support.remote_env import RemoteEnv, dump, wait_until
 
 FILE_CAPS: dict[str, Any] = {
     "architecture": "amd64", "executors": ["remote-worker"], "protocolVersion": "1.0.0", "supportTier": "tier1",
@@ -25,18 +24,11 @@ FILE_CAPS: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="module")
-def shared_cluster() -> Iterator[ClusterDouble]:
-    with remote_cluster() as double:
-        yield double
-
-
 @pytest.fixture
-def env(tmp_path: pathlib.Path, shared_cluster: ClusterDouble) -> RemoteEnv:
+def env(tmp_path: pathlib.Path, cluster: ClusterDouble) -> RemoteEnv:
     if os.uname().machine != "x86_64":
         pytest.skip("the files below advertise amd64")
-    shared_cluster.reset()
-    return RemoteEnv(tmp_path, shared_cluster)
+    return RemoteEnv(tmp_path, cluster)
 
 
 def _file(env: RemoteEnv, content: bytes | dict[str, Any], mode: int = 0o644) -> pathlib.Path:

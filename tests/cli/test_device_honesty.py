@@ -13,7 +13,6 @@ import json
 import pathlib
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 
@@ -34,12 +33,6 @@ os.uname = lambda: os.uname_result((real.sysname, real.nodename, real.release, r
 from qinglong_edge.cli import main
 sys.exit(main(sys.argv[2:]))
 """
-
-
-@pytest.fixture(scope="module")
-def shared_cluster() -> Iterator[ClusterDouble]:
-    with ClusterDouble() as double:
-        yield double
 
 
 @pytest.fixture

@@ -5,25 +5,9 @@ draining and the command says what is left (real CLI, real resident pull and job
 from __future__ import annotations
 
 import json
-import pathlib
-from collections.abc import Iterator
-
-import pytest
 
 from tests.support.cluster_double import ClusterDouble
-from tests.support.remote_env import RemoteEnv, dump, remote_cluster, wait_until
-
-
-@pytest.fixture(scope="module")
-def shared_cluster() -> Iterator[ClusterDouble]:
-    with remote_cluster() as double:
-        yield double
-
-
-@pytest.fixture
-def env(tmp_path: pathlib.Path, shared_cluster: ClusterDouble) -> RemoteEnv:
-    shared_cluster.reset()
-    return RemoteEnv(tmp_path, shared_cluster)
+from tests.support.remote_env import RemoteEnv, dump, wait_until
 
 
 def _lines(stdout: str) -> list[dict[str, object]]:

@@ -15,7 +15,6 @@ import json
 import pathlib
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,12 +25,6 @@ from qinglong_edge.errors import transport_remedy
 from qinglong_edge.worker.journal.store import Journal
 from tests.support.cluster_double import ClusterDouble, Fault
 from tests.support.pull_env import PullEnv, kill, wait_stopped
-
-
-@pytest.fixture(scope="module")
-def shared_cluster() -> Iterator[ClusterDouble]:
-    with ClusterDouble() as double:
-        yield double
 
 
 @pytest.fixture

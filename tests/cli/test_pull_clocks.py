@@ -12,35 +12,16 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from tests.support.cluster_double import ClusterDouble, Fault
-from tests.support.remote_env import RemoteEnv, dump, remote_cluster, wait_until
+from tests.support.remote_env import RemoteEnv, dump, wait_until
 from tests.support.wall_clock import WallClock
 
 LEASE_MS = 6_000
-
-
-@pytest.fixture(scope="module")
-def shared_cluster() -> Iterator[ClusterDouble]:
-    with remote_cluster() as double:
-        yield double
-
-
-@pytest.fixture
-def cluster(shared_cluster: ClusterDouble) -> ClusterDouble:
-    shared_cluster.reset()
-    return shared_cluster
-
-
-@pytest.fixture
-def env(tmp_path: pathlib.Path, cluster: ClusterDouble) -> RemoteEnv:
-    return RemoteEnv(tmp_path, cluster)
 
 
 def _wall(env: RemoteEnv, offset_ms: int = 0) -> WallClock:

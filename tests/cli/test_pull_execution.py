@@ -16,32 +16,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from tests.support.cluster_double import ClusterDouble, Fault
 from tests.support.jobs import descendants_by_marker, kill_pids
-from tests.support.remote_env import RemoteEnv, dump, event_names, remote_cluster, wait_until
+from tests.support.remote_env import RemoteEnv, dump, event_names, wait_until
 
 SECRET = "s3cr3t-value-never-on-disk"
-
-
-@pytest.fixture(scope="module")
-def shared_cluster() -> Iterator[ClusterDouble]:
-    with remote_cluster() as double:
-        yield double
-
-
-@pytest.fixture
-def cluster(shared_cluster: ClusterDouble) -> ClusterDouble:
-    shared_cluster.reset()
-    return shared_cluster
-
-
-@pytest.fixture
-def env(tmp_path: pathlib.Path, cluster: ClusterDouble) -> RemoteEnv:
-    return RemoteEnv(tmp_path, cluster)
 
 
 def _completions(cluster: ClusterDouble, run_id: str) -> int:

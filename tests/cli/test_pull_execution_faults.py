@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster_double import ClusterDouble, Fault
-from tests.support.remote_env import RemoteEnv, dump, remote_cluster, wait_until
+from tests.support.cluster_double import Fault
+from tests.support.remote_env import RemoteEnv, dump, wait_until
 
 SECRET = "matrix-secret-never-shown"
 
@@ -88,18 +88,6 @@ def _params() -> Iterator[Any]:
         for fault in FAULTS:
             marks = () if (case, fault) in REPRESENTATIVE else (pytest.mark.matrix,)
             yield pytest.param(case, fault, id=f"{case}-{fault}", marks=marks)
-
-
-@pytest.fixture(scope="module")
-def shared_cluster() -> Iterator[ClusterDouble]:
-    with remote_cluster() as double:
-        yield double
-
-
-@pytest.fixture
-def env(tmp_path: pathlib.Path, shared_cluster: ClusterDouble) -> RemoteEnv:
-    shared_cluster.reset()
-    return RemoteEnv(tmp_path, shared_cluster)
 
 
 @pytest.mark.parametrize(("case", "fault"), list(_params()))

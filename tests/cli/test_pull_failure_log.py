@@ -6,7 +6,6 @@ on stderr. The OpenWrt crontab line itself is tests/packaging/test_service_runti
 from __future__ import annotations
 
 import pathlib
-from collections.abc import Iterator
 
 import pytest
 
@@ -16,12 +15,6 @@ from tests.support.pull_env import PullEnv
 #: The keys of a failed claim's --json line (unchanged by this issue).
 FAILED_KEYS = {"device", "session", "status", "offerId", "reason", "nextAttemptAtMs", "httpStatus", "attemptCount",
                "clusterCode", "counted", "detail", "remedy"}
-
-
-@pytest.fixture(scope="module")
-def shared_cluster() -> Iterator[ClusterDouble]:
-    with ClusterDouble() as double:
-        yield double
 
 
 @pytest.fixture

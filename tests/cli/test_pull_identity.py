@@ -16,30 +16,15 @@ import json
 import pathlib
 import subprocess
 import time
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from qinglong_edge import clock
 from tests.support.cluster_double import ClusterDouble
 from tests.support.pull_env import Outcome
-from tests.support.remote_env import RemoteEnv, dump, remote_cluster, wait_until
+from tests.support.remote_env import RemoteEnv, dump, wait_until
 
 #: The shortest heartbeat interval the config allows: a fight step every 5 s.
 HEARTBEAT_MS = 5000
-
-
-@pytest.fixture(scope="module")
-def shared_cluster() -> Iterator[ClusterDouble]:
-    with remote_cluster() as double:
-        yield double
-
-
-@pytest.fixture
-def cluster(shared_cluster: ClusterDouble) -> ClusterDouble:
-    shared_cluster.reset()
-    return shared_cluster
 
 
 def _identity(env: RemoteEnv) -> dict[str, Any] | None:

@@ -15,19 +15,12 @@ from __future__ import annotations
 
 import json
 import pathlib
-from collections.abc import Iterator
 
 import pytest
 
 from tests.support.cluster_double import ClusterDouble
 from tests.support.idle_writes import snapshot, strace_path, trace_cycle
 from tests.support.pull_env import PullEnv
-
-
-@pytest.fixture(scope="module")
-def shared_cluster() -> Iterator[ClusterDouble]:
-    with ClusterDouble() as double:
-        yield double
 
 
 @pytest.fixture

@@ -10,26 +10,13 @@ from __future__ import annotations
 import os
 import pathlib
 import signal
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.support.cluster_double import ClusterDouble, Fault
 from tests.support.mounts import tmpfs
-from tests.support.remote_env import RemoteEnv, dump, remote_cluster, wait_until
-
-
-@pytest.fixture(scope="module")
-def shared_cluster() -> Iterator[ClusterDouble]:
-    with remote_cluster() as double:
-        yield double
-
-
-@pytest.fixture
-def cluster(shared_cluster: ClusterDouble) -> ClusterDouble:
-    shared_cluster.reset()
-    return shared_cluster
+from tests.support.remote_env import RemoteEnv, dump, wait_until
 
 
 def _version(env: RemoteEnv, run_id: str) -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pathlib
 import socket
-from collections.abc import Iterator
 
 import pytest
 
@@ -14,12 +13,6 @@ from qinglong_edge.errors import transport_remedy
 from tests.support.cluster_double import ClusterDouble
 from tests.support.pull_env import PullEnv
 from tests.support.tls_server import PlainHTTPServer, TLSServer, http_response
-
-
-@pytest.fixture(scope="module")
-def shared_cluster() -> Iterator[ClusterDouble]:
-    with ClusterDouble() as double:
-        yield double
 
 
 @pytest.fixture

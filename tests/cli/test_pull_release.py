@@ -6,25 +6,8 @@ cluster double). The prerm's call itself: tests/packaging/test_maintainer_script
 from __future__ import annotations
 
 import json
-import pathlib
-from collections.abc import Iterator
 
-import pytest
-
-from tests.support.cluster_double import ClusterDouble
-from tests.support.remote_env import RemoteEnv, dump, remote_cluster
-
-
-@pytest.fixture(scope="module")
-def shared_cluster() -> Iterator[ClusterDouble]:
-    with remote_cluster() as double:
-        yield double
-
-
-@pytest.fixture
-def env(tmp_path: pathlib.Path, shared_cluster: ClusterDouble) -> RemoteEnv:
-    shared_cluster.reset()
-    return RemoteEnv(tmp_path, shared_cluster)
+from tests.support.remote_env import RemoteEnv, dump
 
 
 def test_with_no_pull_it_says_so_and_creates_nothing(env: RemoteEnv) -> None:

@@ -7,10 +7,8 @@ TLS cluster double (30 s leases, as the reference)."""
 from __future__ import annotations
 
 import json
-import pathlib
 import re
 import signal
-from collections.abc import Iterator
 
 import pytest
 
@@ -18,16 +16,11 @@ from tests.support.cluster_double import ClusterDouble
 from tests.support.remote_env import RemoteEnv, dump, wait_until
 
 
-@pytest.fixture(scope="module")
-def shared_cluster() -> Iterator[ClusterDouble]:
-    with ClusterDouble() as double:  # the reference's 30 s run lease
-        yield double
-
-
 @pytest.fixture
-def env(tmp_path: pathlib.Path, shared_cluster: ClusterDouble) -> RemoteEnv:
+def cluster(shared_cluster: ClusterDouble) -> ClusterDouble:
+    """The reference's 30 s run lease (not the short leases of tests/cli/conftest.py)."""
     shared_cluster.reset()
-    return RemoteEnv(tmp_path, shared_cluster)
+    return shared_cluster
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)

@@ -15,31 +15,13 @@ import json
 import os
 import pathlib
 import subprocess
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.support.cluster_double import ClusterDouble
 from tests.support.mounts import tmpfs
-from tests.support.remote_env import RemoteEnv, dump, remote_cluster, wait_until
-
-
-@pytest.fixture(scope="module")
-def shared_cluster() -> Iterator[ClusterDouble]:
-    with remote_cluster() as double:
-        yield double
-
-
-@pytest.fixture
-def cluster(shared_cluster: ClusterDouble) -> ClusterDouble:
-    shared_cluster.reset()
-    return shared_cluster
-
-
-@pytest.fixture
-def env(tmp_path: pathlib.Path, cluster: ClusterDouble) -> RemoteEnv:
-    return RemoteEnv(tmp_path, cluster)
+from tests.support.remote_env import RemoteEnv, dump, wait_until
 
 
 def _damage(path: pathlib.Path, how: str) -> None:

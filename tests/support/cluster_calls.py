@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pathlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from qinglong_edge.contracts.offer import ClaimAuthority, OfferedResponse, claim_request_body, parse_offer_response
@@ -26,7 +29,7 @@ from tests.support.cluster_faults import RESPONSE_CAPS
 from tests.support.cluster_wire import compact
 from tests.support.ingress_client import Answer, artifact_body, artifact_header, ingress_path, post
 
-__all__ = ["SESSION_0", "SESSION_1", "TOKEN", "WorkerCalls", "log_artifact_id"]
+__all__ = ["SESSION_0", "SESSION_1", "TOKEN", "WorkerCalls", "log_artifact_id", "registered_worker"]
 
 SESSION_0 = "018f0000-0000-7000-8000-000000000000"
 SESSION_1 = "018f0000-0000-7000-8000-000000000001"
@@ -235,3 +238,16 @@ class WorkerCalls:
         """starting then running; the running answer."""
         self.start()
         return self.call("running", self.running_body(**changes))
+
+
+@contextmanager
+def registered_worker(cluster: ClusterDouble, directory: pathlib.Path, *,
+                      request_timeout_ms: int = 5000) -> Iterator[WorkerCalls]:
+    """A :class:`WorkerCalls` with files provisioned under ``directory``, registered
+    (:meth:`WorkerCalls.register`); its transport closed after the block."""
+    calls = WorkerCalls(cluster, cluster.provision(directory), request_timeout_ms=request_timeout_ms)
+    try:
+        calls.register()
+        yield calls
+    finally:
+        calls.close()

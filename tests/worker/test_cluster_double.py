@@ -17,8 +17,6 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -32,6 +30,7 @@ from qinglong_edge.contracts.session import (
 )
 from qinglong_edge.worker.delivery.session import local_capabilities
 from tests.support.cluster_double import ClusterDouble, Fault
+from tests.support.ingress_client import Answer
 from tests.support.pull_env import REPO, child_env
 from tests.support.tls_server import cert_path
 
@@ -39,21 +38,6 @@ SESSION_1 = "018f0000-0000-7000-8000-000000000001"
 SESSION_2 = "018f0000-0000-7000-8000-000000000002"
 TOKEN_A = "A" * 43
 TOKEN_B = "B" * 43
-
-
-@dataclass
-class Answer:
-    status: int | None
-    headers: dict[str, str]
-    body: bytes
-    error: str | None = None
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    @property
-    def code(self) -> str:
-        return str(self.json()["code"])
 
 
 def _context(*, client_cert: bool = True, tls12: bool = False) -> ssl.SSLContext:
@@ -113,12 +97,6 @@ def register_body(*, slots: int = 1, architecture_of: str = "x86_64") -> bytes:
 
 def offers_body(offer_id: str = "offer-1", token: str = TOKEN_A, generation: int = 1) -> bytes:
     return claim_request_body(ClaimAuthority("edge-1", SESSION_1, generation, offer_id, token))
-
-
-@pytest.fixture(scope="module")
-def shared_cluster() -> Iterator[ClusterDouble]:
-    with ClusterDouble() as double:
-        yield double
 
 
 @pytest.fixture

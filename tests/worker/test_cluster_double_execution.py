@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import pathlib
-from collections.abc import Iterator
 
 import pytest
 
@@ -19,29 +18,6 @@ from tests.support.cluster_double import ClusterDouble
 from tests.support.cluster_tasks import PYTHON_SECRET_VALUE, argv_command, secret
 from tests.support.cluster_wire import compact
 from tests.worker import execution_vectors as V
-
-
-@pytest.fixture(scope="module")
-def shared_cluster() -> Iterator[ClusterDouble]:
-    with ClusterDouble() as double:
-        yield double
-
-
-@pytest.fixture
-def cluster(shared_cluster: ClusterDouble) -> ClusterDouble:
-    shared_cluster.reset()
-    shared_cluster.set_clock(1_700_000_000_000)  # frozen: only advance_clock moves it
-    return shared_cluster
-
-
-@pytest.fixture
-def worker(cluster: ClusterDouble, tmp_path: pathlib.Path) -> Iterator[WorkerCalls]:
-    calls = WorkerCalls(cluster, cluster.provision(tmp_path / "files"))
-    calls.register()
-    try:
-        yield calls
-    finally:
-        calls.close()
 
 
 def claimed(cluster: ClusterDouble, worker: WorkerCalls, command: str = "true", **options: object) -> str:

@@ -21,7 +21,7 @@ import pytest
 
 from qinglong_edge.errors import TransportError
 from tests.support.cluster_admin import AdminListener
-from tests.support.cluster_calls import TOKEN, WorkerCalls
+from tests.support.cluster_calls import TOKEN, WorkerCalls, registered_worker
 from tests.support.cluster_double import ClusterDouble, Fault
 from tests.support.cluster_faults import DELETE
 from tests.support.cluster_tasks import PYTHON_SECRET_VALUE
@@ -29,29 +29,13 @@ from tests.support.cluster_wire import wall_ms
 from tests.support.pull_env import REPO, child_env
 
 
-@pytest.fixture(scope="module")
-def shared_cluster() -> Iterator[ClusterDouble]:
-    with ClusterDouble() as double:
-        yield double
-
-
-@pytest.fixture
-def cluster(shared_cluster: ClusterDouble) -> ClusterDouble:
-    shared_cluster.reset()
-    shared_cluster.set_clock(1_700_000_000_000)
-    return shared_cluster
-
-
 @pytest.fixture
 def worker(cluster: ClusterDouble, tmp_path: pathlib.Path) -> Iterator[WorkerCalls]:
-    calls = WorkerCalls(cluster, cluster.provision(tmp_path / "files"), request_timeout_ms=1000)
-    calls.register()
-    cluster.add_command_task("true", secrets={"K": "v"})
-    calls.claim()
-    try:
+    """Registered with a 1 s request timeout, one command task with a secret claimed."""
+    with registered_worker(cluster, tmp_path / "files", request_timeout_ms=1000) as calls:
+        cluster.add_command_task("true", secrets={"K": "v"})
+        calls.claim()
         yield calls
-    finally:
-        calls.close()
 
 
 def _ready(worker: WorkerCalls, op: str) -> Callable[[], Any]:

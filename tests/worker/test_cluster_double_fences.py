@@ -7,8 +7,6 @@ checks, and the secrets route's 503s. Real TLS; the raw client shows the error b
 from __future__ import annotations
 
 import json
-import pathlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,29 +19,6 @@ from tests.support.ingress_client import artifact_body
 SESSION_2 = "018f0000-0000-7000-8000-000000000002"
 OTHER_TOKEN = "X" * 43
 OTHER_LOG = "wlog-" + "0" * 30
-
-
-@pytest.fixture(scope="module")
-def shared_cluster() -> Iterator[ClusterDouble]:
-    with ClusterDouble() as double:
-        yield double
-
-
-@pytest.fixture
-def cluster(shared_cluster: ClusterDouble) -> ClusterDouble:
-    shared_cluster.reset()
-    shared_cluster.set_clock(1_700_000_000_000)
-    return shared_cluster
-
-
-@pytest.fixture
-def worker(cluster: ClusterDouble, tmp_path: pathlib.Path) -> Iterator[WorkerCalls]:
-    calls = WorkerCalls(cluster, cluster.provision(tmp_path / "files"))
-    calls.register()
-    try:
-        yield calls
-    finally:
-        calls.close()
 
 
 def prepare(cluster: ClusterDouble, worker: WorkerCalls, op: str) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import pathlib
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,7 +29,7 @@ from qinglong_edge.worker.remote.runner_state import (
 )
 from tests.support.cli import Entry, repo_entry
 from tests.support.cluster_double import ClusterDouble
-from tests.support.remote_env import RemoteEnv, dump, remote_cluster
+from tests.support.remote_env import RemoteEnv, dump
 
 PROBE = """
 import json, os, sys
@@ -131,18 +130,12 @@ def test_the_module_names_every_phase_it_exports() -> None:
 
 # -- real runs ------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def shared_cluster() -> Iterator[ClusterDouble]:
-    with remote_cluster() as double:
-        yield double
-
-
 @pytest.fixture
-def env(tmp_path: pathlib.Path, shared_cluster: ClusterDouble) -> RemoteEnv:
-    shared_cluster.reset()
+def env(tmp_path: pathlib.Path, shared_remote_cluster: ClusterDouble) -> RemoteEnv:
+    shared_remote_cluster.reset()
     base = repo_entry()
     entry = Entry("phases", (sys.executable, "-c", PROBE), base.env, base.cwd)
-    device = RemoteEnv(tmp_path, shared_cluster, entry=entry)
+    device = RemoteEnv(tmp_path, shared_remote_cluster, entry=entry)
     device.extra_env["QLE_TEST_PHASE_TRACE"] = str(tmp_path / "phases.jsonl")
     return device
 
