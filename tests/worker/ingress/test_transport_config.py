@@ -30,16 +30,7 @@ from tests.support.transport_env import (
     leak_guard,
 )
 
-
-@pytest.fixture(autouse=True)
-def no_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[LeakGuard]:
-    with leak_guard(monkeypatch) as guard:
-        yield guard
-
-
-@pytest.fixture
-def files(tmp_path: pathlib.Path) -> WorkerFiles:
-    return WorkerFiles(tmp_path)
+pytestmark = pytest.mark.usefixtures("no_leaks")
 
 
 @pytest.fixture(scope="module")

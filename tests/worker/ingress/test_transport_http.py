@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import email.utils
 import gzip
-import pathlib
 import signal
 import threading
 import time
@@ -29,24 +28,21 @@ from tests.support.transport_env import (
     LeakGuard,
     WorkerFiles,
     expect_error,
-    leak_guard,
 )
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
 
 #: A body no error may ever show (section 1.6: only the status is kept).
 MARKER = b"BODY-MARKER-must-not-leak"
 
 
-@pytest.fixture(autouse=True)
-def no_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[LeakGuard]:
-    with leak_guard(monkeypatch) as guard:
-        yield guard
+@pytest.fixture
+def no_leaks(no_leaks: LeakGuard) -> Iterator[LeakGuard]:
+    """The folder's guard (tests/worker/ingress/conftest.py); no error names the marker either."""
+    guard = no_leaks
+    yield guard
     for error in guard.errors:
         assert MARKER.decode() not in str(error) and MARKER.decode() not in repr(error.args)
-
-
-@pytest.fixture
-def files(tmp_path: pathlib.Path) -> WorkerFiles:
-    return WorkerFiles(tmp_path)
 
 
 class Script:

@@ -3,26 +3,14 @@ request (what ``doctor`` runs), with the same reasons as a request (issue 18 ite
 
 from __future__ import annotations
 
-import pathlib
-from collections.abc import Iterator
-
 import pytest
 
 from qinglong_edge.contracts.x509 import iso_utc
 from qinglong_edge.errors import TransportError
 from tests.support.tls_server import OpenSSLServer, PlainHTTPServer, SilentPeer, TLSServer, cert_path
-from tests.support.transport_env import WorkerFiles, leak_guard
+from tests.support.transport_env import WorkerFiles
 
-
-@pytest.fixture(autouse=True)
-def no_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    with leak_guard(monkeypatch):
-        yield
-
-
-@pytest.fixture
-def files(tmp_path: pathlib.Path) -> WorkerFiles:
-    return WorkerFiles(tmp_path)
+pytestmark = pytest.mark.usefixtures("no_leaks")
 
 
 def probe_error(files: WorkerFiles, origin: str) -> TransportError:

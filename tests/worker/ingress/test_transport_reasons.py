@@ -15,7 +15,6 @@ import pathlib
 import socket
 import ssl
 import threading
-from collections.abc import Iterator
 
 import pytest
 
@@ -34,7 +33,9 @@ from tests.support.tls_server import (
     legacy_tls_server,
     probe_tls_version,
 )
-from tests.support.transport_env import OFFER_BODY, OFFER_CAP, OFFER_PATH, WorkerFiles, leak_guard
+from tests.support.transport_env import OFFER_BODY, OFFER_CAP, OFFER_PATH, WorkerFiles
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
 
 TIMEOUT_MS = 1000
 ARTIFACT_PATH = OFFER_PATH.replace("/offers", "/artifacts")
@@ -46,17 +47,6 @@ ISSUE_REASONS = {
     "weak_certificate", "protocol_version", "plaintext_peer", "client_certificate_rejected", "unexpected_status",
 }
 PROVEN: set[str] = set()
-
-
-@pytest.fixture(autouse=True)
-def no_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    with leak_guard(monkeypatch):
-        yield
-
-
-@pytest.fixture
-def files(tmp_path: pathlib.Path) -> WorkerFiles:
-    return WorkerFiles(tmp_path)
 
 
 def reason_of(files: WorkerFiles, origin: str, reason: str, *, reached: bool, timeout_ms: int = TIMEOUT_MS,

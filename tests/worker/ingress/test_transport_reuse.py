@@ -8,30 +8,19 @@ so a rotation takes effect at once and never rides on an old session.
 
 from __future__ import annotations
 
-import pathlib
 import ssl
-from collections.abc import Iterator
 
 import pytest
 
 import qinglong_edge.worker.ingress.transport as transport_module
 from tests.support.tls_server import Respond, TLSServer, cert_path, http_response
-from tests.support.transport_env import OFFER_BODY, OFFER_CAP, OFFER_PATH, WorkerFiles, expect_error, leak_guard
+from tests.support.transport_env import OFFER_BODY, OFFER_CAP, OFFER_PATH, WorkerFiles, expect_error
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
 
 #: Every connection ends after one answer (what a renewal every 10 s meets when the
 #: cluster closes idle connections after 5 s), so each request needs a new handshake.
 CLOSE_AFTER_ANSWER = Respond(http_response(headers=(("Connection", "close"),)), close=True)
-
-
-@pytest.fixture(autouse=True)
-def no_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    with leak_guard(monkeypatch):
-        yield
-
-
-@pytest.fixture
-def files(tmp_path: pathlib.Path) -> WorkerFiles:
-    return WorkerFiles(tmp_path)
 
 
 def post(transport: transport_module.IngressTransport) -> transport_module.TransportResponse:

@@ -28,22 +28,13 @@ from qinglong_edge.worker.ingress.transport import ARTIFACT_CONTENT_TYPE
 from tests.support.tls_server import Request, TLSServer, http_response
 from tests.support.transport_env import OFFER_PATH, WorkerFiles, expect_error, leak_guard
 
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
 ARTIFACT_PATH = OFFER_PATH.replace("/offers", "/artifacts")
 HEADER = b'{"schema":"qinglong/remote-worker-artifact-upload@v1"}'
 PREFIX = len(HEADER).to_bytes(4, "big") + HEADER
 ANSWER = b'{"schema":"qinglong/remote-worker-artifact-upload@v1","status":"stored"}'
 MIB = 1024 * 1024
-
-
-@pytest.fixture(autouse=True)
-def no_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    with leak_guard(monkeypatch):
-        yield
-
-
-@pytest.fixture
-def files(tmp_path: pathlib.Path) -> WorkerFiles:
-    return WorkerFiles(tmp_path)
 
 
 def log_file(tmp_path: pathlib.Path, size: int, name: str = "attempt.log") -> pathlib.Path:

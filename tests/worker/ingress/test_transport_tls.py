@@ -8,9 +8,7 @@ the documented hard deadline of 2 x the timeout), without the server seeing a re
 
 from __future__ import annotations
 
-import pathlib
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -37,11 +35,11 @@ from tests.support.transport_env import (
     OFFER_BODY,
     OFFER_CAP,
     OFFER_PATH,
-    LeakGuard,
     WorkerFiles,
     expect_error,
-    leak_guard,
 )
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
 
 TIMEOUT_MS = 1000
 TIMEOUT_S = TIMEOUT_MS / 1000
@@ -51,17 +49,6 @@ SLACK_S = 0.9
 #: How a TLS 1.3 refusal of our client certificate shows: the alert is read with the
 #: response head, or (when it races the request) the send fails on the closed session.
 REFUSED_REASONS = ("TLS error", "reset", "Broken pipe")
-
-
-@pytest.fixture(autouse=True)
-def no_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[LeakGuard]:
-    with leak_guard(monkeypatch) as guard:
-        yield guard
-
-
-@pytest.fixture
-def files(tmp_path: pathlib.Path) -> WorkerFiles:
-    return WorkerFiles(tmp_path)
 
 
 def fail(files: WorkerFiles, origin: str, *, bound_s: float = TIMEOUT_S) -> tuple[TransportError, float]:
