@@ -22,6 +22,7 @@ import pytest
 from qinglong_edge.local.routes import Route
 from tests.support.local_api import LocalApiServer, local_api
 from tests.support.lock_holder import exclusive_lock
+from tests.support.mounts import tmpfs
 
 ACCEPTED_STATUS = 202
 UNCHANGED = ("running", 1, 1, None, None)
@@ -148,17 +149,8 @@ def test_read_only_between_admission_and_commit_is_503_and_recovers(
 
 @pytest.fixture
 def small_tmpfs(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mount = tmp_path / "small"
-    mount.mkdir(mode=0o700)
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mount)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("tmpfs mounts are not permitted here")
-    try:
+    with tmpfs(tmp_path / "small", "2m", lazy=True) as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
 def fill(directory: pathlib.Path) -> pathlib.Path:

@@ -61,6 +61,23 @@ def running(limits: ServerLimits | None = None, app: App | None = None) -> Itera
         server.shutdown(timeout=2)
 
 
+@contextlib.contextmanager
+def blocked(server: Server, app: App, count: int) -> Iterator[list[socket.socket]]:
+    """``count`` connections, each with a GET /block the app has entered (each holds a slot);
+    after the block the app is released and every socket in the list is closed."""
+    socks = [socket.create_connection(server.address) for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.sendall(request_bytes("GET", "/block"))
+        for _ in range(count):
+            assert app.entered.acquire(timeout=5)
+        yield socks
+    finally:
+        app.release.set()
+        for sock in socks:
+            sock.close()
+
+
 def fast(**overrides: float) -> ServerLimits:
     base = {"max_in_flight": 4, "max_connections": 8, "drain_timeout_s": 2.0}
     base.update(overrides)
@@ -224,12 +241,7 @@ def test_overload_beyond_the_in_flight_cap_is_503_before_routing() -> None:
     """(Every request counts as carrying a credential here: it first waits its bounded
     time for a slot, ``credential_slot_wait_s``, then gets the 503.)"""
     with running(fast(credential_slot_wait_s=0.1)) as (server, app):
-        socks = [socket.create_connection(server.address) for _ in range(4)]
-        try:
-            for sock in socks:
-                sock.sendall(request_bytes("GET", "/block"))
-            for _ in range(4):
-                assert app.entered.acquire(timeout=5)
+        with blocked(server, app, 4) as socks:
             response = exchange(server.address, request_bytes("GET", "/no-such-route"))
             assert response is not None
             assert (response.status, response.json()) == (503, {"code": "server_overloaded"})
@@ -237,9 +249,6 @@ def test_overload_beyond_the_in_flight_cap_is_503_before_routing() -> None:
             for sock in socks:
                 done = ResponseReader(sock).read()
                 assert done is not None and done.status == 200
-        finally:
-            for sock in socks:
-                sock.close()
 
 
 def test_drain_finishes_in_flight_requests_and_refuses_new_ones() -> None:
@@ -390,12 +399,7 @@ def test_clients_at_the_in_flight_limit_never_see_overload() -> None:
 
 def test_a_request_leaves_the_in_flight_count_before_its_answer_is_sent() -> None:
     with running() as (server, app):
-        blocked = [socket.create_connection(server.address) for _ in range(3)]
-        try:
-            for sock in blocked:
-                sock.sendall(request_bytes("GET", "/block"))
-            for _ in range(3):
-                assert app.entered.acquire(timeout=5)
+        with blocked(server, app, 3):
             for _ in range(50):
                 with socket.create_connection(server.address) as sock:
                     sock.sendall(GET_OK)
@@ -404,10 +408,6 @@ def test_a_request_leaves_the_in_flight_count_before_its_answer_is_sent() -> Non
                     assert server._in_flight == 3
                 again = exchange(server.address, GET_OK)
                 assert again is not None and again.status == 200
-        finally:
-            app.release.set()
-            for sock in blocked:
-                sock.close()
 
 
 def test_head_requests_get_headers_without_a_body() -> None:
@@ -547,12 +547,7 @@ def test_a_request_that_arrived_is_served_not_evicted() -> None:
 
 def test_when_every_connection_is_busy_new_clients_wait_in_the_backlog() -> None:
     with running(fast(max_in_flight=2, max_connections=2)) as (server, app):
-        socks = [socket.create_connection(server.address) for _ in range(2)]
-        try:
-            for sock in socks:
-                sock.sendall(request_bytes("GET", "/block"))
-            for _ in range(2):
-                assert app.entered.acquire(timeout=5)
+        with blocked(server, app, 2) as socks:
             waiting = socket.create_connection(server.address)  # the kernel completes the handshake
             socks.append(waiting)
             waiting.sendall(GET_OK)
@@ -560,9 +555,6 @@ def test_when_every_connection_is_busy_new_clients_wait_in_the_backlog() -> None
             app.release.set()
             answer = ResponseReader(waiting).read()
             assert answer is not None and answer.status == 200
-        finally:
-            for sock in socks:
-                sock.close()
 
 
 def test_connections_that_send_nothing_never_reach_the_server() -> None:
@@ -653,12 +645,7 @@ def test_the_wait_for_a_slot_is_bounded_then_503() -> None:
     """The wait is bounded (``credential_slot_wait_s``): slots held past it, the waiting
     request gets 503 ``server_overloaded`` after all, and the connection stays usable."""
     with running(fast(credential_slot_wait_s=0.2)) as (server, app):
-        socks = [socket.create_connection(server.address) for _ in range(4)]
-        try:
-            for sock in socks:
-                sock.sendall(request_bytes("GET", "/block"))
-            for _ in range(4):
-                assert app.entered.acquire(timeout=5)
+        with blocked(server, app, 4):
             with socket.create_connection(server.address) as late:
                 late.sendall(GET_OK)
                 reader = ResponseReader(late)
@@ -669,10 +656,6 @@ def test_the_wait_for_a_slot_is_bounded_then_503() -> None:
                 late.sendall(GET_OK)
                 again = reader.read()
                 assert again is not None and again.status == 200
-        finally:
-            app.release.set()
-            for sock in socks:
-                sock.close()
 
 
 def test_a_request_waiting_for_a_slot_is_never_evicted_and_drain_answers_it() -> None:

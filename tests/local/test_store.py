@@ -22,6 +22,7 @@ from qinglong_edge.local.store import (
     _journal_and_probe,
     write_transaction,
 )
+from tests.support.mounts import tmpfs
 
 
 def _sha256(path: pathlib.Path) -> str:
@@ -295,17 +296,8 @@ def test_a_read_only_database_refuses_to_open_as_storage_unavailable(
 
 @pytest.fixture
 def small_tmpfs(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mount = tmp_path / "small"
-    mount.mkdir(mode=0o700)
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mount)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("tmpfs mounts are not permitted here")
-    try:
+    with tmpfs(tmp_path / "small", "1m", lazy=True) as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
 @pytest.mark.root

@@ -17,26 +17,31 @@ def _need_root() -> None:
         pytest.skip("mounting a file system needs root")
 
 
-def _umount(path: pathlib.Path) -> None:
-    subprocess.run(["umount", str(path)], capture_output=True, check=False, timeout=30)
+def _umount(path: pathlib.Path, *, lazy: bool = False) -> None:
+    subprocess.run(["umount", *(["-l"] if lazy else []), str(path)], capture_output=True, check=False, timeout=30)
+
+
+def _mount(argv: list[str], what: str) -> None:
+    """Run the mount command ``argv``; skip the test with its error when it fails."""
+    proc = subprocess.run(argv, capture_output=True, check=False, timeout=30)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount {what}: {proc.stderr.decode(errors='replace').strip()}")
 
 
 @contextlib.contextmanager
-def tmpfs(path: pathlib.Path, size: str, *, inodes: int | None = None) -> Iterator[pathlib.Path]:
+def tmpfs(path: pathlib.Path, size: str, *, inodes: int | None = None, lazy: bool = False) -> Iterator[pathlib.Path]:
     """A tmpfs of ``size`` (e.g. ``"64k"``) mounted at ``path`` (mode 0700); ``inodes``
     caps its inodes (``nr_inodes``, the root directory included), so creating a file
-    fails with ENOSPC once they are used up."""
+    fails with ENOSPC once they are used up. ``lazy`` unmounts it with ``umount -l`` (for
+    a test that may leave a file open in it)."""
     _need_root()
     path.mkdir(mode=0o700, exist_ok=True)
     options = f"size={size},mode=0700" + (f",nr_inodes={inodes}" if inodes is not None else "")
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
-                          capture_output=True, check=False, timeout=30)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount tmpfs: {proc.stderr.decode(errors='replace').strip()}")
+    _mount(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], "tmpfs")
     try:
         yield path
     finally:
-        _umount(path)
+        _umount(path, lazy=lazy)
 
 
 @contextlib.contextmanager
@@ -55,10 +60,7 @@ def exfat(path: pathlib.Path, image: pathlib.Path) -> Iterator[pathlib.Path]:
     device = loop.stdout.decode().strip()
     try:
         path.mkdir(mode=0o700, exist_ok=True)
-        proc = subprocess.run(["mount.exfat-fuse", "-o", "umask=077", device, str(path)],
-                              capture_output=True, check=False, timeout=30)
-        if proc.returncode != 0:
-            pytest.skip(f"cannot mount exFAT: {proc.stderr.decode(errors='replace').strip()}")
+        _mount(["mount.exfat-fuse", "-o", "umask=077", device, str(path)], "exFAT")
         try:
             yield path
         finally:
