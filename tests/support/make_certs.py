@@ -57,7 +57,7 @@ EXPIRED = ("20200101000000Z", "20210101000000Z")
 NOT_YET_VALID = ("20900101000000Z", "20991231235959Z")
 SERVER_SAN = "DNS:localhost, DNS:cluster.test, IP:127.0.0.1, IP:::1"
 
-CA_CONFIG = """\
+_CA_DIRECTORY = """\
 [ ca ]
 default_ca = ca_default
 [ ca_default ]
@@ -73,54 +73,34 @@ email_in_dn = no
 [ policy_any ]
 commonName = supplied
 organizationName = optional
-[ root_ca ]
-basicConstraints = critical, CA:TRUE
-keyUsage = critical, keyCertSign, cRLSign
-subjectKeyIdentifier = hash
-[ intermediate_ca ]
-basicConstraints = critical, CA:TRUE, pathlen:1
-keyUsage = critical, keyCertSign, cRLSign
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid:always
-[ not_a_ca ]
-basicConstraints = critical, CA:FALSE
-keyUsage = critical, digitalSignature, keyCertSign
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid:always
-[ server_leaf ]
-basicConstraints = critical, CA:FALSE
-keyUsage = critical, digitalSignature, keyEncipherment
-extendedKeyUsage = serverAuth
-subjectAltName = {server_san}
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid:always
-[ server_self_signed ]
-basicConstraints = critical, CA:FALSE
-keyUsage = critical, digitalSignature, keyEncipherment
-extendedKeyUsage = serverAuth
-subjectAltName = {server_san}
-subjectKeyIdentifier = hash
-[ wrong_host_leaf ]
-basicConstraints = critical, CA:FALSE
-keyUsage = critical, digitalSignature, keyEncipherment
-extendedKeyUsage = serverAuth
-subjectAltName = DNS:wrong.test
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid:always
-[ client_auth_leaf ]
-basicConstraints = critical, CA:FALSE
-keyUsage = critical, digitalSignature, keyEncipherment
-extendedKeyUsage = clientAuth
-subjectAltName = {server_san}
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid:always
-[ client_leaf ]
-basicConstraints = critical, CA:FALSE
-keyUsage = critical, digitalSignature
-extendedKeyUsage = clientAuth
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid:always
 """
+_CA = "basicConstraints = critical, CA:TRUE"
+_NOT_CA = "basicConstraints = critical, CA:FALSE"
+_SIGNS_CERTIFICATES = "keyUsage = critical, keyCertSign, cRLSign"
+_SIGNS_AND_ENCIPHERS = "keyUsage = critical, digitalSignature, keyEncipherment"
+
+
+def _extensions(name: str, *lines: str, issued: bool = True) -> str:
+    """One ``openssl ca -extensions`` section: ``lines``, then the subject key identifier
+    and, for a certificate someone else ``issued``, the authority key identifier."""
+    tail = ["subjectKeyIdentifier = hash", *(["authorityKeyIdentifier = keyid:always"] if issued else [])]
+    return "".join(f"{line}\n" for line in (f"[ {name} ]", *lines, *tail))
+
+
+CA_CONFIG = _CA_DIRECTORY + "".join([
+    _extensions("root_ca", _CA, _SIGNS_CERTIFICATES, issued=False),
+    _extensions("intermediate_ca", f"{_CA}, pathlen:1", _SIGNS_CERTIFICATES),
+    _extensions("not_a_ca", _NOT_CA, "keyUsage = critical, digitalSignature, keyCertSign"),
+    _extensions("server_leaf", _NOT_CA, _SIGNS_AND_ENCIPHERS, "extendedKeyUsage = serverAuth",
+                "subjectAltName = {server_san}"),
+    _extensions("server_self_signed", _NOT_CA, _SIGNS_AND_ENCIPHERS, "extendedKeyUsage = serverAuth",
+                "subjectAltName = {server_san}", issued=False),
+    _extensions("wrong_host_leaf", _NOT_CA, _SIGNS_AND_ENCIPHERS, "extendedKeyUsage = serverAuth",
+                "subjectAltName = DNS:wrong.test"),
+    _extensions("client_auth_leaf", _NOT_CA, _SIGNS_AND_ENCIPHERS, "extendedKeyUsage = clientAuth",
+                "subjectAltName = {server_san}"),
+    _extensions("client_leaf", _NOT_CA, "keyUsage = critical, digitalSignature", "extendedKeyUsage = clientAuth"),
+])
 
 
 class _Pki:
