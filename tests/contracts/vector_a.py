@@ -46,11 +46,13 @@ def compact(value: Any) -> bytes:
 
 def offered() -> dict[str, Any]:
     """A fresh decoded copy of vector A's offered body."""
-    return json.loads(OFFERED)
+    body: dict[str, Any] = json.loads(OFFERED)
+    return body
 
 
 def idle() -> dict[str, Any]:
-    return json.loads(IDLE)
+    body: dict[str, Any] = json.loads(IDLE)
+    return body
 
 
 def mutate(source: bytes, change: Callable[[dict[str, Any]], object]) -> bytes:

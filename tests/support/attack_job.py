@@ -24,12 +24,16 @@ import signal
 import sys
 import time
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 
 def _out(cell: str, path: str | None, result: str, detail: str = "") -> None:
     print(json.dumps({"cell": cell, "path": path, "result": result, "detail": detail}), flush=True)
 
 
-def _try(cell: str, key: str | None, action) -> None:
+def _try(cell: str, key: str | None, action: Callable[[], object]) -> None:
     try:
         value = action()
     except OSError as exc:

@@ -202,10 +202,11 @@ class Scenario:
         out, _ = proc.communicate(timeout=120)
         after = self.envelope.stats()
         # v1 counts an OOM kill in the victim's cgroup only; v2 there and in its ancestors.
-        memory = {"allocated_mib": 200, "returncode": proc.returncode, "stdout": out.decode().strip(),
-                  "oom_kills": proof.stats()["oom_kills"] or 0,
-                  "envelope_oom_kills": (after["oom_kills"] or 0) - (before["oom_kills"] or 0),
-                  "memory_peak": after["memory_peak"]}
+        memory: dict[str, Any] = {
+            "allocated_mib": 200, "returncode": proc.returncode, "stdout": out.decode().strip(),
+            "oom_kills": proof.stats()["oom_kills"] or 0,
+            "envelope_oom_kills": (after["oom_kills"] or 0) - (before["oom_kills"] or 0),
+            "memory_peak": after["memory_peak"]}
         memory["killed"] = proc.returncode == -signal.SIGKILL and memory["oom_kills"] >= 1
         current = os.path.join(self.envelope.pids, "pids.current")
         proc = proof.spawn([self.args.python, "-c", FORK_PROOF, current], user=self.user[0], group=self.user[1],
@@ -281,12 +282,13 @@ class Scenario:
         self.report["cgroup"] = dict(self.envelope.paths)
         say(f"envelope {self.envelope.name} ({args.backend}); proving the limits")
         self.prove()
-        self.agent = self.envelope.child("agent", owner=self.user)
+        envelope = self.envelope
+        self.agent = agent = envelope.child("agent", owner=self.user)
         self.cluster = ClusterDouble(tasks=("shell", "python", "shell", "python", "shell", "python")).start()
         self.snapshot("after_proofs")
         sampler = Sampler()
-        sampler.watch_value("envelope_tasks", lambda: _read_int(os.path.join(self.envelope.pids, "pids.current")))
-        sampler.watch_value("agent_tasks", lambda: _read_int(os.path.join(self.agent.pids, "pids.current")))
+        sampler.watch_value("envelope_tasks", lambda: _read_int(os.path.join(envelope.pids, "pids.current")))
+        sampler.watch_value("agent_tasks", lambda: _read_int(os.path.join(agent.pids, "pids.current")))
         usage = os.path.join(self.envelope.memory,
                              "memory.current" if args.backend == "v2" else "memory.usage_in_bytes")
         sampler.watch_value("envelope_memory", lambda: _read_int(usage))
@@ -305,7 +307,7 @@ class Scenario:
                                              "samples": sampler.samples, "interval_ms": sampler.interval_s * 1000}
 
     def scenario(self, tasks: dict[str, dict[str, Any]], sampler: Sampler) -> None:
-        assert self.agent is not None and self.envelope is not None
+        assert self.agent is not None and self.envelope is not None and self.cluster is not None
         args = self.args
         sampler.phase("provisioned")
         self.snapshot("provisioned")

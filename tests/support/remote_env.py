@@ -89,7 +89,8 @@ class RemoteEnv(PullEnv):
         return next(iter(inbox.values()))["state"] if len(inbox) == 1 else None
 
     def wait_state(self, *states: str, timeout: float = 20.0) -> dict[str, Any]:
-        return wait_until(lambda: self.state() in states and self.record(), timeout)
+        record: dict[str, Any] = wait_until(lambda: self.state() in states and self.record(), timeout)
+        return record
 
     def files_under(self, root: pathlib.Path | None = None) -> list[pathlib.Path]:
         base = root or self.root

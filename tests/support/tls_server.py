@@ -69,7 +69,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 CERTS = pathlib.Path(__file__).resolve().parent / "certs"
 
@@ -369,7 +369,8 @@ class TLSServer(_LoopbackServer):
         with self._lock:
             self._sockets.append(tls)
         peer = tls.getpeercert() or {}
-        subject = dict(item[0] for item in peer.get("subject", ()))
+        rdns = cast("tuple[tuple[tuple[str, str], ...], ...]", peer.get("subject", ()))
+        subject = dict(item[0] for item in rdns)
         self._note("peer_names", subject.get("commonName", ""))
         self._note("resumed", tls.session_reused)
         self._note("handshakes")

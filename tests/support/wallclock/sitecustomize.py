@@ -16,24 +16,26 @@ import time
 _PATH = os.environ.get("QLE_TEST_WALL_OFFSET_FILE")
 
 if _PATH:
+    _offset_file: str = _PATH
     _real_time_ns = time.time_ns
     _real_clock_gettime_ns = time.clock_gettime_ns
-    _seen: list[object] = [None, 0]  # (inode, mtime, size) of the file, offset in ns
+    _seen: list[tuple[int, int, int] | None] = [None]  # (inode, mtime, size) of the file read last
+    _offset: list[int] = [0]  # what it said, in ns
 
     def _offset_ns() -> int:
         try:
-            st = os.stat(_PATH)
+            st = os.stat(_offset_file)
         except OSError:
-            return int(_seen[1])  # type: ignore[call-overload]
+            return _offset[0]
         key = (st.st_ino, st.st_mtime_ns, st.st_size)
         if key != _seen[0]:
             try:
-                with open(_PATH, encoding="ascii") as handle:
-                    _seen[1] = int(handle.read().strip() or "0") * 1_000_000
+                with open(_offset_file, encoding="ascii") as handle:
+                    _offset[0] = int(handle.read().strip() or "0") * 1_000_000
                 _seen[0] = key
             except (OSError, ValueError):
                 pass
-        return int(_seen[1])  # type: ignore[call-overload]
+        return _offset[0]
 
     def _time_ns() -> int:
         return _real_time_ns() + _offset_ns()
