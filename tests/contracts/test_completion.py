@@ -44,14 +44,7 @@ def receipt(data: bytes, **changes: Any) -> Any:
     return parse_artifact_response(data, offer(), **{**UPLOAD, "sha256": vr.LOG_SHA256, **changes})
 
 
-def change(data: bytes, **changes: Any) -> bytes:
-    doc = vr.decoded(data)
-    for key, value in changes.items():
-        if value is vr.DELETE:
-            del doc[key]
-        else:
-            doc[key] = value
-    return vr.body(doc)
+change = vr.changed
 
 
 def code_reason(call: Any) -> tuple[str, str, str]:

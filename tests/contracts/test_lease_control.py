@@ -38,14 +38,7 @@ def rejects(data: bytes, reason: str, path: str | None = None, **kwargs: Any) ->
         assert info.value.path == path
 
 
-def change(data: bytes, **changes: Any) -> bytes:
-    doc = vr.decoded(data)
-    for key, value in changes.items():
-        if value is vr.DELETE:
-            del doc[key]
-        else:
-            doc[key] = value
-    return vr.body(doc)
+change = vr.changed
 
 
 def test_the_request_is_section_6() -> None:

@@ -112,13 +112,7 @@ def test_the_truncation_fact_is_section_6() -> None:
 
 
 def receipt(**changes: Any) -> bytes:
-    doc = vr.decoded(vr.RECEIPT)
-    for key, value in changes.items():
-        if value is vr.DELETE:
-            del doc[key]
-        else:
-            doc[key] = value
-    return vr.body(doc)
+    return vr.changed(vr.RECEIPT, **changes)
 
 
 @pytest.mark.parametrize(
@@ -213,13 +207,7 @@ def test_suffix_limits() -> None:
 
 
 def fact(**changes: Any) -> bytes:
-    doc = vr.decoded(vr.TRUNCATION_FACT)
-    for key, value in changes.items():
-        if value is vr.DELETE:
-            del doc[key]
-        else:
-            doc[key] = value
-    return vr.body(doc)
+    return vr.changed(vr.TRUNCATION_FACT, **changes)
 
 
 @pytest.mark.parametrize(

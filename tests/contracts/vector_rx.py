@@ -161,6 +161,17 @@ def with_key(data: bytes, path: tuple[str | int, ...], value: Any) -> bytes:
 DELETE = object()
 
 
+def changed(data: bytes, **changes: Any) -> bytes:
+    """``data`` decoded, each top-level key of ``changes`` set (``DELETE`` deletes it), re-encoded compactly."""
+    doc = decoded(data)
+    for key, value in changes.items():
+        if value is DELETE:
+            del doc[key]
+        else:
+            doc[key] = value
+    return body(doc)
+
+
 def duplicated(data: bytes, key: str) -> bytes:
     """``data`` with a second top-level ``key`` (same value) appended: a duplicate key."""
     doc = decoded(data)

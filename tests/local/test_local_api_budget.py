@@ -17,7 +17,7 @@ import json
 import pathlib
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -152,6 +152,29 @@ def test_refusals_are_written_as_one_summary_row_per_reason_per_interval(api: Lo
     clock.now += 60.0
     assert api.api.flush_refusals() == 0  # a quiet interval writes nothing
 
+def _operator_under_flood(api: LocalApiServer, flood: Callable[[threading.Event, dict[int, int], int], None], *,
+                          clients: int, join_s: float) -> tuple[list[int], dict[int, int]]:
+    """``clients`` threads run ``flood(stop, seen, index)`` (it counts the statuses it gets in
+    ``seen`` until ``stop`` is set) while the operator sends 40 GETs with its credential:
+    the operator's statuses, and the flood's statuses summed over the clients."""
+    stop = threading.Event()
+    counts: list[dict[int, int]] = [{} for _ in range(clients)]
+    threads = [threading.Thread(target=flood, args=(stop, counts[index], index), daemon=True)
+               for index in range(clients)]
+    for thread in threads:
+        thread.start()
+    try:
+        statuses = [_get(api, AUTHORIZATION).status for _ in range(40)]
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(join_s)
+    flooded: dict[int, int] = {}
+    for seen in counts:
+        for status, count in seen.items():
+            flooded[status] = flooded.get(status, 0) + count
+    return statuses, flooded
+
 
 def test_an_operator_is_served_while_four_clients_without_credentials_flood(tmp_path: pathlib.Path) -> None:
     """Issue 17: 4 clients as fast as they can, keep-alive; the operator's 40 requests on
@@ -159,12 +182,7 @@ def test_an_operator_is_served_while_four_clients_without_credentials_flood(tmp_
     durable cost is the budget's burst."""
     budget = RequestBudget(burst=3, per_minute=1.0)
     with local_api(tmp_path, budget=budget) as api:
-        stop = threading.Event()
-        counts: list[dict[int, int]] = []
-
-        def flood() -> None:
-            seen: dict[int, int] = {}
-            counts.append(seen)
+        def flood(stop: threading.Event, seen: dict[int, int], _index: int) -> None:
             payload = request_bytes("GET", LIST)
             sock = socket.create_connection(api.address)
             reader = ResponseReader(sock)
@@ -184,20 +202,8 @@ def test_an_operator_is_served_while_four_clients_without_credentials_flood(tmp_
             finally:
                 sock.close()
 
-        threads = [threading.Thread(target=flood, daemon=True) for _ in range(4)]
-        for thread in threads:
-            thread.start()
-        try:
-            statuses = [_get(api, AUTHORIZATION).status for _ in range(40)]
-        finally:
-            stop.set()
-            for thread in threads:
-                thread.join(15)
+        statuses, flooded = _operator_under_flood(api, flood, clients=4, join_s=15)
         assert statuses == [200] * 40
-        flooded: dict[int, int] = {}
-        for seen in counts:
-            for status, count in seen.items():
-                flooded[status] = flooded.get(status, 0) + count
         assert set(flooded) <= {401, 429} and flooded.get(429, 0) > 0, flooded
         assert _rejected_rows(api) <= 3 + 1  # the burst, and at most one refill meanwhile
 
@@ -214,12 +220,7 @@ def test_an_operator_is_served_while_sixteen_clients_with_wrong_credentials_floo
     budget = RequestBudget(burst=3, per_minute=1.0)
     limits = dataclasses.replace(ServerLimits.for_profile("edge"), credential_slot_wait_s=30.0)
     with local_api(tmp_path, budget=budget, limits=limits) as api:
-        stop = threading.Event()
-        counts: list[dict[int, int]] = []
-
-        def flood(index: int) -> None:
-            seen: dict[int, int] = {}
-            counts.append(seen)
+        def flood(stop: threading.Event, seen: dict[int, int], index: int) -> None:
             sent = 0
             while not stop.is_set():
                 sent += 1
@@ -232,19 +233,7 @@ def test_an_operator_is_served_while_sixteen_clients_with_wrong_credentials_floo
                 status = 0 if response is None else response.status
                 seen[status] = seen.get(status, 0) + 1
 
-        threads = [threading.Thread(target=flood, args=(index,), daemon=True) for index in range(16)]
-        for thread in threads:
-            thread.start()
-        try:
-            statuses = [_get(api, AUTHORIZATION).status for _ in range(40)]
-        finally:
-            stop.set()
-            for thread in threads:
-                thread.join(60)
-        flooded: dict[int, int] = {}
-        for seen in counts:
-            for status, count in seen.items():
-                flooded[status] = flooded.get(status, 0) + count
+        statuses, flooded = _operator_under_flood(api, flood, clients=16, join_s=60)
         assert statuses == [200] * 40, (statuses, flooded)
         assert set(flooded) <= {401, 429} and flooded.get(429, 0) > 0, flooded
         assert _rejected_rows(api) <= 3 + 1  # the burst, and at most one refill meanwhile

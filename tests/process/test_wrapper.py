@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -181,6 +182,19 @@ def test_finished_at_is_clamped_to_started_at(tmp_path: pathlib.Path) -> None:
     assert raw is not None and raw.endswith(f',"finishedAtMs":{future},"exitCode":0}}'.encode())
 
 
+def _traced(trace: pathlib.Path) -> tuple[list[str], Callable[[str], int]]:
+    """The calls an ``strace -o`` file holds (pid prefix dropped), and a function giving the
+    index of the first call matching a pattern (it fails, naming both, when none does)."""
+    calls = [re.sub(r"^\d+\s+", "", line) for line in trace.read_text().splitlines()]
+
+    def index(pattern: str) -> int:
+        found = [i for i, call in enumerate(calls) if re.search(pattern, call)]
+        assert found, (pattern, calls)
+        return found[0]
+
+    return calls, index
+
+
 @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
 def test_publish_order_log_fsync_then_fact_then_receipt(tmp_path: pathlib.Path) -> None:
     """Under strace (attached to the held wrapper): fsync(log) < link(fact) < fsync(its dir)
@@ -202,12 +216,7 @@ def test_publish_order_log_fsync_then_fact_then_receipt(tmp_path: pathlib.Path) 
         tracer.kill()
         tracer.wait()
         reap(job.process)
-    calls = [re.sub(r"^\d+\s+", "", line) for line in trace.read_text().splitlines()]
-
-    def index(pattern: str) -> int:
-        found = [i for i, call in enumerate(calls) if re.search(pattern, call)]
-        assert found, (pattern, calls)
-        return found[0]
+    calls, index = _traced(trace)
 
     log_sync = index(r"^fsync\(\d+<.*/logs/job\.log>\)")
     fact_temp_sync = index(r"^fsync\(\d+<.*/facts/\.fact\.json\.[0-9a-f]{32}\.tmp>\)")
@@ -675,12 +684,7 @@ def test_directories_made_on_the_path_of_a_receipt_have_their_parents_fsynced(tm
         pytest.skip(f"strace cannot trace here: {proc.stderr.strip()}")
     assert proc.returncode == 0, proc.stderr
     assert receipt.exists()
-    calls = [re.sub(r"^\d+\s+", "", line) for line in trace.read_text().splitlines()]
-
-    def index(pattern: str) -> int:
-        found = [i for i, call in enumerate(calls) if re.search(pattern, call)]
-        assert found, (pattern, calls)
-        return found[0]
+    calls, index = _traced(trace)
 
     made_receipts = index(rf'^mkdir(at)?\(.*"{re.escape(str(base))}/receipts"')
     synced_base = index(rf"^fsync\(\d+<{re.escape(str(base))}>\)")

@@ -22,7 +22,10 @@ import os
 import pathlib
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -203,3 +206,21 @@ def wait_stopped(pid: int, timeout: float = 20.0) -> None:
 
 def kill(proc: subprocess.Popen[bytes], signum: int = signal.SIGKILL) -> None:
     os.kill(proc.pid, signum)
+
+
+@contextmanager
+def cluster_process(state_dir: pathlib.Path, tasks: str) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, Any]]]:
+    """The cluster double as its own process (``python -m tests.support.cluster_double``,
+    the demo's), its state under ``state_dir``, ``tasks`` (comma-separated kinds) queued: the process and the line it
+    printed (origin, port, the worker's files). Killed after the block if still running."""
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.cluster_double", "--state-dir", str(state_dir),
+                             "--tasks", tasks], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+                            env=child_env())
+    try:
+        assert proc.stdout is not None
+        info: dict[str, Any] = json.loads(proc.stdout.readline())
+        yield proc, info
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)

@@ -31,7 +31,7 @@ from qinglong_edge.contracts.session import (
 from qinglong_edge.worker.delivery.session import local_capabilities
 from tests.support.cluster_double import ClusterDouble, Fault
 from tests.support.ingress_client import Answer
-from tests.support.pull_env import REPO, child_env
+from tests.support.pull_env import REPO, child_env, cluster_process
 from tests.support.tls_server import cert_path
 
 SESSION_1 = "018f0000-0000-7000-8000-000000000001"
@@ -461,12 +461,7 @@ def test_a_fault_waits_for_a_request_of_its_operation(cluster: ClusterDouble) ->
 
 def test_runs_as_its_own_process_and_provisions_the_worker(tmp_path: pathlib.Path) -> None:
     state = tmp_path / "cluster"
-    proc = subprocess.Popen([sys.executable, "-m", "tests.support.cluster_double", "--state-dir", str(state),
-                             "--tasks", "python"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
-                            env=child_env())
-    try:
-        assert proc.stdout is not None
-        info = json.loads(proc.stdout.readline())
+    with cluster_process(state, "python") as (proc, info):
         assert len(info["serverCertificateSha256"]) == 64 and info["origin"].endswith(str(info["port"]))
         for key in ("credentialFile", "certificateFile", "privateKeyFile"):
             assert os.stat(info[key]).st_mode & 0o077 == 0
@@ -484,10 +479,6 @@ def test_runs_as_its_own_process_and_provisions_the_worker(tmp_path: pathlib.Pat
         assert info["credentialFile"] not in json.dumps(snapshot)
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=10)
 
 
 # -- transitions (the reference's rules, no stricter) ----------------------------------------------

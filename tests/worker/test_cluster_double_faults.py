@@ -26,7 +26,7 @@ from tests.support.cluster_double import ClusterDouble, Fault
 from tests.support.cluster_faults import DELETE
 from tests.support.cluster_tasks import PYTHON_SECRET_VALUE
 from tests.support.cluster_wire import wall_ms
-from tests.support.pull_env import REPO, child_env
+from tests.support.pull_env import REPO, child_env, cluster_process
 
 
 @pytest.fixture
@@ -205,12 +205,7 @@ def test_admin_listener(cluster: ClusterDouble, worker: WorkerCalls) -> None:
 
 def test_process_mode_cancel_and_state_file(tmp_path: pathlib.Path) -> None:
     state = tmp_path / "cluster"
-    proc = subprocess.Popen([sys.executable, "-m", "tests.support.cluster_double", "--state-dir", str(state),
-                             "--tasks", "python"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
-                            env=child_env())
-    try:
-        assert proc.stdout is not None
-        info = json.loads(proc.stdout.readline())
+    with cluster_process(state, "python") as (proc, info):
         assert info["adminOrigin"].startswith("http://127.0.0.1:")
         token = pathlib.Path(info["credentialFile"]).read_text().strip()
         remote = SimpleNamespace(origin=info["origin"], port=info["port"], worker_id="edge-1", token=token,
@@ -235,7 +230,3 @@ def test_process_mode_cancel_and_state_file(tmp_path: pathlib.Path) -> None:
         assert os.stat(state / "cluster-state.json").st_mode & 0o077 == 0
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=10)

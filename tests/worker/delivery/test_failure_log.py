@@ -9,15 +9,8 @@ import pathlib
 from qinglong_edge.config import load_config
 from qinglong_edge.worker.delivery.failure_log import HOUR_MS, FailureLog, failure_key
 from tests.support.cluster_double import ClusterDouble
+from tests.support.manual_clock import ManualClock
 from tests.support.pull_env import PullEnv
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 10_000_000
-
-    def __call__(self) -> int:
-        return self.now
 
 
 def test_each_distinct_failure_once_an_hour_and_again_after(tmp_path: pathlib.Path) -> None:
@@ -25,7 +18,7 @@ def test_each_distinct_failure_once_an_hour_and_again_after(tmp_path: pathlib.Pa
         env = PullEnv(tmp_path, cluster)
     worker = load_config(str(env.config_path)).worker
     assert worker is not None
-    clock, out = Clock(), io.StringIO()
+    clock, out = ManualClock(10_000_000), io.StringIO()
     log = FailureLog(worker, out, duplicate=True, boot_clock=clock)
     down = failure_key({"status": "unavailable", "reason": "dns_failure", "offerId": "changes-every-time"})
     other = failure_key({"status": "unavailable", "reason": "connect_refused"})

@@ -11,14 +11,7 @@ import pytest
 from qinglong_edge.errors import SessionError
 from qinglong_edge.worker.delivery.identity_guard import IDENTITY_NAME, THRESHOLD, WINDOW_MS, IdentityGuard
 from qinglong_edge.worker.journal.runtime import RuntimeDirectory
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 5_000_000
-
-    def __call__(self) -> int:
-        return self.now
+from tests.support.manual_clock import ManualClock
 
 
 @pytest.fixture
@@ -27,12 +20,12 @@ def runtime(tmp_path: pathlib.Path) -> RuntimeDirectory:
     return RuntimeDirectory.open(str(tmp_path / "run"), str(tmp_path / "journal"))
 
 
-def _guard(runtime: RuntimeDirectory, clock: Clock, boot: str = "boot-1") -> IdentityGuard:
+def _guard(runtime: RuntimeDirectory, clock: ManualClock, boot: str = "boot-1") -> IdentityGuard:
     return IdentityGuard(runtime, "edge-1", boot_clock=clock, wall_clock=lambda: 1_800_000_000_000, boot=boot)
 
 
 def test_our_own_re_registrations_never_count(runtime: RuntimeDirectory) -> None:
-    clock = Clock()
+    clock = ManualClock(5_000_000)
     guard = _guard(runtime, clock)
     for generation in range(1, 20):  # fences, capability changes, expired leases: each the next generation
         assert guard.registered(generation) is False
@@ -43,7 +36,7 @@ def test_our_own_re_registrations_never_count(runtime: RuntimeDirectory) -> None
 
 def test_three_replacements_by_another_device_within_ten_minutes_start_a_quiet_window(
         runtime: RuntimeDirectory) -> None:
-    clock = Clock()
+    clock = ManualClock(5_000_000)
     guard = _guard(runtime, clock)
     guard.registered(1)
     generation = 1
@@ -67,7 +60,7 @@ def test_three_replacements_by_another_device_within_ten_minutes_start_a_quiet_w
 
 
 def test_replacements_spread_over_more_than_ten_minutes_do_not_add_up(runtime: RuntimeDirectory) -> None:
-    clock = Clock()
+    clock = ManualClock(5_000_000)
     guard = _guard(runtime, clock)
     guard.registered(1)
     for generation in (3, 5, 7, 9):
@@ -78,7 +71,7 @@ def test_replacements_spread_over_more_than_ten_minutes_do_not_add_up(runtime: R
 
 
 def test_a_reboot_or_a_damaged_file_forgets_everything(runtime: RuntimeDirectory) -> None:
-    clock = Clock()
+    clock = ManualClock(5_000_000)
     guard = _guard(runtime, clock)
     guard.registered(1)
     assert _guard(runtime, clock, boot="boot-2").registered(5) is False  # another boot: nothing compared
@@ -94,7 +87,7 @@ def test_a_reboot_or_a_damaged_file_forgets_everything(runtime: RuntimeDirectory
 
 def test_the_third_replacement_seen_as_a_fenced_heartbeat_goes_quiet_before_registering(
         runtime: RuntimeDirectory) -> None:
-    clock = Clock()
+    clock = ManualClock(5_000_000)
     guard = _guard(runtime, clock)
     guard.registered(1)
     assert guard.fenced() is False  # none proved yet: register again

@@ -35,26 +35,14 @@ from qinglong_edge.worker.journal.store import Journal, JournalOptions
 from tests.support.cluster_state import ClusterState
 from tests.support.cluster_tasks import build_task
 from tests.support.direct_ingress import DirectIngress, Response
+from tests.support.manual_clock import T0_MS, ManualClock
 
 WORKER = "edge-1"
-T0 = 1_700_000_000_000
-
-
-class Clock:
-    def __init__(self, now: int = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
+T0 = T0_MS  # where the clock fixture starts
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def state(clock: Clock) -> ClusterState:
+def state(clock: ManualClock) -> ClusterState:
     return ClusterState(os.urandom(32), clock_ms=clock)
 
 
@@ -95,7 +83,7 @@ def _register(ingress: DirectIngress, session_id: str = "018f0000-0000-7000-8000
     return SessionAuthority(WORKER, session_id, answer["generation"])
 
 
-def _coordinator(journal: Journal, ingress: DirectIngress, clock: Clock, *, seed: int = 7,
+def _coordinator(journal: Journal, ingress: DirectIngress, clock: ManualClock, *, seed: int = 7,
                  base: int = 1000) -> tuple[PullCoordinator, random.Random]:
     draws = random.Random(seed)
     twin = random.Random(seed)  # the same sequence, for the expected values
@@ -137,7 +125,7 @@ def test_backoff_never_exceeds_the_cap_for_huge_attempt_counts() -> None:
     assert backoff_delay_ms(10_000, 60_000, 0.999) == int(0.999 * BACKOFF_CAP_MS)
 
 
-def test_golden_backoff_example_of_section_4_1(journal: Journal, ingress: DirectIngress, clock: Clock,
+def test_golden_backoff_example_of_section_4_1(journal: Journal, ingress: DirectIngress, clock: ManualClock,
                                                root: pathlib.Path) -> None:
     """Claim at t, transport error with r = 0.5, base 1000 -> nextAttemptAtMs t + 500;
     at t + 400 backoff (no I/O); at t + 500 the same offerId and token are sent again."""
@@ -165,7 +153,7 @@ def test_golden_backoff_example_of_section_4_1(journal: Journal, ingress: Direct
 
 
 def test_seeded_backoff_follows_the_formula_for_all_16_attempts_then_abandons(
-    journal: Journal, ingress: DirectIngress, clock: Clock, root: pathlib.Path
+    journal: Journal, ingress: DirectIngress, clock: ManualClock, root: pathlib.Path
 ) -> None:
     session = _register(ingress)
     coordinator, twin = _coordinator(journal, ingress, clock, base=100)
@@ -191,7 +179,7 @@ def test_seeded_backoff_follows_the_formula_for_all_16_attempts_then_abandons(
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_retry_after_is_never_undercut(journal: Journal, ingress: DirectIngress, clock: Clock, seed: int) -> None:
+def test_retry_after_is_never_undercut(journal: Journal, ingress: DirectIngress, clock: ManualClock, seed: int) -> None:
     session = _register(ingress)
     coordinator, _ = _coordinator(journal, ingress, clock, seed=seed)
     ingress.script.append(TransportError("limited", code="response_rejected", http_status=429,
@@ -204,7 +192,7 @@ def test_retry_after_is_never_undercut(journal: Journal, ingress: DirectIngress,
     assert coordinator.pull(session).status == "backoff"
 
 
-def test_absurd_retry_after_is_capped_at_one_hour(journal: Journal, ingress: DirectIngress, clock: Clock) -> None:
+def test_absurd_retry_after_is_capped_at_one_hour(journal: Journal, ingress: DirectIngress, clock: ManualClock) -> None:
     session = _register(ingress)
     coordinator, _ = _coordinator(journal, ingress, clock)
     ingress.script.append(TransportError("x", code="response_rejected", http_status=503,
@@ -215,7 +203,7 @@ def test_absurd_retry_after_is_capped_at_one_hour(journal: Journal, ingress: Dir
 # -- the branch table ------------------------------------------------------------------------------------
 
 def test_response_lost_after_commit_is_recovered_with_the_same_body(
-    journal: Journal, ingress: DirectIngress, clock: Clock, root: pathlib.Path
+    journal: Journal, ingress: DirectIngress, clock: ManualClock, root: pathlib.Path
 ) -> None:
     session = _register(ingress)
     ingress.state.add_candidate(build_task("shell", now_ms=clock.now))
@@ -233,7 +221,7 @@ def test_response_lost_after_commit_is_recovered_with_the_same_body(
 
 
 def test_idle_keeps_the_claim_unwritten_uncounted_and_sends_it_again(
-    journal: Journal, ingress: DirectIngress, clock: Clock, root: pathlib.Path
+    journal: Journal, ingress: DirectIngress, clock: ManualClock, root: pathlib.Path
 ) -> None:
     session = _register(ingress)
     coordinator, _ = _coordinator(journal, ingress, clock)
@@ -255,7 +243,7 @@ def test_idle_keeps_the_claim_unwritten_uncounted_and_sends_it_again(
 
 
 def test_stale_session_claim_is_abandoned_then_a_new_claim_is_made(
-    journal: Journal, ingress: DirectIngress, clock: Clock, root: pathlib.Path
+    journal: Journal, ingress: DirectIngress, clock: ManualClock, root: pathlib.Path
 ) -> None:
     old = _register(ingress)
     coordinator, _ = _coordinator(journal, ingress, clock)
@@ -272,7 +260,7 @@ def test_stale_session_claim_is_abandoned_then_a_new_claim_is_made(
 
 
 def test_stale_claim_never_counted_is_replaced_in_the_same_cycle(
-    journal: Journal, ingress: DirectIngress, clock: Clock, root: pathlib.Path
+    journal: Journal, ingress: DirectIngress, clock: ManualClock, root: pathlib.Path
 ) -> None:
     """A claim whose attempts were all answered idle (or never reached the cluster) has
     no lease anywhere: after a re-registration (every reboot) it is simply replaced,
@@ -289,7 +277,7 @@ def test_stale_claim_never_counted_is_replaced_in_the_same_cycle(
 
 
 def test_409_other_than_the_fence_keeps_the_claim_and_reports_the_code(
-    journal: Journal, ingress: DirectIngress, clock: Clock, root: pathlib.Path
+    journal: Journal, ingress: DirectIngress, clock: ManualClock, root: pathlib.Path
 ) -> None:
     """Spec README: only 409 worker_offer_fenced abandons; any other 409 keeps the claim,
     backs off (counted: it reached the cluster) and is reported."""
@@ -312,7 +300,7 @@ def test_409_other_than_the_fence_keeps_the_claim_and_reports_the_code(
     assert os.listdir(root / "abandoned") == []
 
 
-def test_409_abandons_the_claim_as_offer_fenced(journal: Journal, ingress: DirectIngress, clock: Clock,
+def test_409_abandons_the_claim_as_offer_fenced(journal: Journal, ingress: DirectIngress, clock: ManualClock,
                                                 root: pathlib.Path) -> None:
     session = _register(ingress)
     ingress.state.add_candidate(build_task("shell", now_ms=clock.now))
@@ -330,7 +318,7 @@ def test_409_abandons_the_claim_as_offer_fenced(journal: Journal, ingress: Direc
 
 @pytest.mark.parametrize("status", [401, 403])
 def test_credential_rejection_keeps_the_claim_and_backs_off(journal: Journal, ingress: DirectIngress,
-                                                            clock: Clock, root: pathlib.Path, status: int) -> None:
+                                                            clock: ManualClock, root: pathlib.Path, status: int) -> None:
     session = _register(ingress)
     coordinator, _ = _coordinator(journal, ingress, clock)
     ingress.script.append(TransportError("no", code="response_rejected", http_status=status))
@@ -341,7 +329,7 @@ def test_credential_rejection_keeps_the_claim_and_backs_off(journal: Journal, in
 
 
 def test_contract_violation_is_invalid_response_with_the_claim_kept(
-    journal: Journal, ingress: DirectIngress, clock: Clock, root: pathlib.Path
+    journal: Journal, ingress: DirectIngress, clock: ManualClock, root: pathlib.Path
 ) -> None:
     session = _register(ingress)
     coordinator, _ = _coordinator(journal, ingress, clock)
@@ -356,7 +344,7 @@ def test_contract_violation_is_invalid_response_with_the_claim_kept(
     assert _claim(root) is not None
 
 
-def test_full_inbox_makes_no_new_claim(journal: Journal, ingress: DirectIngress, clock: Clock,
+def test_full_inbox_makes_no_new_claim(journal: Journal, ingress: DirectIngress, clock: ManualClock,
                                        root: pathlib.Path) -> None:
     session = _register(ingress)
     for kind in ("shell", "python", "shell"):
@@ -372,10 +360,10 @@ def test_full_inbox_makes_no_new_claim(journal: Journal, ingress: DirectIngress,
 
 
 def test_a_clock_that_steps_back_never_moves_claim_times_backwards(
-    journal: Journal, ingress: DirectIngress, clock: Clock, root: pathlib.Path
+    journal: Journal, ingress: DirectIngress, clock: ManualClock, root: pathlib.Path
 ) -> None:
     session = _register(ingress)
-    boot = Clock()  # the boot clock: never stepped
+    boot = ManualClock()  # the boot clock: never stepped
     coordinator = PullCoordinator(journal, ingress, runtime=journal.runtime, clock_ms=clock, boot_ms=boot,
                                   random=random.Random(7).random)
     ingress.script.append(TransportError("down", code="request_rejected"))
@@ -394,12 +382,12 @@ def test_a_clock_that_steps_back_never_moves_claim_times_backwards(
 
 @pytest.mark.parametrize("step_ms", [-1_800_000, 1_800_000])
 def test_a_backoff_runs_on_the_boot_clock_whatever_the_wall_clock_does(
-    journal: Journal, ingress: DirectIngress, clock: Clock, step_ms: int
+    journal: Journal, ingress: DirectIngress, clock: ManualClock, step_ms: int
 ) -> None:
     """Issue 23 ("backoff" among the timers): half an hour back no longer makes a claim
     wait half an hour more; half an hour ahead does not send it early."""
     session = _register(ingress)
-    boot = Clock()
+    boot = ManualClock()
     coordinator = PullCoordinator(journal, ingress, runtime=journal.runtime, clock_ms=clock, boot_ms=boot,
                                   random=lambda: 0.5)
     ingress.script.append(TransportError("down", code="request_rejected", http_status=503, retry_after_ms=30_000))
@@ -412,7 +400,7 @@ def test_a_backoff_runs_on_the_boot_clock_whatever_the_wall_clock_does(
     assert coordinator.pull(session).status in ("accepted", "idle")  # due: sent again
 
 
-def test_backoff_base_is_range_checked(journal: Journal, ingress: DirectIngress, clock: Clock) -> None:
+def test_backoff_base_is_range_checked(journal: Journal, ingress: DirectIngress, clock: ManualClock) -> None:
     for base in (99, 60_001):
         with pytest.raises(DeliveryError) as info:
             PullCoordinator(journal, ingress, runtime=journal.runtime, backoff_base_ms=base,  # type: ignore[arg-type]
@@ -423,7 +411,7 @@ def test_backoff_base_is_range_checked(journal: Journal, ingress: DirectIngress,
 # -- abort ---------------------------------------------------------------------------------------------
 
 def test_an_abort_during_the_request_keeps_the_claim_and_its_marker(
-    journal: Journal, ingress: DirectIngress, clock: Clock, root: pathlib.Path
+    journal: Journal, ingress: DirectIngress, clock: ManualClock, root: pathlib.Path
 ) -> None:
     session = _register(ingress)
     ingress.state.add_candidate(build_task("shell", now_ms=clock.now))
@@ -445,7 +433,7 @@ def test_an_abort_during_the_request_keeps_the_claim_and_its_marker(
 # -- the budget: only attempts that may have reached the cluster -----------------------------------
 
 def test_failures_that_never_reached_the_cluster_never_use_the_budget(
-    journal: Journal, ingress: DirectIngress, clock: Clock, root: pathlib.Path
+    journal: Journal, ingress: DirectIngress, clock: ManualClock, root: pathlib.Path
 ) -> None:
     """Spec README: DNS, connect and handshake failures (and a TLS alert on the first
     read) back off with full jitter but never count: 40 of them, then the path works and
@@ -470,7 +458,7 @@ def test_failures_that_never_reached_the_cluster_never_use_the_budget(
 
 
 def test_a_marker_found_at_start_counts_once_and_a_killing_answer_is_not_replayed_forever(
-    journal: Journal, ingress: DirectIngress, clock: Clock, root: pathlib.Path
+    journal: Journal, ingress: DirectIngress, clock: ManualClock, root: pathlib.Path
 ) -> None:
     """An answer that kills the agent every time leaves the marker each time: each one
     is counted at the next start, so after 16 the claim is abandoned."""
@@ -490,7 +478,7 @@ def test_a_marker_found_at_start_counts_once_and_a_killing_answer_is_not_replaye
 
 
 def test_a_stale_marker_of_another_revision_is_dropped_uncounted(
-    journal: Journal, ingress: DirectIngress, clock: Clock, root: pathlib.Path
+    journal: Journal, ingress: DirectIngress, clock: ManualClock, root: pathlib.Path
 ) -> None:
     session = _register(ingress)
     coordinator, _ = _coordinator(journal, ingress, clock)
@@ -508,7 +496,7 @@ def test_a_stale_marker_of_another_revision_is_dropped_uncounted(
 
 @pytest.mark.parametrize("damage", ["empty", "one_byte", "truncated", "garbage", "loose_mode"])
 def test_a_damaged_marker_counts_as_an_attempt_of_unknown_outcome_once(
-    journal: Journal, ingress: DirectIngress, clock: Clock, root: pathlib.Path, damage: str
+    journal: Journal, ingress: DirectIngress, clock: ManualClock, root: pathlib.Path, damage: str
 ) -> None:
     """Issue 23: a damaged attempt marker (a power loss with the runtime directory on disk,
     garbage) is never a permanent error: it counts as present (its outcome unknown), the
@@ -549,7 +537,7 @@ def test_abort_signal_raises_only_inside_interruptible_sections() -> None:
 
 
 def test_claim_conflict_is_reported_for_a_claim_made_by_another_worker(
-    journal: Journal, ingress: DirectIngress, clock: Clock
+    journal: Journal, ingress: DirectIngress, clock: ManualClock
 ) -> None:
     """A claim of another workerId is as stale as one of another session: abandoned
     (once an attempt of it counted; see the test above for one that never did)."""

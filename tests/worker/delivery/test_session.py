@@ -33,28 +33,16 @@ from qinglong_edge.worker.journal.runtime import RuntimeDirectory
 from qinglong_edge.worker.journal.store import Journal
 from tests.support.cluster_state import ClusterState
 from tests.support.direct_ingress import DirectIngress, Response
+from tests.support.manual_clock import T0_MS, ManualClock
 
-T0 = 1_700_000_000_000
+T0 = T0_MS  # where the clock fixture starts
 LEASE_MS = 60_000
 HEARTBEAT_MS = 10_000
 BOOT = "6f1c0e2a-1b2c-4d3e-8f40-123456789abc"
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> int:
-        return self.now
-
-
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def ingress(clock: Clock) -> DirectIngress:
+def ingress(clock: ManualClock) -> DirectIngress:
     return DirectIngress(ClusterState(os.urandom(32), clock_ms=clock))
 
 
@@ -73,7 +61,7 @@ def _stored(store: RuntimeDirectory) -> SessionState | None:
     return None if data is None else parse_session_state(data)
 
 
-def _keeper(store: RuntimeDirectory, ingress: Any, clock: Clock, **kwargs: Any) -> SessionKeeper:
+def _keeper(store: RuntimeDirectory, ingress: Any, clock: ManualClock, **kwargs: Any) -> SessionKeeper:
     options: dict[str, Any] = {
         "worker_id": "edge-1", "max_concurrent_runs": 2, "lease_duration_ms": LEASE_MS,
         "heartbeat_interval_ms": HEARTBEAT_MS, "clock_ms": clock, "wall_ms": clock, "boot_id": BOOT,
@@ -88,7 +76,7 @@ def _ops(ingress: DirectIngress) -> list[str]:
 
 
 def test_first_ensure_registers_and_persists_the_session(store: RuntimeDirectory, ingress: DirectIngress,
-                                                         clock: Clock) -> None:
+                                                         clock: ManualClock) -> None:
     outcome = _keeper(store, ingress, clock).ensure(available_slots=5)
     assert (outcome.action, outcome.replaced) == ("registered", False)
     record = outcome.session
@@ -104,7 +92,7 @@ def test_first_ensure_registers_and_persists_the_session(store: RuntimeDirectory
 
 
 def test_within_the_interval_the_session_is_current_without_network_io(store: RuntimeDirectory, ingress: DirectIngress,
-                                                                       clock: Clock) -> None:
+                                                                       clock: ManualClock) -> None:
     keeper = _keeper(store, ingress, clock)
     keeper.ensure(1)
     clock.now += HEARTBEAT_MS - 1
@@ -113,7 +101,7 @@ def test_within_the_interval_the_session_is_current_without_network_io(store: Ru
 
 
 def test_heartbeat_after_the_interval_increments_the_version(store: RuntimeDirectory, ingress: DirectIngress,
-                                                             clock: Clock) -> None:
+                                                             clock: ManualClock) -> None:
     keeper = _keeper(store, ingress, clock)
     first = keeper.ensure(1).session
     clock.now += HEARTBEAT_MS
@@ -127,7 +115,7 @@ def test_heartbeat_after_the_interval_increments_the_version(store: RuntimeDirec
 
 
 def test_a_clock_that_stepped_back_heartbeats_rather_than_trusting_the_record(
-    store: RuntimeDirectory, ingress: DirectIngress, clock: Clock
+    store: RuntimeDirectory, ingress: DirectIngress, clock: ManualClock
 ) -> None:
     keeper = _keeper(store, ingress, clock)
     keeper.ensure(1)
@@ -135,7 +123,7 @@ def test_a_clock_that_stepped_back_heartbeats_rather_than_trusting_the_record(
     assert keeper.ensure(1).action == "heartbeat"
 
 
-def test_fenced_heartbeat_registers_a_new_session(store: RuntimeDirectory, ingress: DirectIngress, clock: Clock) -> None:
+def test_fenced_heartbeat_registers_a_new_session(store: RuntimeDirectory, ingress: DirectIngress, clock: ManualClock) -> None:
     keeper = _keeper(store, ingress, clock)
     old = keeper.ensure(1).session
     ingress.state.expire_session("edge-1")
@@ -150,7 +138,7 @@ def test_fenced_heartbeat_registers_a_new_session(store: RuntimeDirectory, ingre
 
 
 def test_a_lost_heartbeat_answer_is_resynced_with_expected_version_plus_one(
-    store: RuntimeDirectory, ingress: DirectIngress, clock: Clock
+    store: RuntimeDirectory, ingress: DirectIngress, clock: ManualClock
 ) -> None:
     """Spec README "Lease clocks": the cluster committed a heartbeat whose answer was lost;
     the next one is fenced (version_mismatch), retried once with expectedVersion + 1 and
@@ -170,7 +158,7 @@ def test_a_lost_heartbeat_answer_is_resynced_with_expected_version_plus_one(
 
 
 def test_lease_over_by_our_clock_registers_without_a_heartbeat(store: RuntimeDirectory, ingress: DirectIngress,
-                                                               clock: Clock) -> None:
+                                                               clock: ManualClock) -> None:
     keeper = _keeper(store, ingress, clock)
     keeper.ensure(1)
     clock.now = T0 + LEASE_MS - LEASE_MARGIN_MS
@@ -180,7 +168,7 @@ def test_lease_over_by_our_clock_registers_without_a_heartbeat(store: RuntimeDir
 
 
 def test_transient_heartbeat_failure_keeps_the_running_session(store: RuntimeDirectory, ingress: DirectIngress,
-                                                               clock: Clock) -> None:
+                                                               clock: ManualClock) -> None:
     keeper = _keeper(store, ingress, clock)
     old = keeper.ensure(1).session
     clock.now += HEARTBEAT_MS
@@ -189,7 +177,7 @@ def test_transient_heartbeat_failure_keeps_the_running_session(store: RuntimeDir
     assert (outcome.action, outcome.detail, outcome.session) == ("stale", "session_unavailable", old)
 
 
-def test_retry_after_on_a_heartbeat_is_honoured(store: RuntimeDirectory, ingress: DirectIngress, clock: Clock) -> None:
+def test_retry_after_on_a_heartbeat_is_honoured(store: RuntimeDirectory, ingress: DirectIngress, clock: ManualClock) -> None:
     # spec README: 429/503 with Retry-After never retry sooner than it says (a `pull
     # --duration` loop cycles every 2 s; field-lessons 7: no 429 loops).
     keeper = _keeper(store, ingress, clock)
@@ -206,7 +194,7 @@ def test_retry_after_on_a_heartbeat_is_honoured(store: RuntimeDirectory, ingress
     assert keeper.ensure(1).action == "heartbeat"
 
 
-def test_retry_after_on_a_registration_is_honoured(store: RuntimeDirectory, ingress: DirectIngress, clock: Clock) -> None:
+def test_retry_after_on_a_registration_is_honoured(store: RuntimeDirectory, ingress: DirectIngress, clock: ManualClock) -> None:
     keeper = _keeper(store, ingress, clock)
     ingress.script.append(TransportError("busy", code="response_rejected", http_status=503, retry_after_ms=20_000))
     with pytest.raises(SessionError):
@@ -221,7 +209,7 @@ def test_retry_after_on_a_registration_is_honoured(store: RuntimeDirectory, ingr
 
 
 def test_retry_after_outlives_the_process_that_got_it(store: RuntimeDirectory, ingress: DirectIngress,
-                                                      clock: Clock) -> None:
+                                                      clock: ManualClock) -> None:
     """Issue 18 item 6: the next cron run (a new keeper) honours a session call's
     Retry-After; the window is in the session record."""
     _keeper(store, ingress, clock).ensure(1)
@@ -242,7 +230,7 @@ def test_retry_after_outlives_the_process_that_got_it(store: RuntimeDirectory, i
 
 
 def test_retry_after_on_a_registration_is_remembered_without_a_session(store: RuntimeDirectory,
-                                                                        ingress: DirectIngress, clock: Clock) -> None:
+                                                                        ingress: DirectIngress, clock: ManualClock) -> None:
     ingress.script.append(TransportError("busy", code="response_rejected", http_status=429, retry_after_ms=30_000))
     with pytest.raises(SessionError):
         _keeper(store, ingress, clock).ensure(1)
@@ -276,7 +264,7 @@ class CountingStore:
 
 
 def test_the_record_is_written_only_when_it_changes(store: RuntimeDirectory, ingress: DirectIngress,
-                                                    clock: Clock) -> None:
+                                                    clock: ManualClock) -> None:
     counting = CountingStore(store)
 
     def ensure() -> str:
@@ -304,7 +292,7 @@ def test_the_record_is_written_only_when_it_changes(store: RuntimeDirectory, ing
     ("register", 503, "session_unavailable"),
     ("heartbeat", 401, "credential_rejected"),
 ], ids=lambda case: f"{case[0]}-{case[1]}")
-def test_rejects_session_calls_with_the_mapped_code(store: RuntimeDirectory, ingress: DirectIngress, clock: Clock,
+def test_rejects_session_calls_with_the_mapped_code(store: RuntimeDirectory, ingress: DirectIngress, clock: ManualClock,
                                                     case: tuple[str, int, str]) -> None:
     operation, status, code = case
     keeper = _keeper(store, ingress, clock)
@@ -320,7 +308,7 @@ def test_rejects_session_calls_with_the_mapped_code(store: RuntimeDirectory, ing
 
 @pytest.mark.parametrize("code", ["credentials_unavailable", "invalid_configuration"])
 def test_credential_file_problems_are_configuration_errors(store: RuntimeDirectory, ingress: DirectIngress,
-                                                           clock: Clock, code: str) -> None:
+                                                           clock: ManualClock, code: str) -> None:
     ingress.script.append(TransportError("credential file has group bits", code=code))
     with pytest.raises(SessionError) as info:
         _keeper(store, ingress, clock).ensure(1)
@@ -331,7 +319,7 @@ def test_credential_file_problems_are_configuration_errors(store: RuntimeDirecto
     b'{"schema":"qinglong/worker-session-register@v1"}',
     b"not json",
 ])
-def test_rejects_a_register_response_that_breaks_the_contract(store: RuntimeDirectory, clock: Clock,
+def test_rejects_a_register_response_that_breaks_the_contract(store: RuntimeDirectory, clock: ManualClock,
                                                               answer: bytes) -> None:
     class Broken:
         def post_json(self, path: str, body: bytes, **_: Any) -> Response:
@@ -343,7 +331,7 @@ def test_rejects_a_register_response_that_breaks_the_contract(store: RuntimeDire
     assert _stored(store) is None
 
 
-def test_register_echo_mismatch_is_invalid(store: RuntimeDirectory, ingress: DirectIngress, clock: Clock) -> None:
+def test_register_echo_mismatch_is_invalid(store: RuntimeDirectory, ingress: DirectIngress, clock: ManualClock) -> None:
     class OtherSession:
         def post_json(self, path: str, body: bytes, **kwargs: Any) -> Response:
             other = path.replace(path.split("/")[-2], "018f0000-0000-7000-8000-00000000beef")
@@ -355,7 +343,7 @@ def test_register_echo_mismatch_is_invalid(store: RuntimeDirectory, ingress: Dir
 
 
 @pytest.mark.parametrize("change", ["corrupt", "other_worker", "other_capabilities"])
-def test_an_unusable_record_is_replaced_by_a_registration(store: RuntimeDirectory, ingress: DirectIngress, clock: Clock,
+def test_an_unusable_record_is_replaced_by_a_registration(store: RuntimeDirectory, ingress: DirectIngress, clock: ManualClock,
                                                           change: str) -> None:
     _keeper(store, ingress, clock).ensure(1)
     if change == "corrupt":
@@ -372,7 +360,7 @@ def test_an_unusable_record_is_replaced_by_a_registration(store: RuntimeDirector
 
 
 def test_heartbeat_interval_is_bounded_by_half_the_lease(store: RuntimeDirectory, ingress: DirectIngress,
-                                                         clock: Clock) -> None:
+                                                         clock: ManualClock) -> None:
     keeper = _keeper(store, ingress, clock, lease_duration_ms=10_000, heartbeat_interval_ms=9_000)
     keeper.ensure(1)
     clock.now += 5_000
@@ -526,7 +514,7 @@ class Boot:
         return self.now
 
 
-def _boot_keeper(store: RuntimeDirectory, ingress: DirectIngress, boot: Boot, wall: Clock,
+def _boot_keeper(store: RuntimeDirectory, ingress: DirectIngress, boot: Boot, wall: ManualClock,
                  **kwargs: Any) -> tuple[SessionKeeper, Any]:
     from qinglong_edge.worker.delivery.cluster_clock import ClusterClock
 
@@ -535,8 +523,8 @@ def _boot_keeper(store: RuntimeDirectory, ingress: DirectIngress, boot: Boot, wa
 
 
 def test_the_session_runs_on_the_boot_clock_and_feeds_the_cluster_clock(store: RuntimeDirectory,
-                                                                        ingress: DirectIngress, clock: Clock) -> None:
-    boot, wall = Boot(), Clock()
+                                                                        ingress: DirectIngress, clock: ManualClock) -> None:
+    boot, wall = Boot(), ManualClock()
     keeper, cluster = _boot_keeper(store, ingress, boot, wall)
     record = keeper.ensure(1).session
     assert record.heartbeat_at_ms == boot.now  # boot ms: the send instant
@@ -549,11 +537,11 @@ def test_the_session_runs_on_the_boot_clock_and_feeds_the_cluster_clock(store: R
 
 
 def test_a_device_far_ahead_of_the_cluster_keeps_its_session(store: RuntimeDirectory, ingress: DirectIngress,
-                                                             clock: Clock) -> None:
+                                                             clock: ManualClock) -> None:
     """Before: the cluster's leaseExpiresAtMs was compared with the device's wall clock, so
     a device minutes ahead re-registered every cycle (fencing the leases of its jobs)."""
     boot = Boot()
-    wall = Clock()
+    wall = ManualClock()
     wall.now = T0 + 240_000
     keeper, _ = _boot_keeper(store, ingress, boot, wall)
     keeper.ensure(1)
@@ -564,7 +552,7 @@ def test_a_device_far_ahead_of_the_cluster_keeps_its_session(store: RuntimeDirec
 
 
 def test_the_session_lease_ends_at_the_earlier_of_send_plus_duration_and_the_translated_expiry(
-        store: RuntimeDirectory, ingress: DirectIngress, clock: Clock) -> None:
+        store: RuntimeDirectory, ingress: DirectIngress, clock: ManualClock) -> None:
     boot = Boot()
     keeper, _ = _boot_keeper(store, ingress, boot, clock)
     record = keeper.ensure(1).session
@@ -574,7 +562,7 @@ def test_the_session_lease_ends_at_the_earlier_of_send_plus_duration_and_the_tra
 
 
 def test_a_schema_version_2_file_is_mapped_onto_the_boot_clock(store: RuntimeDirectory, ingress: DirectIngress,
-                                                               clock: Clock) -> None:
+                                                               clock: ManualClock) -> None:
     """An upgrade with a session in RAM (wall-clock times, schemaVersion 2) never re-registers
     the session its jobs rely on: the times are mapped onto the boot clock once."""
     record = _keeper(store, ingress, clock).ensure(1).session  # registered (its lease from the double)
@@ -595,7 +583,7 @@ def test_a_schema_version_2_file_is_mapped_onto_the_boot_clock(store: RuntimeDir
 
 
 def test_a_session_of_another_boot_is_registered_again(store: RuntimeDirectory, ingress: DirectIngress,
-                                                       clock: Clock) -> None:
+                                                       clock: ManualClock) -> None:
     """A fallback runtime directory on flash outlives a reboot: its boot-clock times are void."""
     _keeper(store, ingress, clock, boot_id="00000000-0000-4000-8000-000000000000").ensure(1)
     outcome = _keeper(store, ingress, clock).ensure(1)
@@ -604,7 +592,7 @@ def test_a_session_of_another_boot_is_registered_again(store: RuntimeDirectory, 
 
 @pytest.mark.parametrize("damage", ["missing", "empty", "garbage"])
 def test_a_lost_session_record_with_records_in_flight_replays_their_session(
-        store: RuntimeDirectory, ingress: DirectIngress, clock: Clock, damage: str) -> None:
+        store: RuntimeDirectory, ingress: DirectIngress, clock: ManualClock, damage: str) -> None:
     """Issue 23: never a blind new registration while records are in flight (it would fence
     their leases): the session of the newest record in flight is registered again, a
     replay the cluster answers with its row unchanged. The availableSlots the row holds is
@@ -629,7 +617,7 @@ def test_a_lost_session_record_with_records_in_flight_replays_their_session(
 
 
 def test_a_session_we_dropped_after_a_fence_is_not_replayed(store: RuntimeDirectory, ingress: DirectIngress,
-                                                            clock: Clock) -> None:
+                                                            clock: ManualClock) -> None:
     """A session record of ours that says "none" (dropped when the cluster fenced it) is
     not lost: the next registration is a new session, as before."""
     first = _keeper(store, ingress, clock).ensure(available_slots=1)
