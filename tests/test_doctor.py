@@ -359,7 +359,7 @@ def test_doctor_fails_a_keyring_that_serve_refuses_with_serves_words(
     to judge only the directory, by the generic private-directory rule, and said all was
     well. Now it runs serve's own check: the same line, one failure, a remedy."""
     from qinglong_edge.local.pepper import key_file_name
-    from tests.cli.test_serve import free_port, provision, write_config
+    from tests.support.serve_site import free_port, provision, write_config
     from tests.support.store import PEPPER_KEY_ID
 
     state = tmp_path / "state"

@@ -220,7 +220,7 @@ def test_doctor_reports_each_store_against_its_cap(site: tuple[History, pathlib.
 
 
 def test_serve_prunes_a_lowered_cap_at_start_oldest_first(site: tuple[History, pathlib.Path]) -> None:
-    from tests.cli.test_serve import free_port
+    from tests.support.serve_site import free_port
 
     history, root = site
     runs = [history.finished(NOW - DAY + i * 1000) for i in range(25)]

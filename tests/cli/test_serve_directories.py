@@ -16,22 +16,13 @@ import os
 import pathlib
 import subprocess
 import tempfile
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.cli.test_serve import free_port, provision, start
 from tests.support.cli import REPO, run_cli, unprivileged_python
 from tests.support.mounts import tmpfs
-
-
-@pytest.fixture
-def site(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
-    state = tmp_path / "state"
-    state.mkdir(mode=0o700)
-    provision(state)
-    yield tmp_path
+from tests.support.serve_site import free_port, one_line, provision, start
 
 
 def _config(site: pathlib.Path, execution: dict[str, Any]) -> pathlib.Path:
@@ -43,18 +34,11 @@ def _config(site: pathlib.Path, execution: dict[str, Any]) -> pathlib.Path:
     return path
 
 
-def _one_line(stderr: str) -> str:
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, stderr
-    assert "Traceback" not in stderr
-    return lines[0]
-
-
 def test_a_log_directory_on_a_full_file_system_is_exit_74_in_one_line(site: pathlib.Path) -> None:
     with tmpfs(site / "full", "64k", inodes=1) as full:  # no inode left: mkdir gets ENOSPC
         logs = full / "logs"
         result = run_cli("--config", str(_config(site, {"logDirectory": str(logs)})), "serve", timeout=60)
-    line = _one_line(result.stderr)
+    line = one_line(result.stderr)
     assert result.status == 74, line
     assert "storage_unavailable" in line and str(logs) in line and "ENOSPC" in line, line
     assert "execution.logDirectory" in line, line
@@ -65,7 +49,7 @@ def test_a_file_in_the_way_of_the_log_directory_is_exit_73_in_one_line(site: pat
     blocker.write_text("")
     logs = blocker / "logs"
     result = run_cli("--config", str(_config(site, {"logDirectory": str(logs)})), "serve", timeout=60)
-    line = _one_line(result.stderr)
+    line = one_line(result.stderr)
     assert result.status == 73, line
     assert "unsafe_storage" in line and str(logs) in line and "ENOTDIR" in line, line
 
@@ -75,7 +59,7 @@ def test_a_work_directory_that_cannot_be_made_is_exit_73_in_one_line(site: pathl
     work = site / "state" / "work"  # the default work directory: a regular file in its way
     work.write_text("")
     result = run_cli("--config", str(_config(site, {"logDirectory": str(logs)})), "serve", timeout=60)
-    line = _one_line(result.stderr)
+    line = one_line(result.stderr)
     assert result.status == 73, line
     assert "unsafe_storage" in line and str(work) in line and "EEXIST" in line, line
 
@@ -103,7 +87,7 @@ def test_a_log_directory_the_service_user_may_not_create_is_exit_73(tmp_path: pa
         proc = subprocess.run([python, "-m", "qinglong_edge", "--config", str(config), "serve"],
                               user=65534, group=65534, extra_groups=[], cwd="/", capture_output=True, text=True,
                               env={"PYTHONPATH": REPO, "PATH": "/usr/bin:/bin"}, timeout=60, check=False)
-        line = _one_line(proc.stderr)
+        line = one_line(proc.stderr)
         assert proc.returncode == 73, line
         assert "unsafe_storage" in line and str(logs) in line and "EACCES" in line, line
     finally:
@@ -143,6 +127,6 @@ def test_a_work_directory_on_a_full_file_system_is_exit_74_naming_its_key(site: 
         work = full / "work"
         config = _config(site, {"logDirectory": str(site / "logs"), "workDirectory": str(work)})
         result = run_cli("--config", str(config), "serve", timeout=60)
-    line = _one_line(result.stderr)
+    line = one_line(result.stderr)
     assert result.status == 74, line
     assert "storage_unavailable" in line and str(work) in line and "execution.workDirectory" in line, line

@@ -20,26 +20,17 @@ import pathlib
 import shutil
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from qinglong_edge.local.pepper import key_file_name
-from tests.cli.test_serve import free_port, provision, start, write_config
 from tests.support.cli import REPO, run_cli
 from tests.support.http_client import exchange, request_bytes
 from tests.support.local_site import LocalSite, alive, wait_for
+from tests.support.serve_site import free_port, one_line, start, write_config
 from tests.support.store import PEPPER_KEY_ID, TOKEN
 
 LIST = "/api/v3/projects/default/runs"
-
-
-@pytest.fixture
-def site(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
-    state = tmp_path / "state"
-    state.mkdir(mode=0o700)
-    provision(state)
-    yield tmp_path
 
 
 def _key_file(site: pathlib.Path) -> pathlib.Path:
@@ -58,13 +49,6 @@ def _get(port: int) -> int:
     return response.status
 
 
-def _one_line(stderr: str) -> str:
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, stderr
-    assert "Traceback" not in stderr
-    return lines[0]
-
-
 # -- start-up ------------------------------------------------------------------------------
 
 
@@ -73,7 +57,7 @@ def test_a_key_file_readable_by_others_refuses_to_start(site: pathlib.Path) -> N
     key.chmod(0o644)
     status, stderr = _serve_once(site)
     assert status == 73
-    line = _one_line(stderr)
+    line = one_line(stderr)
     assert "unsafe_pepper" in line and str(key) in line and "mode 0644" in line, line
     assert f"owner uid {os.geteuid()}" in line and "must be mode 0600" in line
 
@@ -83,7 +67,7 @@ def test_a_keyring_directory_open_to_others_refuses_to_start(site: pathlib.Path)
     keyring.chmod(0o755)
     status, stderr = _serve_once(site)
     assert status == 73
-    line = _one_line(stderr)
+    line = one_line(stderr)
     assert "unsafe_pepper" in line and str(keyring) in line and "mode 0755" in line, line
 
 
@@ -94,7 +78,7 @@ def test_a_key_file_of_another_owner_refuses_to_start(site: pathlib.Path) -> Non
     os.chown(key, 65534, 65534)
     status, stderr = _serve_once(site)
     assert status == 73
-    line = _one_line(stderr)
+    line = one_line(stderr)
     assert str(key) in line and "owner uid 65534" in line and "mode 0600" in line, line
 
 
@@ -105,7 +89,7 @@ def test_a_key_file_that_is_a_symlink_refuses_to_start(site: pathlib.Path) -> No
     key.symlink_to(real)
     status, stderr = _serve_once(site)
     assert status == 73
-    line = _one_line(stderr)
+    line = one_line(stderr)
     assert "unsafe_pepper" in line and str(key) in line and "not a regular file" in line
 
 
@@ -177,7 +161,7 @@ def test_a_database_removed_or_replaced_while_serving_exits_74_then_a_restart_re
     if how == "removed":
         status, stderr = _serve_once(site)
         assert status == 73
-        line = _one_line(stderr)
+        line = one_line(stderr)
         assert "database_missing" in line and str(database) in line and "refusing to create" in line
         assert not database.exists()  # nothing was created
         admin = run_cli("--config", str(write_config(site, free_port())), "admin", "runs", "list",
@@ -262,7 +246,7 @@ def test_an_emptied_database_file_is_refused_like_a_missing_one(site: pathlib.Pa
         handle.truncate(0)
     status, stderr = _serve_once(site)
     assert status == 73, stderr
-    line = _one_line(stderr)
+    line = one_line(stderr)
     assert "database_missing" in line and str(database) in line and "empty" in line
     admin = run_cli("--config", str(write_config(site, free_port())), "admin", "runs", "list", "--project", "default")
     assert admin.status == 73 and "database_missing" in admin.stderr
@@ -290,12 +274,12 @@ def test_a_lost_keyring_is_refused_with_the_true_remedy_by_serve_admin_init_and_
             key.unlink()
     config = write_config(site, free_port())
     status, stderr = _serve_once(site)
-    line = _one_line(stderr)
+    line = one_line(stderr)
     assert status == 73, line
     assert "keyring_missing" in line and str(keyring) in line and "restore" in line, line
     assert "admin pepper rotate" in line and "run 'qinglong-edge admin init'" not in line, line
     init = run_cli("--config", str(config), "admin", "init")
-    init_line = _one_line(init.stderr)
+    init_line = one_line(init.stderr)
     assert init.status == 73 and init_line == line, init.stderr
     assert keyring.exists() == (how == "emptied")  # admin init made nothing
     doctor = run_cli("--config", str(config), "--json", "doctor")

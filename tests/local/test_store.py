@@ -36,9 +36,8 @@ def db_path(tmp_path: pathlib.Path) -> pathlib.Path:
 
 @pytest.fixture
 def store(db_path: pathlib.Path) -> Iterator[Store]:
-    opened = Store.open(str(db_path))
-    yield opened
-    opened.close()
+    with Store.open(str(db_path)) as opened:
+        yield opened
 
 
 # -- migrations ------------------------------------------------------------------------

@@ -473,6 +473,19 @@ class ClusterState:
         except TypeError:
             raise _Failure(400, "invalid_worker_request") from None
         now = self.clock_ms()
+        row = self._unfenced(worker_id, session_id, generation, expected, now)
+        if slots > row.max_concurrent_runs:
+            raise _Failure(400, "invalid_worker_request")
+        row.version += 1
+        row.available_slots = slots if row.status == "online" else 0
+        row.last_heartbeat_at_ms = now
+        row.lease_expires_at_ms = now + self._granted(lease_ms)
+        return _session_json(row, HEARTBEAT_SCHEMA)
+
+    def _unfenced(self, worker_id: str, session_id: str, generation: int, expected: int, now: int) -> SessionRow:
+        """The worker's session row if the call's session, generation and expected version
+        are its own and it is live (not offline, lease unexpired); else 409
+        ``worker_session_fenced`` (heartbeat and transition alike)."""
         row = self.sessions.get(worker_id)
         if (
             row is None
@@ -483,13 +496,7 @@ class ClusterState:
             or row.version != expected
         ):
             raise _Failure(409, "worker_session_fenced")
-        if slots > row.max_concurrent_runs:
-            raise _Failure(400, "invalid_worker_request")
-        row.version += 1
-        row.available_slots = slots if row.status == "online" else 0
-        row.last_heartbeat_at_ms = now
-        row.lease_expires_at_ms = now + self._granted(lease_ms)
-        return _session_json(row, HEARTBEAT_SCHEMA)
+        return row
 
     def _transition(self, worker_id: str, session_id: str, document: object) -> dict[str, Any]:
         body = _exact(document, ("schema", "generation", "expectedVersion", "status"))
@@ -501,16 +508,7 @@ class ClusterState:
         except TypeError:
             raise _Failure(400, "invalid_worker_request") from None
         now = self.clock_ms()
-        row = self.sessions.get(worker_id)
-        if (
-            row is None
-            or row.session_id != session_id
-            or row.generation != generation
-            or row.version != expected
-            or row.status == "offline"
-            or row.lease_expires_at_ms <= now
-        ):
-            raise _Failure(409, "worker_session_fenced")
+        row = self._unfenced(worker_id, session_id, generation, expected, now)
         row.version += 1
         row.status = str(body["status"])
         row.available_slots = 0

@@ -72,12 +72,7 @@ class Clock:
         """Move the clock ``ms`` forward (>= 0); returns the new time."""
         if not isinstance(ms, int) or isinstance(ms, bool) or ms < 0:
             raise ValueError("advance by a non-negative integer number of ms")
-        with self._lock:
-            if self._frozen is not None:
-                self._frozen += ms
-            else:
-                self._offset += ms
-        return self()
+        return self.shift(ms)
 
     def shift(self, ms: int) -> int:
         """Move the clock by ``ms``, back when negative (a cluster whose time jumps, or a

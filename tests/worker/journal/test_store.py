@@ -28,9 +28,8 @@ def root(tmp_path: pathlib.Path) -> pathlib.Path:
 
 @pytest.fixture
 def journal(root: pathlib.Path) -> Iterator[Journal]:
-    opened = Journal.open(str(root))
-    yield opened
-    opened.close()
+    with Journal.open(str(root)) as opened:
+        yield opened
 
 
 def _claim(offer_id: str = vectors.OFFER_ID, token: str = vectors.LEASE_TOKEN, now_ms: int = 1000) -> PendingClaim:
