@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cli import REPO
+from tests.support.cli import REPO, doctor_config
 from tests.support.openwrt_split import (
     BASE_PYTHON,
     DEPENDS,
@@ -47,14 +47,7 @@ class SplitCase:
 
 
 def _doctor(tmp_path: pathlib.Path) -> list[str]:
-    state = tmp_path / "state"
-    state.mkdir(mode=0o700)
-    state.chmod(0o700)
-    (state / "pepper").mkdir(mode=0o700)
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps({"schema": "qinglong/edge-agent@v1", "stateDirectory": str(state),
-                                  "localApi": {"listener": {"host": "127.0.0.1", "port": 5700}}}))
-    return ["--config", str(config), "doctor"]
+    return ["--config", str(doctor_config(tmp_path)), "doctor"]
 
 
 def _render_uci(tmp_path: pathlib.Path) -> list[str]:

@@ -45,14 +45,21 @@ def _read_until(fd: int, needle: bytes, timeout: float = 20.0) -> bytes:
     return data
 
 
+def _pull_on_a_terminal(env: PullEnv) -> tuple[subprocess.Popen[bytes], int]:
+    """``pull`` at the pinned clock, its stderr a terminal (a person runs it): the process
+    and the terminal's controller side (the caller closes it)."""
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", PINNED_CLOCK, "--config", str(env.config_path), "pull"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=terminal, cwd=REPO,
+                            env=child_env())
+    os.close(terminal)
+    return proc, controller
+
+
 def test_the_wait_comes_before_the_tls_client_and_sigterm_ends_it(tmp_path: pathlib.Path) -> None:
     with ClusterDouble() as cluster:
         env = PullEnv(tmp_path, cluster, splayMaxMs=60_000, workerId="edge-3")
-        controller, terminal = pty.openpty()
-        proc = subprocess.Popen([sys.executable, "-c", PINNED_CLOCK, "--config", str(env.config_path), "pull"],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=terminal, cwd=REPO,
-                                env=child_env())
-        os.close(terminal)
+        proc, controller = _pull_on_a_terminal(env)
         try:
             said = _read_until(controller, b"--no-splay skips it")
             assert b"pull: waiting " in said and b"slot in the minute" in said
@@ -82,11 +89,7 @@ def test_a_handover_from_a_stopped_resident_pull_skips_the_wait(tmp_path: pathli
         note = env.runtime / "handover.json"
         note.write_text('{"schemaVersion":1,"inFlight":1,"atMs":0,"signal":"SIGTERM"}\n')
         note.chmod(0o600)
-        controller, terminal = pty.openpty()
-        proc = subprocess.Popen([sys.executable, "-c", PINNED_CLOCK, "--config", str(env.config_path), "pull"],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=terminal, cwd=REPO,
-                                env=child_env())
-        os.close(terminal)
+        proc, controller = _pull_on_a_terminal(env)
         try:
             stdout, _ = proc.communicate(timeout=30)  # well before the 42.7 s the splay would take
         finally:

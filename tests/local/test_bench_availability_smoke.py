@@ -3,26 +3,15 @@ compared with a target here: the figures are the benchmark's business)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from tests.support.cli import REPO
+from tests.support.cli import benchmark_result
 
 
 @pytest.mark.slow
 def test_benchmark_prints_one_json_object() -> None:
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/bench_availability.py", "--seconds", "1", "--requests", "300",
-         "--timing-rounds", "20"],
-        capture_output=True, text=True, cwd=REPO, timeout=180, check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 1
-    result = json.loads(lines[0])
+    result = benchmark_result("bench_availability.py", "--seconds", "1", "--requests", "300", "--timing-rounds", "20",
+                              timeout=180)
     for phase in ("baseline", "slowloris", "idle", "unauthenticated", "wrong_credentials"):
         assert result["phases"][phase]["requests"] > 0, phase
     assert result["flood"]["requests"] == 300

@@ -110,6 +110,18 @@ def _chown_tree(top: pathlib.Path) -> None:
             os.chown(os.path.join(directory, name), SERVICE_UID, SERVICE_UID)
 
 
+def _syslog_logger(base: pathlib.Path) -> pathlib.Path:
+    """A ``logger`` at ``base/bin`` that appends what it reads to ``base/syslog`` (0666, any
+    user may write it): what the cron line's ``| logger`` sends is read back from there."""
+    logger = base / "bin/logger"
+    logger.parent.mkdir()
+    logger.write_text(f'#!/bin/sh\ncat >> {base / "syslog"}\n')
+    logger.chmod(0o755)
+    (base / "syslog").touch(mode=0o666)
+    (base / "syslog").chmod(0o666)
+    return logger
+
+
 # ---- procd's stop timeout ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("edits", [
@@ -251,12 +263,7 @@ def test_crontab_line_pulls_as_the_service_user_only_while_enabled(busybox: str,
     router.edit_uci(worker_options(device))
     assert router.call(busybox, "start_service").returncode == 0
     assert (router.rundir / "pull.enabled").exists()
-    logger = base / "bin/logger"
-    logger.parent.mkdir()
-    logger.write_text(f'#!/bin/sh\ncat >> {base / "syslog"}\n')
-    logger.chmod(0o755)
-    (base / "syslog").touch(mode=0o666)
-    (base / "syslog").chmod(0o666)
+    logger = _syslog_logger(base)
 
     def cron() -> subprocess.CompletedProcess[str]:
         # busybox crond runs the line with /bin/sh -c as the crontab's user.
@@ -297,12 +304,7 @@ def test_the_cron_line_logs_each_failure_once_an_hour_with_its_remedy(busybox: s
     _chown_tree(base / "device")
     router.edit_uci(worker_options(device))
     assert router.call(busybox, "start_service").returncode == 0
-    logger = base / "bin/logger"
-    logger.parent.mkdir()
-    logger.write_text(f'#!/bin/sh\ncat >> {base / "syslog"}\n')
-    logger.chmod(0o755)
-    (base / "syslog").touch(mode=0o666)
-    (base / "syslog").chmod(0o666)
+    logger = _syslog_logger(base)
 
     def cron() -> int:
         claim = device.claim()

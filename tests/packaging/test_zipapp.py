@@ -15,7 +15,7 @@ import zipfile
 import pytest
 
 from tests.packaging.conftest import EPOCH, REPO, Dist, read_only_copy, snapshot
-from tests.support.cli import unprivileged_python
+from tests.support.cli import doctor_config, unprivileged_python
 
 
 def test_archive_layout(dist: Dist) -> None:
@@ -37,20 +37,9 @@ def test_archive_layout(dist: Dist) -> None:
     assert stat.S_IMODE(dist.pyz.stat().st_mode) == 0o755
 
 
-def _doctor_config(tmp_path: pathlib.Path) -> pathlib.Path:
-    state = tmp_path / "state"
-    state.mkdir(mode=0o700)
-    state.chmod(0o700)
-    (state / "pepper").mkdir(mode=0o700)
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps({"schema": "qinglong/edge-agent@v1", "stateDirectory": str(state),
-                                  "localApi": {"listener": {"host": "127.0.0.1", "port": 5700}}}))
-    return config
-
-
 def test_runs_isolated_from_a_read_only_copy_and_writes_nothing_next_to_it(
         dist: Dist, tmp_path: pathlib.Path) -> None:
-    config = _doctor_config(tmp_path)
+    config = doctor_config(tmp_path)
     with read_only_copy(dist.pyz) as pyz:
         before = snapshot(pyz.parent)
         env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8"}

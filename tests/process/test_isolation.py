@@ -103,16 +103,24 @@ def test_the_probe_explains_a_missing_ctypes(tmp_path: pathlib.Path) -> None:
     assert "ctypes module is missing" in probe.reason and "opkg install python3-ctypes" in probe.remedy
 
 
+def _probe_in_a_user_namespace(tmp_path: pathlib.Path, sysctl: str,
+                               fields: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    """``probe_isolation`` in a user namespace of its own (``unshare -U -r``) whose
+    ``user.<sysctl>`` is 0; it prints the probe's ``fields``, one a line."""
+    prints = "; ".join(f"print(p.{field})" for field in fields)
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            "from qinglong_edge.process.isolation import probe_isolation; "
+            f"p = probe_isolation(sys.argv[2]); {prints}")
+    script = f"echo 0 > /proc/sys/user/{sysctl} && exec {sys.executable} -I -c \"$0\" \"$1\" \"$2\""
+    return subprocess.run(["unshare", "-U", "-r", "sh", "-c", script, code, str(REPO), str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="util-linux unshare is not installed")
 def test_the_probe_explains_refused_user_namespaces(tmp_path: pathlib.Path) -> None:
     """Inside a user namespace whose user.max_user_namespaces is 0 the kernel refuses the
     job's namespace (ENOSPC): the probe says so instead of claiming isolation."""
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
-            "from qinglong_edge.process.isolation import probe_isolation; "
-            "p = probe_isolation(sys.argv[2]); print(p.available); print(p.reason); print(p.remedy)")
-    script = f"echo 0 > /proc/sys/user/max_user_namespaces && exec {sys.executable} -I -c \"$0\" \"$1\" \"$2\""
-    proc = subprocess.run(["unshare", "-U", "-r", "sh", "-c", script, code, str(REPO), str(tmp_path)],
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = _probe_in_a_user_namespace(tmp_path, "max_user_namespaces", ("available", "reason", "remedy"))
     if "unshare failed" in proc.stderr:
         pytest.skip(f"no user namespace for the test itself: {proc.stderr.strip()}")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -127,12 +135,7 @@ def test_the_probe_falls_back_to_no_pid_namespace_where_the_kernel_refuses_one(t
     """Inside a user namespace whose user.max_pid_namespaces is 0 (as systemd's
     RestrictNamespaces= without pid refuses it): the user + mount namespace still works,
     the probe reports the level "none" and why, and jobs are launched that way."""
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
-            "from qinglong_edge.process.isolation import probe_isolation; "
-            "p = probe_isolation(sys.argv[2]); print(p.available); print(p.pid); print(p.level); print(p.pid_reason)")
-    script = f"echo 0 > /proc/sys/user/max_pid_namespaces && exec {sys.executable} -I -c \"$0\" \"$1\" \"$2\""
-    proc = subprocess.run(["unshare", "-U", "-r", "sh", "-c", script, code, str(REPO), str(tmp_path)],
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = _probe_in_a_user_namespace(tmp_path, "max_pid_namespaces", ("available", "pid", "level", "pid_reason"))
     if "unshare failed" in proc.stderr or "max_pid_namespaces" in proc.stderr:
         pytest.skip(f"no such user namespace for the test itself: {proc.stderr.strip()}")
     assert proc.returncode == 0, proc.stderr[-2000:]

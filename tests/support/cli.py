@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -236,3 +237,29 @@ def unprivileged_python() -> str:
             return candidate
     pytest.skip("no Python >= 3.11 executable by an unprivileged user")
     raise AssertionError("unreachable")
+
+
+def doctor_config(base: pathlib.Path) -> pathlib.Path:
+    """The smallest config ``doctor`` and ``admin init`` accept: ``base / "state"`` (0700,
+    with an empty 0700 ``pepper`` keyring) and a Local API listener on 127.0.0.1:5700; the
+    path of ``base / "config.json"``."""
+    state = base / "state"
+    state.mkdir(mode=0o700)
+    state.chmod(0o700)
+    (state / "pepper").mkdir(mode=0o700)
+    config = base / "config.json"
+    config.write_text(json.dumps({"schema": "qinglong/edge-agent@v1", "stateDirectory": str(state),
+                                  "localApi": {"listener": {"host": "127.0.0.1", "port": 5700}}}))
+    return config
+
+
+def benchmark_result(script: str, *args: str, timeout: float) -> dict[str, Any]:
+    """Run ``benchmarks/<script> ARGS`` from the checkout; it must exit 0 and print exactly
+    one line, the JSON object returned."""
+    proc = subprocess.run([sys.executable, f"benchmarks/{script}", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=timeout, check=False)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1
+    result: dict[str, Any] = json.loads(lines[0])
+    return result

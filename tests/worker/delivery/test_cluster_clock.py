@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-from collections.abc import Iterator
 
 import pytest
 
@@ -21,15 +20,6 @@ class Ticks:
 
     def __call__(self) -> int:
         return self.now
-
-
-@pytest.fixture
-def runtime(tmp_path: pathlib.Path) -> Iterator[RuntimeDirectory]:
-    base = tmp_path / "run"
-    base.mkdir(mode=0o700)
-    opened = RuntimeDirectory.open(str(base), str(tmp_path / "worker"))
-    yield opened
-    opened.close()
 
 
 def _clock(runtime: RuntimeDirectory | None, boot: Ticks, wall: Ticks, boot_id: str = BOOT) -> ClusterClock:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -47,13 +46,9 @@ def ingress(clock: ManualClock) -> DirectIngress:
 
 
 @pytest.fixture
-def store(tmp_path: pathlib.Path) -> Iterator[RuntimeDirectory]:
-    base = tmp_path / "run"
-    base.mkdir(mode=0o700)
-    opened = RuntimeDirectory.open(str(base), str(tmp_path / "worker"))
-    assert not opened.on_fallback
-    yield opened
-    opened.close()
+def store(runtime: RuntimeDirectory) -> RuntimeDirectory:
+    assert not runtime.on_fallback
+    return runtime
 
 
 def _stored(store: RuntimeDirectory) -> SessionState | None:

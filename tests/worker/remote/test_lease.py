@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -39,15 +38,6 @@ def _lease(**changes: Any) -> JobLease:
         "terminate_grace_ms": 5000, "kill_grace_ms": 1000, "starting_boot_ms": 4000, "started_boot_ms": 4100}
     values.update(changes)
     return JobLease(**values)
-
-
-@pytest.fixture
-def runtime(tmp_path: pathlib.Path) -> Iterator[RuntimeDirectory]:
-    base = tmp_path / "run"
-    base.mkdir(mode=0o700)
-    opened = RuntimeDirectory.open(str(base), str(tmp_path / "worker"))
-    yield opened
-    opened.close()
 
 
 def test_bytes_are_fixed_size_flat_json_and_round_trip() -> None:
