@@ -10,7 +10,7 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -394,16 +394,22 @@ def test_a_timed_out_queued_operation_never_runs(store: Store) -> None:
     assert not ran.is_set()
 
 
+def _refused_and_rolled_back(store: Store, operation: Callable[[sqlite3.Connection], None], project_id: str) -> None:
+    """``operation`` fails as ``storage_unavailable`` and the project row it inserted is gone."""
+    with pytest.raises(StoreError) as info:
+        store.run(operation)
+    assert info.value.code == "storage_unavailable"
+    assert store.run(lambda c: c.execute("SELECT count(*) FROM \"QingLong3Projects\" WHERE id=?", (project_id,))
+                     .fetchone()[0]) == 0
+
+
 def test_sqlite_errors_become_storage_unavailable_and_roll_back(store: Store) -> None:
     def half_then_fail(c: sqlite3.Connection) -> None:
         c.execute("BEGIN IMMEDIATE")
         c.execute("INSERT INTO \"QingLong3Projects\" VALUES ('half','Half','half','active',1,0,0)")
         c.execute("INSERT INTO \"QingLong3Projects\" VALUES ('bad','Bad','NOT A SLUG','active',1,0,0)")
 
-    with pytest.raises(StoreError) as info:
-        store.run(half_then_fail)
-    assert info.value.code == "storage_unavailable"
-    assert store.run(lambda c: c.execute("SELECT count(*) FROM \"QingLong3Projects\" WHERE id='half'").fetchone()[0]) == 0
+    _refused_and_rolled_back(store, half_then_fail, "half")
 
 
 def test_an_operation_that_leaves_a_transaction_open_is_rolled_back(store: Store) -> None:
@@ -411,10 +417,7 @@ def test_an_operation_that_leaves_a_transaction_open_is_rolled_back(store: Store
         c.execute("BEGIN IMMEDIATE")
         c.execute("INSERT INTO \"QingLong3Projects\" VALUES ('leak','Leak','leak','active',1,0,0)")
 
-    with pytest.raises(StoreError) as info:
-        store.run(leak)
-    assert info.value.code == "storage_unavailable"
-    assert store.run(lambda c: c.execute("SELECT count(*) FROM \"QingLong3Projects\" WHERE id='leak'").fetchone()[0]) == 0
+    _refused_and_rolled_back(store, leak, "leak")
 
 
 def test_busy_database_past_the_timeout_is_storage_unavailable(db_path: pathlib.Path) -> None:

@@ -173,12 +173,18 @@ def test_postinst_is_idempotent_and_upgrade_tolerant(busybox: str, device: Devic
     assert device.caches()
 
 
-def test_prerm_on_removal_drops_bytecode_and_the_rendered_config(busybox: str, device: Device) -> None:
-    assert device.run_default(busybox, "default_postinst", "configure").returncode == 0
+def _enabled_rundir(device: Device) -> pathlib.Path:
+    """The service's run directory as ``start`` leaves it: the rendered config, pull enabled."""
     rundir = device.root / "var/etc/qinglong-edge"
     rundir.mkdir(parents=True)
     (rundir / "config.json").write_text("{}")
     (rundir / "pull.enabled").touch()
+    return rundir
+
+
+def test_prerm_on_removal_drops_bytecode_and_the_rendered_config(busybox: str, device: Device) -> None:
+    assert device.run_default(busybox, "default_postinst", "configure").returncode == 0
+    rundir = _enabled_rundir(device)
     device.log.unlink()
     result = device.run_default(busybox, "default_prerm", "remove")
     assert result.returncode == 0, result.stderr
@@ -200,10 +206,7 @@ def test_prerm_on_upgrade_keeps_the_rendered_config(busybox: str, device: Device
 
 
 def test_prerm_on_upgrade_releases_a_resident_pull_after_switching_cron_off(busybox: str, device: Device) -> None:
-    rundir = device.root / "var/etc/qinglong-edge"
-    rundir.mkdir(parents=True)
-    (rundir / "config.json").write_text("{}")
-    (rundir / "pull.enabled").touch()
+    rundir = _enabled_rundir(device)
     result = device.run_default(busybox, "default_prerm", "upgrade", "0.2.0-1", upgrade=True)
     assert result.returncode == 0, result.stderr
     assert (rundir / "config.json").exists() and not (rundir / "pull.enabled").exists()  # start makes it again
@@ -212,10 +215,7 @@ def test_prerm_on_upgrade_releases_a_resident_pull_after_switching_cron_off(busy
 
 
 def test_prerm_goes_on_when_the_release_fails(busybox: str, device: Device) -> None:
-    rundir = device.root / "var/etc/qinglong-edge"
-    rundir.mkdir(parents=True)
-    (rundir / "config.json").write_text("{}")
-    (rundir / "pull.enabled").touch()
+    rundir = _enabled_rundir(device)
     write_logging_stub(device.agent, device.log, "qinglong-edge", "exit 75")
     result = device.run_default(busybox, "default_prerm", "remove")
     assert result.returncode == 0, result.stderr
@@ -224,10 +224,7 @@ def test_prerm_goes_on_when_the_release_fails(busybox: str, device: Device) -> N
 
 
 def test_prerm_on_upgrade_goes_on_when_the_release_fails(busybox: str, device: Device) -> None:
-    rundir = device.root / "var/etc/qinglong-edge"
-    rundir.mkdir(parents=True)
-    (rundir / "config.json").write_text("{}")
-    (rundir / "pull.enabled").touch()
+    _enabled_rundir(device)
     write_logging_stub(device.agent, device.log, "qinglong-edge", "exit 75")
     result = device.run_default(busybox, "default_prerm", "upgrade", "0.2.0-1", upgrade=True)
     assert result.returncode == 0, result.stderr
