@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tests.support.cli import REPO, run_cli
+from tests.support.ownership import foreign_directory
 
 
 def _config(tmp_path: pathlib.Path, state: pathlib.Path) -> pathlib.Path:
@@ -190,11 +191,7 @@ def test_a_credential_directory_and_a_file_both_wrong_give_one_remedy_for_both(t
 
 def test_a_state_directory_of_another_user_is_one_failure(tmp_path: pathlib.Path) -> None:
     """As root the probes would pass (root ignores modes): the rule still says no."""
-    if os.geteuid() != 0:
-        pytest.skip("chown needs root")
-    state = tmp_path / "state"
-    state.mkdir(mode=0o700)
-    os.chown(state, 65534, 65534)
+    state = foreign_directory(tmp_path / "state")
     checks = _checks(run_cli("--config", str(_config(tmp_path, state)), "doctor", "--json").json())
     failed = [name for name, check in checks.items() if not check["ok"]]
     assert failed == ["state_dir"]

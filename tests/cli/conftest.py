@@ -4,11 +4,12 @@
 reset for each test; ``env`` is a :class:`~tests.support.remote_env.RemoteEnv` device
 provisioned against it. A module whose device or cluster differs defines its own ``env`` or
 ``cluster`` (pytest takes the module's over these). ``site`` is a Local API site for
-``serve`` tests.
+``serve`` tests, ``worker_config`` a config whose worker's cluster nobody runs.
 """
 
 from __future__ import annotations
 
+import json
 import pathlib
 from collections.abc import Iterator
 
@@ -40,3 +41,18 @@ def site(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
     state.mkdir(mode=0o700)
     provision(state)
     yield tmp_path
+
+
+@pytest.fixture
+def worker_config(tmp_path: pathlib.Path) -> pathlib.Path:
+    """A config with a worker of a cluster nobody runs (files that do not exist): for the
+    commands that only read the journal under ``tmp_path / "state"``."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({
+        "schema": "qinglong/edge-agent@v1",
+        "stateDirectory": str(tmp_path / "state"),
+        "worker": {"origin": "https://cluster.example:7443", "workerId": "edge-1",
+                   "credentialFile": "/etc/qe/worker.credential", "certificateFile": "/etc/qe/worker.crt",
+                   "privateKeyFile": "/etc/qe/worker.key", "trustAnchorFiles": ["/etc/qe/ca.crt"]},
+    }))
+    return path

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import re
 import stat
@@ -17,6 +16,7 @@ from qinglong_edge.local.identity import authenticate
 from qinglong_edge.local.schema import SCHEMA_VERSION
 from qinglong_edge.local.store import Store, now_ms
 from tests.support.cli import REPO, Result, run_cli
+from tests.support.ownership import foreign_directory
 from tests.support.store import insert_run
 
 TOKEN = re.compile(r"ql3c_([A-Za-z0-9][A-Za-z0-9._:-]{0,63})_([A-Za-z0-9_-]{43})")
@@ -238,11 +238,7 @@ def test_admin_help_imports_no_sqlite() -> None:
 def test_rejects_admin_as_another_user_than_the_state_owner(tmp_path: pathlib.Path) -> None:
     # README: run `admin` as the service user. Run as root by mistake, it must say so and
     # leave nothing behind that the service user could not open.
-    if os.geteuid() != 0:
-        pytest.skip("chown to another user needs root")
-    state = tmp_path / "state"
-    state.mkdir(mode=0o700)
-    os.chown(state, 65534, 65534)
+    state = foreign_directory(tmp_path / "state")
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"schema": "qinglong/edge-agent@v1", "stateDirectory": str(state),
                                   "localApi": {"listener": {"host": "127.0.0.1", "port": 5700}}}))

@@ -13,21 +13,8 @@ from tests.worker import offer_vectors as vectors
 
 
 @pytest.fixture
-def config(tmp_path: pathlib.Path) -> pathlib.Path:
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps({
-        "schema": "qinglong/edge-agent@v1",
-        "stateDirectory": str(tmp_path / "state"),
-        "worker": {
-            "origin": "https://cluster.example:7443",
-            "workerId": "edge-1",
-            "credentialFile": "/etc/qe/worker.credential",
-            "certificateFile": "/etc/qe/worker.crt",
-            "privateKeyFile": "/etc/qe/worker.key",
-            "trustAnchorFiles": ["/etc/qe/ca.crt"],
-        },
-    }))
-    return path
+def config(worker_config: pathlib.Path) -> pathlib.Path:
+    return worker_config
 
 
 @pytest.fixture

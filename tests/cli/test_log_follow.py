@@ -88,19 +88,6 @@ def test_admin_runs_log_follow_prints_a_run_to_its_end(tmp_path: pathlib.Path) -
         site.close()
 
 
-@pytest.fixture
-def worker_config(tmp_path: pathlib.Path) -> pathlib.Path:
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps({
-        "schema": "qinglong/edge-agent@v1",
-        "stateDirectory": str(tmp_path / "state"),
-        "worker": {"origin": "https://cluster.example:7443", "workerId": "edge-1",
-                   "credentialFile": "/etc/qe/worker.credential", "certificateFile": "/etc/qe/worker.crt",
-                   "privateKeyFile": "/etc/qe/worker.key", "trustAnchorFiles": ["/etc/qe/ca.crt"]},
-    }))
-    return path
-
-
 def _remote_files(config_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
     config = parse_config(json.loads(config_path.read_text()))
     assert config.worker is not None

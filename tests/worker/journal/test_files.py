@@ -11,6 +11,7 @@ import pytest
 
 from qinglong_edge.errors import JournalError
 from qinglong_edge.worker.journal import files
+from tests.support.ownership import foreign_directory
 
 
 def _nothing() -> None:
@@ -230,11 +231,7 @@ def test_missing_directory_without_create(tmp_path: pathlib.Path) -> None:
 
 @pytest.mark.root
 def test_rejects_foreign_owned_directory(tmp_path: pathlib.Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("chown to another uid needs root")
-    path = tmp_path / "j"
-    path.mkdir(mode=0o700)
-    os.chown(path, 65534, 65534)
+    path = foreign_directory(tmp_path / "j")
     with pytest.raises(JournalError) as info:
         files.open_private_directory(str(path), dir_fd=None, what="j", create=True)
     assert info.value.code == "unsafe_storage"

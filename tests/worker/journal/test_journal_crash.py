@@ -81,17 +81,23 @@ def _snapshot(root: pathlib.Path) -> tuple[bytes | None, dict[str, bytes], list[
     return claim, offers, temps
 
 
+def _killed_at(operation: str, root: pathlib.Path, point: str) -> int:
+    """Run the journal ``operation`` in a child that pauses at crash point ``point``, SIGKILL
+    it there; its wait status."""
+    child = Child(operation, str(root), env={crashpoints.ENV: f"{point}:pause"})
+    try:
+        assert wait_stopped(child.pid), f"{operation} never reached {point}: {child.stderr_text()}"
+        child.signal(signal.SIGKILL)
+        return child.wait()
+    finally:
+        child.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("point", list(EXPECT))
 def test_sigkill_at_every_step_leaves_old_or_new_state(tmp_path: pathlib.Path, point: str) -> None:
     root = tmp_path / "journal"
-    child = Child("cycle", str(root), env={crashpoints.ENV: f"{point}:pause"})
-    try:
-        assert wait_stopped(child.pid), f"the cycle never reached {point}: {child.stderr_text()}"
-        child.signal(signal.SIGKILL)
-        assert child.wait() == -signal.SIGKILL
-    finally:
-        child.close()
+    assert _killed_at("cycle", root, point) == -signal.SIGKILL
 
     claim, offers, temps = _snapshot(root)
     expect = EXPECT[point]
@@ -126,13 +132,7 @@ def test_sigkill_while_counting_an_attempt_leaves_the_old_or_new_claim(tmp_path:
     root = tmp_path / "journal"
     created = run_child("count", str(root))
     assert created.returncode == 0 and last_event(created.stdout)["event"] == "created"
-    child = Child("count", str(root), env={crashpoints.ENV: f"{point}:pause"})
-    try:
-        assert wait_stopped(child.pid), f"count never reached {point}: {child.stderr_text()}"
-        child.signal(signal.SIGKILL)
-        child.wait()
-    finally:
-        child.close()
+    _killed_at("count", root, point)
     claim, _offers, temps = _snapshot(root)
     assert claim == COUNT_EXPECT[point]
     assert all(name.startswith(".pending-claim.json.") for name in temps)
@@ -169,13 +169,7 @@ ABANDON_EXPECT = _abandon_expectations()
 @pytest.mark.parametrize("point", list(ABANDON_EXPECT))
 def test_sigkill_while_abandoning_leaves_the_claim_or_its_record(tmp_path: pathlib.Path, point: str) -> None:
     root = tmp_path / "journal"
-    child = Child("abandon", str(root), env={crashpoints.ENV: f"{point}:pause"})
-    try:
-        assert wait_stopped(child.pid), f"abandon never reached {point}: {child.stderr_text()}"
-        child.signal(signal.SIGKILL)
-        child.wait()
-    finally:
-        child.close()
+    _killed_at("abandon", root, point)
     claim_present, record_present = ABANDON_EXPECT[point]
     assert ((root / "pending-claim.json").read_bytes() == CLAIM_REV0) if claim_present else \
         not (root / "pending-claim.json").exists()
