@@ -1,4 +1,5 @@
-"""Shared pytest fixtures. Fixtures that start servers live in tests/support/."""
+"""Fixtures shared by every test folder. A fixture one folder shares lives in that folder's
+conftest.py; the servers and helpers fixtures use live in tests/support/."""
 
 from __future__ import annotations
 
