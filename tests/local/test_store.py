@@ -29,6 +29,17 @@ def _sha256(path: pathlib.Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _open_refused_untouched(db_path: pathlib.Path, code: str, says: str = "") -> None:
+    """``Store.open`` refuses the database with ``code`` (its message saying ``says``) and
+    leaves the file as it was, byte for byte."""
+    before = _sha256(db_path)
+    with pytest.raises(StoreError) as info:
+        Store.open(str(db_path))
+    assert info.value.code == code
+    assert says in info.value.message
+    assert _sha256(db_path) == before
+
+
 @pytest.fixture
 def db_path(tmp_path: pathlib.Path) -> pathlib.Path:
     return tmp_path / "state" / "local.db"
@@ -115,12 +126,7 @@ def test_rejects_a_database_newer_than_the_code(db_path: pathlib.Path) -> None:
     conn = sqlite3.connect(db_path, isolation_level=None)
     conn.execute("INSERT INTO schema_migrations VALUES (?, 'future', ?, 1)", (schema.SCHEMA_VERSION + 1, "0" * 64))
     conn.close()
-    before = _sha256(db_path)
-    with pytest.raises(StoreError) as info:
-        Store.open(str(db_path))
-    assert info.value.code == "database_newer"
-    assert "upgrade" in info.value.message
-    assert _sha256(db_path) == before
+    _open_refused_untouched(db_path, "database_newer", "upgrade")
 
 
 def test_rejects_a_database_whose_applied_migration_differs(db_path: pathlib.Path) -> None:
@@ -142,11 +148,7 @@ def test_rejects_a_foreign_database(db_path: pathlib.Path, kind: str) -> None:
         conn.execute("PRAGMA application_id = 1234")
     conn.execute("CREATE TABLE crons (id INTEGER)")
     conn.close()
-    before = _sha256(db_path)
-    with pytest.raises(StoreError) as info:
-        Store.open(str(db_path))
-    assert info.value.code == "database_foreign"
-    assert _sha256(db_path) == before
+    _open_refused_untouched(db_path, "database_foreign")
 
 
 # -- corruption ------------------------------------------------------------------------
@@ -178,12 +180,7 @@ def test_rejects_a_corrupted_database_and_leaves_it_untouched(db_path: pathlib.P
     else:
         data[0:16] = b"not a database!\x00"
     db_path.write_bytes(bytes(data))
-    before = _sha256(db_path)
-    with pytest.raises(StoreError) as info:
-        Store.open(str(db_path))
-    assert info.value.code == "database_corrupt"
-    assert "untouched" in info.value.message
-    assert _sha256(db_path) == before
+    _open_refused_untouched(db_path, "database_corrupt", "untouched")
     assert sorted(os.listdir(db_path.parent)) == ["local.db"]
 
 
