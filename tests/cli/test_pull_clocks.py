@@ -14,10 +14,12 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 
 import pytest
 
 from tests.support.cluster_double import ClusterDouble, Fault
+from tests.support.pull_env import Outcome
 from tests.support.remote_env import RemoteEnv, dump, wait_until
 from tests.support.wall_clock import WallClock
 
@@ -55,6 +57,21 @@ def _succeeded_once(env: RemoteEnv, run_id: str, outcome: object) -> None:
     assert env.starts("job") == 1 and _completions(env.cluster, run_id) == 1
 
 
+def _through_a_clock_move(env: RemoteEnv, move: Callable[[], object]) -> tuple[str, Outcome]:
+    """A gated job running under a resident ``pull``, then ``move()`` moves a clock; three
+    more renewals are taken, the job is released and ``pull`` ends 0: the run and its outcome."""
+    task = env.gated_job("job")
+    run_id = task.candidate["runId"]
+    proc = env.spawn_json()
+    env.wait_state("running_acknowledged")
+    move()
+    _renewals_go_on(env, run_id, 3)
+    env.release("job")
+    outcome = env.finish(proc, timeout=60)
+    assert outcome.status == 0, dump(outcome)
+    return run_id, outcome
+
+
 # -- the device's wall clock steps (NTP) ------------------------------------------------------------------
 
 @pytest.mark.parametrize("step_ms", [120_000, -3_600_000], ids=["plus_120s", "minus_1h"])
@@ -62,15 +79,7 @@ def test_a_wall_clock_step_while_a_job_runs_changes_nothing(env: RemoteEnv, step
     """Before: +120 s SIGTERMed the job as lease_lost within a second; -1 h stopped the
     renewals (due an hour later by the wall clock) and the cluster lease ran out."""
     wall = _wall(env)
-    task = env.gated_job("job")
-    run_id = task.candidate["runId"]
-    proc = env.spawn_json()
-    env.wait_state("running_acknowledged")
-    wall.step(step_ms)
-    _renewals_go_on(env, run_id, 3)
-    env.release("job")
-    outcome = env.finish(proc, timeout=60)
-    assert outcome.status == 0, dump(outcome)
+    run_id, outcome = _through_a_clock_move(env, lambda: wall.step(step_ms))
     assert not outcome.events("stopped") and not outcome.events("recovery_required"), dump(outcome)
     _succeeded_once(env, run_id, outcome)
     # Issue 23 item 7: renewals never touch the journal; its revisions are the state changes
@@ -169,15 +178,7 @@ def test_a_renewal_whose_renewed_at_went_back_is_accepted(env: RemoteEnv) -> Non
     taken (before: 'before the stored lease's renewal', every renewal refused, lease lost),
     and the completion's times, translated by the new offset and clamped to the attempt's
     creation, are accepted."""
-    task = env.gated_job("job")
-    run_id = task.candidate["runId"]
-    proc = env.spawn_json()
-    env.wait_state("running_acknowledged")
-    env.cluster.clock.shift(-120_000)
-    _renewals_go_on(env, run_id, 3)
-    env.release("job")
-    outcome = env.finish(proc, timeout=60)
-    assert outcome.status == 0, dump(outcome)
+    run_id, outcome = _through_a_clock_move(env, lambda: env.cluster.clock.shift(-120_000))
     assert not outcome.events("call_failed") and not outcome.events("stopped"), dump(outcome)
     _succeeded_once(env, run_id, outcome)
 
