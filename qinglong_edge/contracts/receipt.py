@@ -72,6 +72,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
+    from qinglong_edge.contracts.records import InboxRecord
+
 __all__ = [
     "CALLBACK_TOKEN_BYTES",
     "LOG_ARTIFACT_DOMAIN",
@@ -319,7 +321,7 @@ def _unauthenticated(reason: str, path: str, detail: str) -> LaunchError:
     return LaunchError("receipt_unauthenticated", path, detail, reason=reason)
 
 
-def authenticate_receipt(receipt: Receipt, record: dict[str, Any], now_ms: int) -> Receipt:
+def authenticate_receipt(receipt: Receipt, record: InboxRecord, now_ms: int) -> Receipt:
     """The completion coordinator's receipt checks (section 4.2) against the inbox record.
 
     Args:
