@@ -70,7 +70,6 @@ from qinglong_edge.contracts.strictjson import dumps, loads
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any
 
     from qinglong_edge.contracts.records import InboxRecord
 

@@ -33,8 +33,6 @@ from qinglong_edge.contracts.inbox import INBOX_STATES, RECOVERY_REASONS
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
-    from typing import Any
-
     from qinglong_edge.contracts.records import InboxRecord, OfferLease
 
 __all__ = [

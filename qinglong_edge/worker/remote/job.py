@@ -78,7 +78,6 @@ from qinglong_edge.worker.remote.job_files import JobFiles, RemoteLimits, remove
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any
 
     from qinglong_edge.contracts.records import InboxRecord
     from qinglong_edge.worker.journal.runtime import RuntimeDirectory

@@ -37,8 +37,6 @@ from qinglong_edge.contracts.residency import lease_expired_locally, needs_local
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
-    from typing import Any
-
     from qinglong_edge.contracts.records import InboxRecord
 
 __all__ = [

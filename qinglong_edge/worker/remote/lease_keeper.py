@@ -39,8 +39,6 @@ from qinglong_edge.worker.remote.runner_state import Track, Transitions
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
-    from typing import Any
-
     from qinglong_edge.contracts.records import OfferLease
     from qinglong_edge.worker.journal.runtime import RuntimeDirectory
 
