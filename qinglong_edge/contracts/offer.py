@@ -449,7 +449,7 @@ def parse_offer_response(body: bytes, authority: ClaimAuthority) -> IdleResponse
     }
     _lease_times(lease_wire, "$.offer.lease", lease)
     worker: OfferWorker = {"workerId": claim.worker_id, "sessionId": claim.worker_session_id,
-              "generation": claim.worker_generation}
+                           "generation": claim.worker_generation}
     offer = _build_offer(  # step 12
         offer_id=claim.offer_id,
         delivery_kind=wire["deliveryKind"],
