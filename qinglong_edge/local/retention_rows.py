@@ -235,6 +235,18 @@ def clear_log_artifacts(
     return rows
 
 
+def _attempt_logs(conn: sqlite3.Connection, column: str, values: list[str]) -> list[tuple[str, str, str, bool]]:
+    """``(attempt id, run id, log_artifact_id, terminal)`` of the attempts whose ``column``
+    (``id`` or ``log_artifact_id``) is one of ``values`` and that still have a log."""
+    rows = conn.execute(
+        f'SELECT a.id, a.run_id, a.log_artifact_id, r.status FROM "RunAttempts" AS a'
+        f' JOIN "Runs" AS r ON r.id = a.run_id WHERE a.{column} IN ({_marks(values)})'
+        " AND a.log_artifact_id IS NOT NULL",
+        values,
+    )
+    return [(str(a), str(r), str(x), status in PRUNABLE_RUN_STATUSES) for a, r, x, status in rows]
+
+
 def log_owners(conn: sqlite3.Connection, files: Sequence[LogFile]) -> dict[str, tuple[str, str, str, bool]]:
     """file name -> ``(run id, attempt id, log_artifact_id, terminal)`` for the files whose
     attempt row exists and still has a ``log_artifact_id``; the others are orphans."""
@@ -245,13 +257,8 @@ def log_owners(conn: sqlite3.Connection, files: Sequence[LogFile]) -> dict[str, 
         if named:
             ids = list(dict.fromkeys(str(f.attempt_id) for f in named))
             rows = {
-                str(attempt_id): (str(run_id), str(artifact), status in PRUNABLE_RUN_STATUSES)
-                for attempt_id, run_id, artifact, status in conn.execute(
-                    f'SELECT a.id, a.run_id, a.log_artifact_id, r.status FROM "RunAttempts" AS a'
-                    f' JOIN "Runs" AS r ON r.id = a.run_id WHERE a.id IN ({_marks(ids)})'
-                    " AND a.log_artifact_id IS NOT NULL",
-                    ids,
-                )
+                attempt_id: (run_id, artifact, terminal)
+                for attempt_id, run_id, artifact, terminal in _attempt_logs(conn, "id", ids)
             }
             for f in named:
                 row = rows.get(str(f.attempt_id))
@@ -260,12 +267,8 @@ def log_owners(conn: sqlite3.Connection, files: Sequence[LogFile]) -> dict[str, 
         if legacy:
             artifacts = list(dict.fromkeys(str(f.legacy_artifact_id) for f in legacy))
             by_artifact = {
-                str(artifact): (str(run_id), str(attempt_id), status in PRUNABLE_RUN_STATUSES)
-                for attempt_id, run_id, artifact, status in conn.execute(
-                    f'SELECT a.id, a.run_id, a.log_artifact_id, r.status FROM "RunAttempts" AS a'
-                    f' JOIN "Runs" AS r ON r.id = a.run_id WHERE a.log_artifact_id IN ({_marks(artifacts)})',
-                    artifacts,
-                )
+                artifact: (run_id, attempt_id, terminal)
+                for attempt_id, run_id, artifact, terminal in _attempt_logs(conn, "log_artifact_id", artifacts)
             }
             for f in legacy:
                 found = by_artifact.get(str(f.legacy_artifact_id))
