@@ -114,6 +114,14 @@ def _read_record(root: str, offer_id: str) -> Any:
         return reader.read_offer(offer_id)
 
 
+def _existing_record(root: str, offer_id: str) -> Any:
+    """:func:`_read_record`, or ``not_found``."""
+    record = _read_record(root, offer_id)
+    if record is None:
+        raise _not_found(offer_id)
+    return record
+
+
 def _not_found(offer_id: str) -> Exception:
     from qinglong_edge.errors import EdgeError
 
@@ -241,10 +249,7 @@ def capacity_line(records: int, capacity: dict[str, int]) -> str:
 def _show(args: argparse.Namespace) -> int:
     offer_id = _check_offer_id(args.offer_id)
     worker = _worker_config(args)
-    root = worker.journal_directory
-    record = _read_record(root, offer_id)
-    if record is None:
-        raise _not_found(offer_id)
+    record = _existing_record(worker.journal_directory, offer_id)
     document = _record_document(record)
     runtime = _runtime(worker)
     try:
@@ -282,9 +287,7 @@ def _log(args: argparse.Namespace) -> int:
         raise UsageError("--follow prints raw bytes as they come; it takes no --json")
     root = worker.journal_directory
 
-    first = _read_record(root, offer_id)
-    if first is None:
-        raise _not_found(offer_id)
+    first = _existing_record(root, offer_id)
     files = worker_record_files(worker, first)
     if files is None:
         raise EdgeError(f"inbox record {offer_id} names no log", code="not_found")
@@ -333,9 +336,7 @@ def _discard(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     worker = _worker_config(args)
     root = worker.journal_directory
-    record = _read_record(root, offer_id)
-    if record is None:
-        raise _not_found(offer_id)
+    record = _existing_record(root, offer_id)
     now = estimated_cluster_now(worker.runtime_directory, root)  # the lease's own clock (clock.json), else wall
     busy = in_flight(record, now) and not (
         record["state"] in PRE_LAUNCH_STATES and lease_expired_locally(record["offer"]["lease"], now))
