@@ -48,8 +48,9 @@ import re
 from qinglong_edge.contracts._shape import Frozen, child, exact_keys, int_value, object_value
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.fields import MAX_INT32, dispatch_id, string
-from qinglong_edge.contracts.ids import HEX64, LEASE_TOKEN
+from qinglong_edge.contracts.ids import HEX64
 from qinglong_edge.contracts.ingress import (
+    check_execution_fence,
     echo,
     equal,
     execution_fence,
@@ -125,17 +126,6 @@ def _byte_length(value: object, path: str) -> int:
     return int_value(value, path, 0, MAX_ARTIFACT_BYTES)
 
 
-def _check_fence_body(value: dict[str, Any]) -> None:
-    """The server-side ``fence()`` of ``remoteWorkerCompletion.ts`` over a decoded body."""
-    for key in ("runId", "attemptId", "offerId"):
-        dispatch_id(value[key], child("$", key))
-    string(value["leaseToken"], "$.leaseToken", min_length=32, max_length=128, pattern=LEASE_TOKEN)
-    int_value(value["workerGeneration"], "$.workerGeneration", 1, MAX_INT32)
-    string(value["projectId"], "$.projectId", max_length=128, utf8_bytes=True)
-    int_value(value["leaseGeneration"], "$.leaseGeneration", 1, MAX_INT32)
-    int_value(value["expectedLeaseVersion"], "$.expectedLeaseVersion", 0, MAX_INT32)
-
-
 def artifact_upload_preamble(
     offer: InternalOffer,
     *,
@@ -192,7 +182,7 @@ def parse_artifact_header(body_prefix: bytes, *, content_length: int | None = No
         if value["schema"] != ARTIFACT_SCHEMA:
             raise ContractError("schema", "$.schema", f"must be {ARTIFACT_SCHEMA}")
         _truncated(value["truncated"], "$.truncated")
-        _check_fence_body(value)
+        check_execution_fence(value)
         _log_artifact_id(value["logArtifactId"], "$.logArtifactId")
         _byte_length(value["byteLength"], "$.byteLength")
         if content_length is not None and content_length != 4 + size + value["byteLength"]:
@@ -286,7 +276,7 @@ def _check_result(result: dict[str, Any], path: str) -> None:
 
 def _check_completion(value: dict[str, Any]) -> None:
     """``normalizeRemoteWorkerCompletionCommand`` over a decoded body, in its order."""
-    _check_fence_body(value)
+    check_execution_fence(value)
     _check_result(object_value(value["result"], "$.result"), "$.result")
     artifact = object_value(value["artifact"], "$.artifact")
     exact_keys(artifact, _ARTIFACT_KEYS, "$.artifact")

@@ -479,16 +479,23 @@ def render_json_response(
     ]
     if retry_after_s is not None:
         lines.append(b"retry-after: " + str(max(0, int(retry_after_s))).encode("ascii") + b"\r\n")
-    if close:
-        lines.append(b"connection: close\r\n")
+    lines += _connection_headers(close, keep_alive_timeout_s, date)
+    if not head_only:
+        lines.append(payload)
+    return status, b"".join(lines)
+
+
+def _connection_headers(close: bool, keep_alive_timeout_s: int, date: str | None) -> list[bytes]:
+    """The end of a head, in Node's order: ``connection: close`` when the transport
+    closes, ``Date``, ``Connection: keep-alive`` + ``Keep-Alive`` on a persistent
+    connection, the blank line."""
+    lines = [b"connection: close\r\n"] if close else []
     lines.append(b"Date: " + (date or http_date()).encode("ascii") + b"\r\n")
     if not close:
         lines.append(b"Connection: keep-alive\r\n")
         lines.append(b"Keep-Alive: timeout=" + str(keep_alive_timeout_s).encode("ascii") + b"\r\n")
     lines.append(b"\r\n")
-    if not head_only:
-        lines.append(payload)
-    return status, b"".join(lines)
+    return lines
 
 
 def render_raw_response(
@@ -520,13 +527,7 @@ def render_raw_response(
     lines.append(b"x-request-id: " + request_id.encode("ascii") + b"\r\n")
     if status != 204:
         lines.append(b"content-length: " + str(len(content)).encode("ascii") + b"\r\n")
-    if close:
-        lines.append(b"connection: close\r\n")
-    lines.append(b"Date: " + (date or http_date()).encode("ascii") + b"\r\n")
-    if not close:
-        lines.append(b"Connection: keep-alive\r\n")
-        lines.append(b"Keep-Alive: timeout=" + str(keep_alive_timeout_s).encode("ascii") + b"\r\n")
-    lines.append(b"\r\n")
+    lines += _connection_headers(close, keep_alive_timeout_s, date)
     if not head_only and status != 204:
         lines.append(content)
     return b"".join(lines)

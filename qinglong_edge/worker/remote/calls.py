@@ -120,6 +120,14 @@ def _contract_error(operation: str, exc: ContractError, code: str) -> RemoteCall
     return RemoteCallError(operation, f"{exc.code} at {exc.path} ({reason})", code=code, reason=reason)
 
 
+def _contract_checked(operation: str, step: Any, code: str) -> Any:
+    """``step()``; its :class:`ContractError` becomes the call's ``code`` (request or response side)."""
+    try:
+        return step()
+    except ContractError as exc:
+        raise _contract_error(operation, exc, code) from None
+
+
 def _worker(offer: InternalOffer) -> tuple[str, str]:
     worker = offer.get("worker")
     if not isinstance(worker, dict):
@@ -142,10 +150,8 @@ class ExecutionCalls:
 
     def _path(self, offer: InternalOffer, operation: str) -> str:
         worker_id, session_id = _worker(offer)
-        try:
-            return worker_call_path(worker_id, session_id, operation)
-        except ContractError as exc:
-            raise _contract_error(operation, exc, "call_request_invalid") from None
+        path: str = self._build(operation, lambda: worker_call_path(worker_id, session_id, operation))
+        return path
 
     def _post(self, offer: InternalOffer, operation: str, body: bytes, *, max_response_bytes: int,
               max_request_bytes: int = _DEFAULT_REQUEST_MAX_BYTES) -> bytes:
@@ -160,17 +166,11 @@ class ExecutionCalls:
 
     @staticmethod
     def _build(operation: str, build: Any) -> Any:
-        try:
-            return build()
-        except ContractError as exc:
-            raise _contract_error(operation, exc, "call_request_invalid") from None
+        return _contract_checked(operation, build, "call_request_invalid")
 
     @staticmethod
     def _parse(operation: str, parse: Any) -> Any:
-        try:
-            return parse()
-        except ContractError as exc:
-            raise _contract_error(operation, exc, "call_response_invalid") from None
+        return _contract_checked(operation, parse, "call_response_invalid")
 
     # -- activation (3.1-3.3) ----------------------------------------------------------------
 
