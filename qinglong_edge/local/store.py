@@ -245,13 +245,9 @@ def _rollback_quietly(conn: sqlite3.Connection) -> None:
 
 
 @contextlib.contextmanager
-def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT``; ``ROLLBACK`` on any exception (re-raised).
-
-    The write lock is taken up front, so a busy database fails here after the busy
-    timeout (``sqlite3.OperationalError``, mapped by :meth:`Store.run`).
-    """
-    conn.execute("BEGIN IMMEDIATE")
+def _transaction(conn: sqlite3.Connection, begin: str) -> Iterator[sqlite3.Connection]:
+    """``begin`` ... ``COMMIT``; ``ROLLBACK`` on any exception, the commit's too (re-raised)."""
+    conn.execute(begin)
     try:
         yield conn
     except BaseException:
@@ -262,6 +258,15 @@ def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     except BaseException:
         _rollback_quietly(conn)
         raise
+
+
+def write_transaction(conn: sqlite3.Connection) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``; ``ROLLBACK`` on any exception (re-raised).
+
+    The write lock is taken up front, so a busy database fails here after the busy
+    timeout (``sqlite3.OperationalError``, mapped by :meth:`Store.run`).
+    """
+    return _transaction(conn, "BEGIN IMMEDIATE")
 
 
 @contextlib.contextmanager
@@ -287,20 +292,9 @@ def foreign_keys_off(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         conn.execute("PRAGMA foreign_keys = ON")
 
 
-@contextlib.contextmanager
-def read_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+def read_transaction(conn: sqlite3.Connection) -> contextlib.AbstractContextManager[sqlite3.Connection]:
     """``BEGIN`` (deferred) ... ``COMMIT``: several reads see one snapshot."""
-    conn.execute("BEGIN")
-    try:
-        yield conn
-    except BaseException:
-        _rollback_quietly(conn)
-        raise
-    try:
-        conn.execute("COMMIT")
-    except BaseException:
-        _rollback_quietly(conn)
-        raise
+    return _transaction(conn, "BEGIN")
 
 
 def _other_owner(what: str, uid: int, euid: int) -> StoreError:
