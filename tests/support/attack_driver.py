@@ -25,6 +25,11 @@ import json
 import os
 import sys
 import time
+from typing import cast
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from qinglong_edge.contracts.records import InboxRecord
 
 MIB = 1024 * 1024
 #: What :func:`_real` says of an empty directory or file.
@@ -167,9 +172,10 @@ def _launch_remote(root: str, config_path: str, kind: str, argv: list[str]) -> t
         if not probe.available:
             raise SystemExit(json.dumps({"kind": kind, "skipped": probe.reason}))
         isolate, level = probe.pid, probe.level
-    record = {"offer": {"offerId": "offer-1", "candidate": {"projectId": "p-1", "runId": "run-1",
-                                                             "attemptId": "attempt-1"}},
-              "executorStartedAtMs": int(time.time() * 1000), "completionReceiptCallbackSequence": 1}
+    # Only the keys job_files and launch read: not a whole inbox record.
+    record = cast("InboxRecord", {
+        "offer": {"offerId": "offer-1", "candidate": {"projectId": "p-1", "runId": "run-1", "attemptId": "attempt-1"}},
+        "executorStartedAtMs": int(time.time() * 1000), "completionReceiptCallbackSequence": 1})
     files = job_files(limits.log_directory, limits.receipt_directory, record)
     manager = CgroupManager.detect(limits.cgroups, pids_max=limits.max_run_pids, memory_max=limits.max_run_memory_bytes)
     plan = LaunchPlan("argv", tuple(argv), None, None, "run-1", "attempt-1")

@@ -94,7 +94,7 @@ class WorkerCalls:
             raise AssertionError(f"no offer: idle {parsed.reason}")
         offer = dict(parsed.offer)
         self.offer = {**offer, "leaseToken": token}
-        self.version = int(offer["lease"]["version"])
+        self.version = int(parsed.offer["lease"]["version"])
         return self.offer
 
     # -- ids -------------------------------------------------------------------------------

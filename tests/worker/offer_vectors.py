@@ -6,10 +6,14 @@ contract tests); this module adds the journal's names and builders.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from qinglong_edge.contracts.offer import ClaimAuthority, OfferedResponse, parse_offer_response
 from tests.contracts import vector_a
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from qinglong_edge.contracts.records import InternalOffer
 
 WORKER_ID = vector_a.WORKER_ID
 SESSION_ID = vector_a.SESSION_ID
@@ -31,7 +35,7 @@ def authority(offer_id: str = OFFER_ID, token: str = LEASE_TOKEN) -> ClaimAuthor
     return ClaimAuthority(WORKER_ID, SESSION_ID, GENERATION, offer_id, token)
 
 
-def offer(**lease_changes: Any) -> dict[str, Any]:
+def offer(**lease_changes: Any) -> InternalOffer:
     """The internal offer of vector A, parsed by the real response parser.
 
     Args:
@@ -41,5 +45,5 @@ def offer(**lease_changes: Any) -> dict[str, Any]:
     assert isinstance(response, OfferedResponse)
     result = response.offer
     if lease_changes:
-        result = {**result, "lease": {**result["lease"], **lease_changes}}
+        result = cast("InternalOffer", {**result, "lease": {**result["lease"], **lease_changes}})
     return result
