@@ -37,8 +37,8 @@ import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from qinglong_edge import filecheck
 from qinglong_edge.contracts.credentials import decode_secret, encode_secret, pepper_material_digest
-from qinglong_edge.contracts.digest import random_hex
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.ids import CREDENTIAL_ID
 from qinglong_edge.errors import StoreError
@@ -249,29 +249,16 @@ def create_pepper(
     with _open_directory(directory) as dir_fd:
         if _exists(name, dir_fd):
             raise PepperError(f"{where}: pepper key file already exists", code="conflict")
-        temp = f".{name}.{random_hex(8)}.tmp"
         try:
-            fd = os.open(
-                temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd
-            )
+            # Never replaces a key: link(), or rename() where there are no hard links.
+            filecheck.publish_file(name, text, dir_fd=dir_fd, rename_without_links=True)
         except OSError as exc:
-            raise PepperError(f"{directory}: cannot create a pepper key file ({exc.strerror})") from None
-        try:
-            try:
-                os.fchmod(fd, 0o600)
-                view = memoryview(text)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            _publish(temp, name, dir_fd, where)
-            os.fsync(dir_fd)
-        except OSError as exc:
+            step = filecheck.failed_step(exc)
+            if isinstance(exc, FileExistsError) and step == "link":
+                raise PepperError(f"{where}: pepper key file already exists", code="conflict") from None
+            if step == "create":
+                raise PepperError(f"{directory}: cannot create a pepper key file ({exc.strerror})") from None
             raise PepperError(f"{where}: cannot write the pepper key file ({exc.strerror})") from None
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(temp, dir_fd=dir_fd)
     return read_pepper(directory, key_id)
 
 
@@ -281,18 +268,3 @@ def _exists(name: str, dir_fd: int) -> bool:
     except FileNotFoundError:
         return False
     return True
-
-
-def _publish(temp: str, name: str, dir_fd: int, where: str) -> None:
-    """Give ``temp`` its final name without replacing an existing file."""
-    try:
-        os.link(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
-    except FileExistsError:
-        raise PepperError(f"{where}: pepper key file already exists", code="conflict") from None
-    except OSError as exc:
-        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
-            raise
-        # No hard links here (FAT-like file systems): rename after a fresh existence check.
-        if _exists(name, dir_fd):
-            raise PepperError(f"{where}: pepper key file already exists", code="conflict") from None
-        os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)

@@ -112,6 +112,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, Self, TypeVar
 
+from qinglong_edge import filecheck
 from qinglong_edge.errors import StoreError
 from qinglong_edge.local.schema import (
     APPLICATION_ID,
@@ -346,20 +347,10 @@ def _prepare_file(path: str) -> None:
         if directory_uid != euid:
             raise _other_owner(f"{directory}: the database directory", directory_uid, euid)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            filecheck.create_file(path, mode=0o600)  # O_EXCL|O_NOFOLLOW, fsync of it and its directory
         except FileExistsError:
             _prepare_file(path)  # created concurrently: check it like an existing one
             return
-        try:
-            os.fchmod(fd, 0o600)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
     except OSError as exc:
         raise StoreError(
             f"{path}: cannot prepare the database file ({exc.strerror or type(exc).__name__})",
