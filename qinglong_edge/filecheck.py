@@ -1,14 +1,25 @@
 """The file and directory rules every command and ``doctor`` share (issue 18 item 5).
 
-One source of truth: the journal (:mod:`qinglong_edge.worker.journal.files`), the Local store's
-database directory (:mod:`qinglong_edge.local.store`), ``admin init`` and ``doctor``
-judge a private directory with :func:`stat_problem` / :func:`directory_problem`, so a
-directory that fails a command fails ``doctor`` with the same words, and one root cause
-(say, a state directory owned by another user) is one :class:`Problem` with one remedy.
+One source of truth: the journal (:mod:`qinglong_edge.worker.journal.files`), ``admin
+init`` and ``doctor`` judge a private directory with :func:`stat_problem` /
+:func:`directory_problem`, so a directory that fails a command fails ``doctor`` with the
+same words, and one root cause (say, a state directory owned by another user) is one
+:class:`Problem` with one remedy. Every other reader that checks a file's type, owner,
+mode or links decides with :func:`stat_problem` too (its options below), keeping its own
+words for the message: the runtime files (:mod:`qinglong_edge.worker.runtime_files`),
+the TLS material and its directory (:mod:`qinglong_edge.worker.ingress.material`), the
+capabilities file, the job's private directories and log, the wrapper's publications
+(:mod:`qinglong_edge.process.logs`), the store's database file, the pepper keyring
+(:mod:`qinglong_edge.local.pepper`, :mod:`qinglong_edge.local.guards`) and the Run logs
+read back (:mod:`qinglong_edge.local.log_read`).
 
 Private means (offer-delivery.md 3.1): a real directory or regular file (``lstat``: not
 a symlink), owned by the effective user, with none of the ``forbidden`` mode bits
 (``0o077``: no group/other access; trust anchors use ``0o022``: not writable by others).
+The options: ``forbidden=0`` (any mode), ``mode=`` (exactly these bits: the pepper
+keyring's 0700/0600), ``owner=False`` (root may own it: the TLS material, the
+capabilities file), ``single_link=True`` (one name only: a file another directory's
+owner could change through a second name is refused).
 
 The rules do no I/O beyond ``lstat`` and never raise (the callers raise their own error
 type with :attr:`Problem.message`).
@@ -89,7 +100,7 @@ class Problem(Frozen):
 
     Attributes:
         kind: ``missing``, ``symlink``, ``not_directory``, ``not_file``,
-            ``foreign_owner``, ``loose_mode`` or ``unreadable``.
+            ``hard_linked``, ``foreign_owner``, ``loose_mode`` or ``unreadable``.
         message: ``"<path>: <what is wrong>"``, one line.
         remedy: a command to run (paths shell-quoted).
     """
@@ -119,8 +130,24 @@ def ownership_remedy(path: str, *, directory: bool, uid: int | None = None, forb
     return f"chown {uid} {quoted} && chmod {mode:04o} {quoted}"
 
 
-def stat_problem(st: os.stat_result, path: str, *, directory: bool, forbidden: int = PRIVATE_BITS) -> Problem | None:
-    """The rules on an ``lstat``/``fstat`` result (see the module docstring), or None."""
+def stat_problem(
+    st: os.stat_result, path: str, *, directory: bool, forbidden: int = PRIVATE_BITS, mode: int | None = None,
+    owner: bool = True, single_link: bool = False,
+) -> Problem | None:
+    """The rules on an ``lstat``/``fstat`` result (see the module docstring), or None.
+
+    Checked in this order: the type (``symlink``, ``not_directory``, ``not_file``), then
+    ``hard_linked`` (``single_link``), ``foreign_owner`` (``owner``), ``loose_mode``.
+
+    Args:
+        forbidden: mode bits that must be clear (``0``: any mode).
+        mode: the exact permission bits required instead (the pepper keyring's ``0700`` /
+            ``0600``, a Run log's ``0600``); ``forbidden`` is then not used.
+        owner: the effective user must own it (False: any owner, as for the TLS
+            material and the capabilities file, which root may own).
+        single_link: a file must have one name only (``st_nlink == 1``): a second name
+            would let another directory's owner change what we read.
+    """
     if stat.S_ISLNK(st.st_mode):
         return Problem("symlink", f"{path}: is a symlink",
                        f"replace the symlink {shlex.quote(path)} with a real {'directory' if directory else 'file'}")
@@ -128,15 +155,28 @@ def stat_problem(st: os.stat_result, path: str, *, directory: bool, forbidden: i
         return Problem("not_directory", f"{path}: not a directory", f"make {shlex.quote(path)} a real directory")
     if not directory and not stat.S_ISREG(st.st_mode):
         return Problem("not_file", f"{path}: not a regular file", f"make {shlex.quote(path)} a regular file")
+    quoted = shlex.quote(path)
+    if single_link and not directory and st.st_nlink != 1:
+        return Problem("hard_linked", f"{path}: has {st.st_nlink} names (hard links)",
+                       f"replace it with a copy of its own: cp -p {quoted} {quoted}.new && mv {quoted}.new {quoted}")
     euid = os.geteuid()
-    remedy = ownership_remedy(path, directory=directory, uid=euid, forbidden=forbidden)
-    if st.st_uid != euid:
+    if mode is not None:
+        chmod = f"chmod {mode:04o} {quoted}"
+        remedy = f"chown {euid} {quoted} && {chmod}" if owner else chmod
+    elif owner:
+        remedy = ownership_remedy(path, directory=directory, uid=euid, forbidden=forbidden)
+    else:
+        remedy = f"chmod go-w {quoted}" if forbidden == 0o022 else f"chmod {'go-rwx' if forbidden else 'u+r'} {quoted}"
+    if owner and st.st_uid != euid:
         return Problem("foreign_owner",
                        f"{path}: owned by uid {st.st_uid}, not {euid} (the user running qinglong-edge)",
                        f"{remedy} (or run qinglong-edge as uid {st.st_uid})")
-    if st.st_mode & forbidden:
+    current = stat.S_IMODE(st.st_mode)
+    if mode is not None and current != mode:
+        return Problem("loose_mode", f"{path}: mode {current:04o}, not {mode:04o}", remedy)
+    if mode is None and st.st_mode & forbidden:
         bits = "group/other access" if forbidden == PRIVATE_BITS else "group/other write access"
-        return Problem("loose_mode", f"{path}: mode {stat.S_IMODE(st.st_mode):04o} allows {bits}", remedy)
+        return Problem("loose_mode", f"{path}: mode {current:04o} allows {bits}", remedy)
     return None
 
 

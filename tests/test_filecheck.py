@@ -255,3 +255,61 @@ def test_fsync_directory_of(tmp_path: pathlib.Path, fsyncs: list[str]) -> None:
     with pytest.raises(FileNotFoundError) as caught:
         filecheck.fsync_directory_of(str(tmp_path / "missing" / "x"))
     assert filecheck.failed_step(caught.value) == "open_directory"
+
+
+# -- the rules' options (every caller of file rules uses stat_problem) ---------------------------
+
+
+def _file(tmp_path: pathlib.Path, mode: int, name: str = "f") -> pathlib.Path:
+    path = tmp_path / name
+    path.write_bytes(DATA)
+    path.chmod(mode)
+    return path
+
+
+def _kind(path: pathlib.Path, **options: object) -> str | None:
+    problem = filecheck.stat_problem(os.lstat(path), str(path), **options)  # type: ignore[arg-type]
+    return None if problem is None else problem.kind
+
+
+def test_the_default_rule_is_private(tmp_path: pathlib.Path) -> None:
+    assert _kind(_file(tmp_path, 0o600), directory=False) is None
+    assert _kind(_file(tmp_path, 0o640, "g"), directory=False) == "loose_mode"
+    assert _kind(tmp_path / "g", directory=True) == "not_directory"
+    (tmp_path / "link").symlink_to(tmp_path / "f")
+    assert _kind(tmp_path / "link", directory=False) == "symlink"
+
+
+def test_an_exact_mode_refuses_a_narrower_one_too(tmp_path: pathlib.Path) -> None:
+    path = _file(tmp_path, 0o400)
+    assert _kind(path, directory=False) is None  # no group/other bits: private
+    assert _kind(path, directory=False, mode=0o600) == "loose_mode"  # but not 0600
+    problem = filecheck.stat_problem(os.lstat(path), str(path), directory=False, mode=0o600)
+    assert problem is not None and problem.message == f"{path}: mode 0400, not 0600"
+    assert problem.remedy.endswith(f"chmod 0600 {path}")
+    path.chmod(0o600)
+    assert _kind(path, directory=False, mode=0o600) is None
+
+
+def test_forbidden_zero_allows_any_mode(tmp_path: pathlib.Path) -> None:
+    assert _kind(_file(tmp_path, 0o666), directory=False, forbidden=0) is None
+    assert _kind(_file(tmp_path, 0o666, "g"), directory=False, forbidden=0o022) == "loose_mode"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+def test_owner_false_accepts_another_owner(tmp_path: pathlib.Path) -> None:
+    path = _file(tmp_path, 0o644)
+    os.chown(path, 65534, 65534)
+    assert _kind(path, directory=False, forbidden=0o022) == "foreign_owner"
+    assert _kind(path, directory=False, forbidden=0o022, owner=False) is None
+    path.chmod(0o664)
+    problem = filecheck.stat_problem(os.lstat(path), str(path), directory=False, forbidden=0o022, owner=False)
+    assert problem is not None and problem.kind == "loose_mode" and problem.remedy == f"chmod go-w {path}"
+
+
+def test_single_link_refuses_a_second_name(tmp_path: pathlib.Path) -> None:
+    path = _file(tmp_path, 0o600)
+    assert _kind(path, directory=False, single_link=True) is None
+    os.link(path, tmp_path / "other")
+    assert _kind(path, directory=False) is None
+    assert _kind(path, directory=False, single_link=True) == "hard_linked"

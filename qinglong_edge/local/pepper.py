@@ -100,22 +100,24 @@ def _check_process_uid() -> int:
     return euid
 
 
-def _check_directory_stat(directory: str, info: os.stat_result, euid: int) -> None:
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+def _check_directory_stat(directory: str, info: os.stat_result) -> None:
+    problem = filecheck.stat_problem(info, directory, directory=True, mode=0o700)
+    if problem is None:
+        return
+    if problem.kind in ("symlink", "not_directory"):
         raise PepperError(f"{directory}: the pepper keyring is not a real directory", code="unsafe_pepper")
-    if stat.S_IMODE(info.st_mode) != 0o700:
-        raise PepperError(
-            f"{directory}: the pepper keyring must have mode 0700 (has {stat.S_IMODE(info.st_mode):04o})",
-            code="unsafe_pepper",
-        )
-    if info.st_uid != euid:
+    if problem.kind == "foreign_owner":
         raise PepperError(f"{directory}: the pepper keyring is owned by another user", code="unsafe_pepper")
+    raise PepperError(
+        f"{directory}: the pepper keyring must have mode 0700 (has {stat.S_IMODE(info.st_mode):04o})",
+        code="unsafe_pepper",
+    )
 
 
 @contextlib.contextmanager
 def _open_directory(directory: str) -> Iterator[int]:
     """Open and check the keyring directory; yields its descriptor."""
-    euid = _check_process_uid()
+    _check_process_uid()
     try:
         info = os.lstat(directory)
     except FileNotFoundError:
@@ -124,13 +126,13 @@ def _open_directory(directory: str) -> Iterator[int]:
         ) from None
     except OSError as exc:
         raise PepperError(f"{directory}: cannot inspect the pepper keyring ({exc.strerror})") from None
-    _check_directory_stat(directory, info, euid)
+    _check_directory_stat(directory, info)
     try:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         raise PepperError(f"{directory}: cannot open the pepper keyring ({exc.strerror})") from None
     try:
-        _check_directory_stat(directory, os.fstat(fd), euid)  # the one we opened, not a swapped one
+        _check_directory_stat(directory, os.fstat(fd))  # the one we opened, not a swapped one
         yield fd
     finally:
         os.close(fd)
@@ -190,7 +192,7 @@ def read_pepper(directory: str, key_id: str) -> PepperMaterial:
     """
     name = key_file_name(key_id)
     where = os.path.join(directory, name)
-    euid = _check_process_uid()
+    _check_process_uid()
     with _open_directory(directory) as dir_fd:
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
@@ -202,15 +204,16 @@ def read_pepper(directory: str, key_id: str) -> PepperMaterial:
             raise PepperError(f"{where}: cannot open the pepper key file ({exc.strerror})") from None
         try:
             info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
+            problem = filecheck.stat_problem(info, where, directory=False, mode=0o600)
+            if problem is not None and problem.kind == "not_file":
                 raise PepperError(f"{where}: pepper key file is not a regular file", code="unsafe_pepper")
-            if stat.S_IMODE(info.st_mode) != 0o600:
+            if problem is not None and problem.kind == "foreign_owner":
+                raise PepperError(f"{where}: pepper key file is owned by another user", code="unsafe_pepper")
+            if problem is not None:
                 raise PepperError(
                     f"{where}: pepper key file must have mode 0600 (has {stat.S_IMODE(info.st_mode):04o})",
                     code="unsafe_pepper",
                 )
-            if info.st_uid != euid:
-                raise PepperError(f"{where}: pepper key file is owned by another user", code="unsafe_pepper")
             if not MIN_FILE_BYTES <= info.st_size <= MAX_FILE_BYTES:
                 raise PepperError(
                     f"{where}: pepper key file must be {MIN_FILE_BYTES}-{MAX_FILE_BYTES} bytes", code="unsafe_pepper"

@@ -105,7 +105,6 @@ import contextlib
 import functools
 import os
 import sqlite3
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -338,10 +337,12 @@ def _prepare_file(path: str) -> None:
                 raise _other_owner(f"{directory}: the database directory", directory_uid, euid) from None
             raise
         if info is not None:
-            if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
-                raise StoreError(f"{path}: database path is not a regular file", code="unsafe_storage")
-            if info.st_uid != euid:
+            # Any mode: an existing database file keeps its own.
+            problem = filecheck.stat_problem(info, path, directory=False, forbidden=0)
+            if problem is not None and problem.kind == "foreign_owner":
                 raise _other_owner(f"{path}: the database", info.st_uid, euid)
+            if problem is not None:
+                raise StoreError(f"{path}: database path is not a regular file", code="unsafe_storage")
             return
         directory_uid = os.stat(directory).st_uid
         if directory_uid != euid:
