@@ -155,29 +155,32 @@ def stat_problem(
         return Problem("not_directory", f"{path}: not a directory", f"make {shlex.quote(path)} a real directory")
     if not directory and not stat.S_ISREG(st.st_mode):
         return Problem("not_file", f"{path}: not a regular file", f"make {shlex.quote(path)} a regular file")
-    quoted = shlex.quote(path)
     if single_link and not directory and st.st_nlink != 1:
+        quoted = shlex.quote(path)
         return Problem("hard_linked", f"{path}: has {st.st_nlink} names (hard links)",
                        f"replace it with a copy of its own: cp -p {quoted} {quoted}.new && mv {quoted}.new {quoted}")
     euid = os.geteuid()
+    foreign = owner and st.st_uid != euid
+    current = stat.S_IMODE(st.st_mode)
+    loose = current != mode if mode is not None else bool(current & forbidden)
+    if not foreign and not loose:
+        return None
+    quoted = shlex.quote(path)
     if mode is not None:
         chmod = f"chmod {mode:04o} {quoted}"
         remedy = f"chown {euid} {quoted} && {chmod}" if owner else chmod
     elif owner:
         remedy = ownership_remedy(path, directory=directory, uid=euid, forbidden=forbidden)
     else:
-        remedy = f"chmod go-w {quoted}" if forbidden == 0o022 else f"chmod {'go-rwx' if forbidden else 'u+r'} {quoted}"
-    if owner and st.st_uid != euid:
+        remedy = f"chmod go-w {quoted}" if forbidden == 0o022 else f"chmod go-rwx {quoted}"
+    if foreign:
         return Problem("foreign_owner",
                        f"{path}: owned by uid {st.st_uid}, not {euid} (the user running qinglong-edge)",
                        f"{remedy} (or run qinglong-edge as uid {st.st_uid})")
-    current = stat.S_IMODE(st.st_mode)
-    if mode is not None and current != mode:
+    if mode is not None:
         return Problem("loose_mode", f"{path}: mode {current:04o}, not {mode:04o}", remedy)
-    if mode is None and st.st_mode & forbidden:
-        bits = "group/other access" if forbidden == PRIVATE_BITS else "group/other write access"
-        return Problem("loose_mode", f"{path}: mode {current:04o} allows {bits}", remedy)
-    return None
+    bits = "group/other access" if forbidden == PRIVATE_BITS else "group/other write access"
+    return Problem("loose_mode", f"{path}: mode {current:04o} allows {bits}", remedy)
 
 
 def directory_problem(path: str, *, forbidden: int = PRIVATE_BITS, creator: str = "") -> Problem | None:

@@ -42,7 +42,7 @@ from qinglong_edge.contracts.credentials import parse_worker_token
 from qinglong_edge.contracts.digest import sha256
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.errors import TransportError
-from qinglong_edge.filecheck import stat_problem
+from qinglong_edge.filecheck import stat_problem, write_all
 
 __all__ = [
     "MAX_CREDENTIAL_BYTES",
@@ -253,9 +253,7 @@ def _load_chain_from_memory(context: ssl.SSLContext, certificate: bytes, private
         for blob in (certificate, private_key):
             fd = os.memfd_create("qinglong-edge-tls", os.MFD_CLOEXEC)
             fds.append(fd)
-            view = memoryview(blob)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, blob)
         context.load_cert_chain(f"/proc/self/fd/{fds[0]}", f"/proc/self/fd/{fds[1]}", password=_no_password)
     finally:
         for fd in fds:
