@@ -23,6 +23,10 @@ The order, per the contract (section 3.5) and field lessons 8: temp file
 before the fsync (the reference does it after) so the mode is made durable by the
 same fsync; the resulting file is the same.
 
+The steps themselves are :mod:`qinglong_edge.filecheck`'s (``publish_file``,
+``replace_file``, ``remove_file``, the one durable-write module); this module fires the
+crash points at their step boundaries and maps their errors.
+
 Errors: ``ENOSPC``, ``EDQUOT``, ``EIO`` and ``EROFS`` are
 ``JournalError(code="storage_unavailable")`` (retry later: field lessons 8); any
 other ``OSError`` and every unsafe condition (symlink, wrong type, mode or owner, bad

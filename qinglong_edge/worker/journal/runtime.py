@@ -30,7 +30,8 @@ Rules:
   directory (a real directory, ours, no group/other bits) and used through one
   ``O_DIRECTORY`` descriptor, so a path swapped after the check cannot redirect a write;
 * a file is written to ``.<name>.<32 hex>.tmp`` (``O_CREAT|O_EXCL|O_NOFOLLOW``, 0600)
-  and renamed over the name: a reader sees the old or the new complete file. Nothing
+  and renamed over the name (:func:`qinglong_edge.filecheck.replace_file`, ``sync=False``):
+  a reader sees the old or the new complete file. Nothing
   is fsynced (RAM; on the fallback below a power loss may lose the last write, which
   costs at most a re-registration);
 * reads follow the journal's rules (``O_NOFOLLOW``, a regular file of ours, no
