@@ -45,6 +45,7 @@ from qinglong_edge.commands._output import emit, print_json
 
 if TYPE_CHECKING:
     from qinglong_edge.config import WorkerConfig
+    from qinglong_edge.contracts.records import InboxRecord
 
 REDACTED = "[redacted]"
 
@@ -110,7 +111,7 @@ def _not_found(offer_id: str) -> Exception:
     return EdgeError(f"no inbox record {offer_id}", code="not_found")
 
 
-def _record_document(record: Any) -> dict[str, Any]:
+def _record_document(record: InboxRecord) -> dict[str, Any]:
     """The record as JSON, lease token redacted (never print a capability)."""
     from qinglong_edge.contracts.journal_records import inbox_record_bytes
 
@@ -121,7 +122,7 @@ def _record_document(record: Any) -> dict[str, Any]:
     return document
 
 
-def _local(worker: WorkerConfig, record: Any, runtime: Any) -> dict[str, Any]:
+def _local(worker: WorkerConfig, record: InboxRecord, runtime: Any) -> dict[str, Any]:
     """What this device knows about a record beyond it: exit code, log, in flight."""
     from qinglong_edge.contracts.receipt import parse_receipt
     from qinglong_edge.contracts.strictjson import loads
@@ -278,7 +279,7 @@ def _log(args: argparse.Namespace) -> int:
         raise UsageError("--follow prints raw bytes as they come; it takes no --json")
     root = worker.journal_directory
 
-    def record() -> Any:
+    def record() -> InboxRecord | None:
         if not os.path.lexists(root):
             return None
         with JournalReader.open(root) as reader:

@@ -64,6 +64,8 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see cont
 if TYPE_CHECKING:
     from typing import Any
 
+    from qinglong_edge.contracts.records import InternalOffer
+
 __all__ = [
     "ARTIFACT_CONTENT_TYPE",
     "ARTIFACT_HEADER_MAX_BYTES",
@@ -135,7 +137,7 @@ def _check_fence_body(value: dict[str, Any]) -> None:
 
 
 def artifact_upload_preamble(
-    offer: dict[str, Any],
+    offer: InternalOffer,
     *,
     log_artifact_id: str,
     byte_length: int,
@@ -221,7 +223,7 @@ class ArtifactReceipt(Frozen):
 
 def parse_artifact_response(
     body: bytes,
-    offer: dict[str, Any],
+    offer: InternalOffer,
     *,
     log_artifact_id: str,
     byte_length: int,
@@ -297,7 +299,7 @@ def _check_completion(value: dict[str, Any]) -> None:
 
 
 def completion_request_body(
-    offer: dict[str, Any],
+    offer: InternalOffer,
     *,
     callback_sequence: int,
     callback_token_digest: str,
@@ -368,7 +370,7 @@ class CompletionResult(Frozen):
         object.__setattr__(self, "callback_sequence", callback_sequence)
 
 
-def parse_completion_response(body: bytes, offer: dict[str, Any], *, callback_sequence: int) -> CompletionResult:
+def parse_completion_response(body: bytes, offer: InternalOffer, *, callback_sequence: int) -> CompletionResult:
     """Validate a 200 completion answer: exact keys, schema, status, ids, sequence, echo.
 
     Raises:

@@ -57,6 +57,8 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see cont
 if TYPE_CHECKING:
     from typing import Any
 
+    from qinglong_edge.contracts.records import InternalOffer
+
 __all__ = [
     "DEFAULT_LEASE_DURATION_MS",
     "LEASE_CONTROL_REQUEST_MAX_BYTES",
@@ -89,7 +91,7 @@ def _fence(offer: object, expected_lease_version: int | None) -> Fence:
     return fence_of(offer, expected_lease_version=expected_lease_version).check()
 
 
-def lease_control_request_body(offer: dict[str, Any], *, expected_lease_version: int | None = None) -> bytes:
+def lease_control_request_body(offer: InternalOffer, *, expected_lease_version: int | None = None) -> bytes:
     """The lease-control body for the stored internal offer.
 
     Args:
@@ -211,7 +213,7 @@ def _result(value: dict[str, Any]) -> LeaseControlResult:
 
 def parse_lease_control_response(
     body: bytes,
-    offer: dict[str, Any],
+    offer: InternalOffer,
     *,
     expected_lease_version: int | None = None,
 ) -> LeaseControlResult:

@@ -54,6 +54,7 @@ import contextlib
 import os
 import re
 
+from qinglong_edge import clock as _clock
 from qinglong_edge import filecheck
 from qinglong_edge.config import DEFAULT_RUNTIME_DIRECTORY
 from qinglong_edge.contracts.digest import sha256
@@ -83,12 +84,8 @@ _DAY_MS = 86_400_000
 
 
 def boot_id() -> str:
-    """``/proc/sys/kernel/random/boot_id`` (new at every boot), or ``"unknown"``."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
-            return handle.read().strip() or "unknown"
-    except (OSError, ValueError):
-        return "unknown"
+    """:func:`qinglong_edge.clock.boot_id` (new at every boot), or ``"unknown"``."""
+    return _clock.boot_id() or "unknown"
 
 
 def handover_pending(configured: str, journal_root: str) -> bool:

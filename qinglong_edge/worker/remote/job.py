@@ -79,8 +79,8 @@ from qinglong_edge.worker.remote.job_files import JobFiles, RemoteLimits, remove
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any
 
+    from qinglong_edge.contracts.records import InboxRecord
     from qinglong_edge.worker.journal.runtime import RuntimeDirectory
 
 __all__ = ["LaunchFailure", "Outcome", "RemoteJob", "adopt", "allocate_log", "cgroup_name", "forget_caches",
@@ -221,7 +221,7 @@ def _remove_entry(path: str) -> None:
         os.unlink(path)
 
 
-def read_truncated(files: JobFiles, record: dict[str, Any], maximum_bytes: int) -> bool | None:
+def read_truncated(files: JobFiles, record: InboxRecord, maximum_bytes: int) -> bool | None:
     """The truncation fact's ``quotaReached``, or None without a valid fact (4.3)."""
     candidate = record["offer"]["candidate"]
     try:
@@ -348,7 +348,7 @@ def stop_job(job: RemoteJob, limits: RemoteLimits, graces: tuple[int, int] | Non
 
 
 def launch(
-    record: dict[str, Any],
+    record: InboxRecord,
     files: JobFiles,
     *,
     plan: LaunchPlan,
@@ -413,7 +413,7 @@ def launch(
 
 # -- the outcome -------------------------------------------------------------------------------
 
-def read_outcome(record: dict[str, Any], files: JobFiles, job: RemoteJob | None, now_ms: int) -> Outcome:
+def read_outcome(record: InboxRecord, files: JobFiles, job: RemoteJob | None, now_ms: int) -> Outcome:
     """How a job that is gone ended: its authenticated receipt, else what was observed
     ("No receipt": reaped as its parent, else 143/137 after our signal, else 255); with
     the reason ``out_of_memory`` when its memory leaf counted an OOM kill (read here,
@@ -428,7 +428,7 @@ def read_outcome(record: dict[str, Any], files: JobFiles, job: RemoteJob | None,
     return outcome
 
 
-def _read_outcome(record: dict[str, Any], files: JobFiles, job: RemoteJob | None, now_ms: int) -> Outcome:
+def _read_outcome(record: InboxRecord, files: JobFiles, job: RemoteJob | None, now_ms: int) -> Outcome:
     started = int(record.get("executorStartedAtMs", now_ms))
     note = ""
     try:
