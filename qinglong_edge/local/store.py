@@ -105,13 +105,13 @@ import contextlib
 import functools
 import os
 import sqlite3
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, Self, TypeVar
 
+from qinglong_edge import filecheck
 from qinglong_edge.errors import StoreError
 from qinglong_edge.local.schema import (
     APPLICATION_ID,
@@ -331,29 +331,21 @@ def _prepare_file(path: str) -> None:
                 raise _other_owner(f"{directory}: the database directory", directory_uid, euid) from None
             raise
         if info is not None:
-            if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
-                raise StoreError(f"{path}: database path is not a regular file", code="unsafe_storage")
-            if info.st_uid != euid:
+            # Any mode: an existing database file keeps its own.
+            problem = filecheck.stat_problem(info, path, directory=False, forbidden=0)
+            if problem is not None and problem.kind == "foreign_owner":
                 raise _other_owner(f"{path}: the database", info.st_uid, euid)
+            if problem is not None:
+                raise StoreError(f"{path}: database path is not a regular file", code="unsafe_storage")
             return
         directory_uid = os.stat(directory).st_uid
         if directory_uid != euid:
             raise _other_owner(f"{directory}: the database directory", directory_uid, euid)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            filecheck.create_file(path, mode=0o600)  # O_EXCL|O_NOFOLLOW, fsync of it and its directory
         except FileExistsError:
             _prepare_file(path)  # created concurrently: check it like an existing one
             return
-        try:
-            os.fchmod(fd, 0o600)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
     except OSError as exc:
         raise StoreError(
             f"{path}: cannot prepare the database file ({exc.strerror or type(exc).__name__})",

@@ -55,6 +55,7 @@ from qinglong_edge.contracts.receipt import (
 )
 from qinglong_edge.contracts.strictjson import dumps_bytes, loads
 from qinglong_edge.errors import EdgeError, ExecutionError, JournalError
+from qinglong_edge.filecheck import stat_problem
 from qinglong_edge.process.cgroups import CgroupManager, RunCgroup, out_of_memory
 from qinglong_edge.process.identity import Liveness, ProcessIdentity, decode_handle, probe
 from qinglong_edge.process.logs import read_receipt, read_truncation_fact
@@ -145,7 +146,7 @@ def _private_dir(path: str) -> None:
         st = os.lstat(path)
     except OSError as exc:
         raise LaunchFailure(f"{path}: {exc.strerror}", code="log_unavailable") from None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+    if stat_problem(st, path, directory=True) is not None:
         raise LaunchFailure(f"{path}: not a private directory of the agent's user (0700)", code="log_unavailable")
 
 
@@ -198,7 +199,7 @@ def open_log(files: JobFiles) -> int:
         fd = -2
     if fd >= 0:
         st = os.fstat(fd)
-        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid():
+        if stat_problem(st, path, directory=False, forbidden=0, single_link=True) is None:  # any mode: the wrapper's
             return fd
         os.close(fd)
     try:
