@@ -24,7 +24,8 @@ from qinglong_edge.process.cgroups import (
     own_cgroups,
     signal_pids,
 )
-from tests.support.jobs import alive, descendants_by_marker, kill_pids, read_text, reap, start_job, wait_until
+from tests.support.jobs import alive, descendants_by_marker, kill_pids, read_text, reap, start_job
+from tests.support.wait import wait_until
 
 HYBRID = """\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755

@@ -22,8 +22,9 @@ from qinglong_edge.process.spawn import (
     resolve_executable,
     start_job,
 )
-from tests.support.jobs import alive, command_of, read_text, reap, wait_until
+from tests.support.jobs import alive, command_of, read_text, reap
 from tests.support.jobs import start_job as start_script
+from tests.support.wait import wait_until
 
 
 def _spec(tmp: pathlib.Path, argv: list[str] | None = None, **kwargs: object) -> JobSpec:

@@ -17,7 +17,8 @@ from qinglong_edge.errors import ExecutionError
 from qinglong_edge.process.cgroups import RunCgroup
 from qinglong_edge.process.identity import ProcessIdentity, capture, encode_handle
 from qinglong_edge.process.stop import StopResult, stop
-from tests.support.jobs import alive, descendants_by_marker, kill_pids, read_text, reap, start_job, wait_until
+from tests.support.jobs import alive, descendants_by_marker, kill_pids, read_text, reap, start_job
+from tests.support.wait import wait_until
 
 GRACE = {"terminate_grace_ms": 300, "kill_grace_ms": 300, "poll_ms": 10}
 

@@ -12,7 +12,8 @@ import pytest
 
 from qinglong_edge.errors import ExecutionError
 from qinglong_edge.process.stop import STOP_TRANSITIONS, Stopping, StopResult
-from tests.support.jobs import alive, descendants_by_marker, reap, start_job, wait_until
+from tests.support.jobs import alive, descendants_by_marker, reap, start_job
+from tests.support.wait import wait_until
 
 GRACE = {"terminate_grace_ms": 300, "kill_grace_ms": 300, "poll_ms": 10}
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
-from collections.abc import Callable
 
 from qinglong_edge.process.cgroups import RunCgroup
 from qinglong_edge.process.identity import read_proc_stat, scan_processes
 from qinglong_edge.process.spawn import HeldJob, JobSpec, job_environment
 from qinglong_edge.process.spawn import start_job as start_held_job
+from tests.support.wait import wait_until
 
 
 def start_job(script: str, cwd: str, *, cgroup: RunCgroup | None = None, release: bool = True,
@@ -44,15 +43,6 @@ def alive(pid: int) -> bool:
     """True if ``pid`` exists and is not a zombie."""
     stat = read_proc_stat(pid)
     return stat is not None and not stat.exited
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, interval: float = 0.01) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 def descendants_by_marker(marker: str) -> list[int]:
