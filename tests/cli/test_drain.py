@@ -11,7 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.cluster_double import ClusterDouble
-from tests.support.remote_env import RemoteEnv, dump, remote_cluster, wait_until
+from tests.support.remote_env import RemoteEnv, dump, remote_cluster
+from tests.support.wait import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,7 @@ def test_a_running_job_is_reported_before_offline(env: RemoteEnv) -> None:
     resident = env.spawn_json()
     env.wait_state("running_acknowledged")
     drain = env.spawn_json_cli("drain")
-    wait_until(lambda: _transitions(env.cluster)[:1] == [("draining", 200)])
+    assert wait_until(lambda: _transitions(env.cluster)[:1] == [("draining", 200)], timeout=20)
     assert env.finish(resident).status == 0  # released like pull --release: its job goes on
     row = _row(env.cluster)
     assert row.status == "draining" and row.available_slots == 0  # type: ignore[attr-defined]

@@ -25,7 +25,8 @@ from qinglong_edge.contracts.offer import ClaimAuthority
 from qinglong_edge.errors import transport_remedy
 from qinglong_edge.worker.journal.store import Journal
 from tests.support.cluster_double import ClusterDouble, Fault
-from tests.support.pull_env import PullEnv, kill, wait_stopped
+from tests.support.journal_proc import wait_stopped
+from tests.support.pull_env import PullEnv, kill
 
 
 @pytest.fixture(scope="module")
@@ -216,7 +217,7 @@ CRASH_POINTS = [
 @pytest.mark.parametrize("point", CRASH_POINTS)
 def test_sigkill_at_a_step_boundary_converges_to_one_inbox_record(env: PullEnv, point: str) -> None:
     proc = env.spawn("--json", env={"QINGLONG_EDGE_CRASHPOINT": f"{point}:pause"})
-    wait_stopped(proc.pid)
+    assert wait_stopped(proc.pid), f"the pull exited before {point}"
     kill(proc)
     outcome = env.finish(proc)
     assert outcome.status == -signal.SIGKILL

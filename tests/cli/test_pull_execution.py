@@ -22,7 +22,8 @@ import pytest
 
 from tests.support.cluster_double import ClusterDouble, Fault
 from tests.support.jobs import descendants_by_marker, kill_pids
-from tests.support.remote_env import RemoteEnv, dump, event_names, remote_cluster, wait_until
+from tests.support.remote_env import RemoteEnv, dump, event_names, remote_cluster
+from tests.support.wait import wait_until
 
 SECRET = "s3cr3t-value-never-on-disk"
 
@@ -175,7 +176,7 @@ def test_a_cluster_side_cancel_stops_the_job_and_completes_it_cancelled(env: Rem
     run_id = task.candidate["runId"]
     proc = env.spawn_json()
     env.wait_state("running_acknowledged")
-    wait_until(lambda: env.starts("job") == 1)
+    assert wait_until(lambda: env.starts("job") == 1, timeout=20)
     assert env.cluster.request_cancel(run_id) == "accepted"
     outcome = env.finish(proc, timeout=30)
     assert outcome.status == 0, dump(outcome)
@@ -265,7 +266,7 @@ def test_a_cancelled_job_leaves_no_setsid_escapee_without_a_cgroup(env: RemoteEn
     proc = env.spawn_json()
     try:
         env.wait_state("running_acknowledged")
-        assert wait_until(lambda: descendants_by_marker(marker))
+        assert wait_until(lambda: descendants_by_marker(marker), timeout=20)
         assert env.cluster.request_cancel(run_id) == "accepted"
         outcome = env.finish(proc, timeout=30)
         assert outcome.status == 0, dump(outcome)
@@ -438,7 +439,7 @@ def test_sigkill_while_the_job_runs_converges_to_one_completion(env: RemoteEnv) 
     outcome = env.stop(proc, signal.SIGKILL)
     assert outcome.status == -signal.SIGKILL
     again = env.spawn_json()
-    wait_until(lambda: env.cluster.lease_version(task.candidate["runId"]) >= 2)  # re-adopted: renewed at once
+    assert wait_until(lambda: env.cluster.lease_version(task.candidate["runId"]) >= 2, timeout=20)  # re-adopted: renewed at once
     env.release("job")
     final = env.finish(again, timeout=30)
     assert final.status == 0, dump(final)
@@ -473,7 +474,7 @@ def test_a_lost_renewal_answer_does_not_fence_the_job(env: RemoteEnv) -> None:
         except KeyError:  # not claimed yet
             return False
 
-    wait_until(resynced, timeout=30)
+    assert wait_until(resynced, timeout=30)
     env.release("job")
     outcome = env.finish(proc, timeout=30)
     assert outcome.status == 0, dump(outcome)
@@ -567,7 +568,7 @@ def test_sigkill_at_a_runner_crash_point_converges(env: RemoteEnv, point: str) -
     outcome = env.run_to_end()
     assert outcome.status == 0, dump(outcome)
     assert env.record()["state"] == final_state
-    wait_until(lambda: env.starts("job") == (1 if ran else 0), timeout=5)
+    assert wait_until(lambda: env.starts("job") == (1 if ran else 0), timeout=5)
     attempt = env.cluster.attempt(run_id)
     if final_state == "completion_acknowledged":
         expected = "succeeded" if ran else "failed"  # never released: the wrapper exited 125, no receipt

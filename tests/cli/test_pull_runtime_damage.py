@@ -22,7 +22,8 @@ import pytest
 
 from tests.support.cluster_double import ClusterDouble
 from tests.support.mounts import tmpfs
-from tests.support.remote_env import RemoteEnv, dump, remote_cluster, wait_until
+from tests.support.remote_env import RemoteEnv, dump, remote_cluster
+from tests.support.wait import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -201,4 +202,4 @@ def test_a_read_only_or_full_runtime_directory_is_one_line_and_nothing_is_sent(t
                 os.unlink(env.run_base / "filler")
         again = env.pull("--json")
         assert again.status == 0 and again.last()["status"] == "accepted", dump(again)
-        wait_until(lambda: env.state() == "completion_acknowledged", timeout=30)
+        assert wait_until(lambda: env.state() == "completion_acknowledged", timeout=30)
