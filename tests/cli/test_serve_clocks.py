@@ -15,7 +15,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.cli import repo_entry
-from tests.support.local_site import API, LocalSite, wait_for
+from tests.support.local_site import API, LocalSite
+from tests.support.wait import wait_until
 from tests.support.wall_clock import WallClock
 
 
@@ -68,7 +69,7 @@ def test_a_wall_clock_step_back_does_not_delay_a_timeout(site: LocalSite, wall: 
     wall.step(-3_600_000)
     # (read with the admin CLI: a credential issued "an hour ahead" of the stepped clock is
     # not valid yet over HTTP, a matter of the Local API's own credential window)
-    wait_for(lambda: _status(site, run_id) == "timed_out", 20, "the Run to time out")
+    wait_until(lambda: _status(site, run_id) == "timed_out", 20, interval=0.05, what="the Run to time out")
 
 
 def _status(site: LocalSite, run_id: str) -> str:

@@ -28,8 +28,9 @@ from qinglong_edge.local.pepper import key_file_name
 from tests.cli.test_serve import free_port, provision, start, write_config
 from tests.support.cli import REPO, run_cli
 from tests.support.http_client import exchange, request_bytes
-from tests.support.local_site import LocalSite, alive, wait_for
+from tests.support.local_site import LocalSite, alive
 from tests.support.store import PEPPER_KEY_ID, TOKEN
+from tests.support.wait import wait_until
 
 LIST = "/api/v3/projects/default/runs"
 
@@ -128,7 +129,7 @@ def test_a_keyring_that_becomes_unsafe_is_logged_once_and_requests_fail_closed(s
                 seen.append(line)
             return lines_with(text) > 0
 
-        wait_for(found, 15, text)
+        wait_until(found, 15, interval=0.05, what=text)
 
     try:
         assert _get(port) == 200
@@ -208,7 +209,7 @@ def test_sigterm_with_jobs_running_after_the_database_was_lost_prints_no_traceba
         site.wait_run_status(run_id, "running")
         pid, _ = site.job_pids()
         (site.state / "local.db").rename(tmp_path / "moved.db")
-        wait_for(lambda: serve.proc.poll() is not None, 20, "serve to exit")
+        wait_until(lambda: serve.proc.poll() is not None, 20, interval=0.05, what="serve to exit")
         assert serve.proc.returncode == 74
         stderr = serve.stderr()
         assert "Traceback" not in stderr, stderr
