@@ -19,7 +19,7 @@ from qinglong_edge.execution.launcher import claim_next
 from qinglong_edge.process.cgroups import CgroupManager
 from qinglong_edge.process.identity import ProcessIdentity, capture, encode_handle
 from tests.support.execution_env import Env
-from tests.support.jobs import alive, descendants_by_marker, kill_pids, read_text, reap, start_job
+from tests.support.jobs import Bystander, alive, descendants_by_marker, kill_pids, read_text, reap, start_job
 from tests.support.wait import wait_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -123,9 +123,7 @@ def _pretend_running(env: Env, run_id: str, attempt_id: str, handle: str, pid: i
 
 
 def test_recorded_pid_now_owned_by_an_unrelated_process_is_never_signalled(env: Env, tmp_path: object) -> None:
-    marker = os.path.join(str(tmp_path), "signalled")
-    unrelated = subprocess.Popen(["sh", "-c", f"trap 'echo TERM > {marker}; exit 1' TERM; while :; do sleep 0.05; done"],
-                                 start_new_session=True)
+    unrelated = Bystander(str(tmp_path))
     try:
         real = capture(unrelated.pid)
         assert real is not None
@@ -137,11 +135,9 @@ def test_recorded_pid_now_owned_by_an_unrelated_process_is_never_signalled(env: 
         with env.controller() as controller:
             controller.notify()
             assert env.wait_status(run_id, "cancelled") == "cancelled"
-        time.sleep(0.2)
-        assert unrelated.poll() is None and not os.path.exists(marker)  # untouched
+        assert unrelated.untouched()
     finally:
-        unrelated.kill()
-        unrelated.wait()
+        unrelated.close()
 
 
 def test_interrupted_launch_is_lost_and_its_job_never_ran(env: Env) -> None:

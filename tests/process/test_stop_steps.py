@@ -33,7 +33,7 @@ def _walk(stopping: Stopping) -> tuple[list[str], list[float]]:
         assert 0 <= delay <= 0.010 + 1e-9  # at most poll_ms
         wait = stopping.wait_s()
         assert wait is not None and wait <= delay
-        time.sleep(delay)
+        time.sleep(delay)  # the scenario: the controller's loop waits what the step asks
 
 
 def test_a_job_ignoring_term_walks_new_terminating_killing_done_and_no_step_sleeps(tmp_path: object) -> None:

@@ -84,3 +84,40 @@ def kill_pids(pids: list[int]) -> None:
 def read_text(path: str) -> str:
     with open(path, encoding="utf-8", errors="surrogateescape") as handle:
         return handle.read()
+
+
+class Bystander:
+    """An unrelated process (its own session) that a stop must never signal.
+
+    It records a SIGTERM in ``<directory>/signalled`` (and exits 1); otherwise it goes round
+    a 50 ms loop, appending a line to ``<directory>/beats`` each time. A signal sent before
+    a moment is handled before the loop's next turn ends, so :meth:`untouched` waits for two
+    more beats (the positive event) instead of sleeping, then looks.
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.marker = os.path.join(directory, "signalled")
+        self.beats = os.path.join(directory, "beats")
+        script = f"trap 'echo TERM > {self.marker}; exit 1' TERM; while :; do sleep 0.05; echo >> {self.beats}; done"
+        self.process = subprocess.Popen(["sh", "-c", script], start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def _count(self) -> int:
+        try:
+            with open(self.beats, "rb") as handle:
+                return handle.read().count(b"\n")
+        except FileNotFoundError:
+            return 0
+
+    def untouched(self, timeout: float = 5.0) -> bool:
+        """True once it beat twice more than now, still running and never sent a SIGTERM."""
+        now = self._count()
+        wait_until(lambda: self._count() >= now + 2 or self.process.poll() is not None, timeout)
+        return self._count() >= now + 2 and self.process.poll() is None and not os.path.exists(self.marker)
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait()
