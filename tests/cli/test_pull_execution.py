@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.cluster_double import ClusterDouble, Fault
-from tests.support.jobs import descendants_by_marker, kill_pids
+from tests.support.jobs import alive, descendants_by_marker, kill_pids
 from tests.support.remote_env import RemoteEnv, dump, event_names, remote_cluster
 from tests.support.wait import wait_until
 
@@ -563,8 +563,11 @@ def test_sigkill_at_a_runner_crash_point_converges(env: RemoteEnv, point: str) -
     run_id = task.candidate["runId"]
     crashed = env.pull("--json", env={"QINGLONG_EDGE_CRASHPOINT": point})
     assert crashed.status == 137, dump(crashed)
-    if point in ("runner.launching", "runner.started"):
-        time.sleep(0.2)  # the wrapper, if any, reads end of file on its barrier and exits 125
+    if point == "runner.started":  # (at runner.launching no wrapper was started yet)
+        from qinglong_edge.process.identity import decode_handle
+
+        wrapper = decode_handle(env.record()["executorHandle"]).identity.pid
+        assert wait_until(lambda: not alive(wrapper))  # it read end of file on its barrier and exited 125
     outcome = env.run_to_end()
     assert outcome.status == 0, dump(outcome)
     assert env.record()["state"] == final_state
@@ -681,7 +684,9 @@ def test_a_failing_session_call_backs_off_while_resident(env: RemoteEnv) -> None
     proc = env.spawn_json()
     env.wait_state("running_acknowledged")
     env.cluster.push_fault(*[Fault.status_answer(503, "not_ready", op="heartbeat") for _ in range(200)])
-    time.sleep(9)  # past the 5 s interval: a few refused heartbeats, each followed by a backoff
+    # The scenario is a stretch of real time: 9 s, past the 5 s interval; how many heartbeats
+    # were refused in it bounds their rate (a few, each followed by a backoff: no busy loop).
+    time.sleep(9)
     refused = [x for x in env.cluster.exchanges_for("heartbeat") if x.fault == "status"]
     assert 1 <= len(refused) <= 10, len(refused)
     env.release("job")

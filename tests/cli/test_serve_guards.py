@@ -137,7 +137,7 @@ def test_a_keyring_that_becomes_unsafe_is_logged_once_and_requests_fail_closed(s
         key.chmod(0o644)
         read_until("became unusable")
         assert _get(port) == 503  # fails closed (authentication_unavailable)
-        time.sleep(2.5)  # setup: at least two more checks happen while it stays unsafe
+        time.sleep(2.5)  # the scenario: the periodic check's timer runs at least twice more while it stays unsafe
         key.chmod(0o600)
         read_until("safe again")
         assert _get(port) == 200

@@ -103,7 +103,8 @@ def test_a_run_that_fills_the_disk_costs_no_record(tmp_path: pathlib.Path) -> No
                 pid = env.attempt_row(attempt_id)["pid"]
                 assert wait_until(lambda: not alive(pid), timeout=30)  # the job (and its wrapper) ended
                 assert os.statvfs(root).f_bavail == 0
-                time.sleep(0.5)  # the controller tries to record the exit meanwhile: it cannot ...
+                seen = controller.passes  # the controller tries to record the exit meanwhile: it cannot ...
+                assert wait_until(lambda: controller.passes >= seen + 2, timeout=10)
                 assert env.status(run_id) == "running"  # ... and nothing is lost or half-written
                 (work / "fill").unlink()  # until the space is back
                 assert env.wait_status(run_id, "failed", timeout=30) == "failed"
@@ -240,7 +241,7 @@ def test_busy_forking_job_terminalises_only_when_everything_is_gone(env: Env) ->
     with env.controller() as controller:
         controller.notify()
         pid = _pid(env, attempt_id)
-        time.sleep(0.1)
+        assert wait_until(lambda: len([s for s in _scan() if s.pgrp == pid and not s.exited]) > 2, timeout=10)  # it forks
         env.cancel(run_id)
         controller.notify()
         assert env.wait_status(run_id, "cancelled") == "cancelled"
@@ -313,8 +314,9 @@ def test_queued_run_with_intent_is_cancelled_without_launching(env: Env) -> None
         controller.notify()
         _pid(env, hog_attempt)
         run_id, attempt_id = env.start("t-queued")
+        seen = controller.passes
         controller.notify()
-        time.sleep(0.3)
+        assert wait_until(lambda: controller.passes >= seen + 2, timeout=10)  # passes that could have launched it
         assert env.status(run_id) == "queued"  # the only slot is taken
         env.cancel(run_id)
         controller.notify()
@@ -376,7 +378,8 @@ def test_concurrency_is_capped(env: Env) -> None:
     with env.controller(max_concurrent_runs=2) as controller:
         controller.notify()
         assert wait_until(lambda: sum(env.status(r) == "running" for r, _ in runs) == 2, timeout=10)
-        time.sleep(0.3)
+        seen = controller.passes
+        assert wait_until(lambda: controller.passes >= seen + 2, timeout=10)  # passes that could have launched a third
         assert sorted(env.status(r) for r, _ in runs) == ["queued", "running", "running"]
         for run_id, _ in runs:
             env.cancel(run_id)

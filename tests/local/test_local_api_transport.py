@@ -129,7 +129,7 @@ def test_a_head_must_be_complete_within_the_head_timeout_of_the_wait(tmp_path: p
         reader = ResponseReader(sock)
         first = reader.read()
         assert first is not None and first.status == 200 and not first.closes
-        time.sleep(0.6)  # setup: twice the head timeout passes on the idle connection
+        time.sleep(0.6)  # the scenario: twice the head timeout passes on the idle connection
         sock.sendall(request)
         late = reader.read()
         assert late is not None and late.status == 408
