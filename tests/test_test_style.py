@@ -113,3 +113,22 @@ def test_the_census_sees_every_form() -> None:
     tree = ast.parse("import time\nimport asyncio\nfrom time import sleep as nap\n"
                      "time.sleep(1)\nasyncio.sleep(1)\nnap(1)\nother.sleep(1)\n")
     assert _sleeps(tree) == [4, 5, 6]
+
+
+def test_wait_until_returns_the_value_or_the_last_falsy_one_or_raises() -> None:
+    from tests.support.wait import wait_until
+
+    calls: list[int] = []
+
+    def third() -> int:
+        calls.append(1)
+        return len(calls) if len(calls) >= 3 else 0
+
+    assert wait_until(third, 5, interval=0) == 3
+    assert wait_until(list, 0.05) == []  # timed out: the last (falsy) value
+    try:
+        wait_until(lambda: None, 0.05, what="nothing")
+    except AssertionError as exc:
+        assert str(exc) == "timed out after 0.05 s waiting for nothing"
+    else:
+        raise AssertionError("what= did not raise")
