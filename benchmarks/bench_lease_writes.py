@@ -38,7 +38,8 @@ if str(REPO) not in sys.path:
 
 from tests.support.cluster_double import ClusterDouble  # noqa: E402
 from tests.support.idle_writes import TRACED, parse_trace, strace_path  # noqa: E402
-from tests.support.remote_env import RemoteEnv, wait_until  # noqa: E402
+from tests.support.remote_env import RemoteEnv  # noqa: E402
+from tests.support.wait import wait_until  # noqa: E402
 
 BASELINE_REF = "7ddaab9"
 LEASE_MS = 6000
@@ -85,7 +86,7 @@ def measure(package_root: pathlib.Path, window_s: float, work: pathlib.Path, nam
                                 cwd=str(package_root))
         try:
             env.wait_state("running_acknowledged", timeout=60)
-            wait_until(lambda: _version(env, run_id) >= 3, timeout=60)  # past the launch's renewals
+            wait_until(lambda: _version(env, run_id) >= 3, timeout=60, what="the launch's renewals")
             start_lines = len(trace.read_text(errors="replace").splitlines())
             start_version, started = _version(env, run_id), time.monotonic()
             time.sleep(window_s)

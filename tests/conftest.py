@@ -109,9 +109,6 @@ def run_cgroup(cgroup_manager: CgroupManager) -> Iterator[RunCgroup]:
     assert group is not None
     yield group
     group.kill()
-    for _ in range(200):
-        if group.remove():
-            break
-        import time
+    from tests.support.wait import wait_until
 
-        time.sleep(0.01)
+    wait_until(group.remove, 2.0)

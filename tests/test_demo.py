@@ -15,9 +15,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+
+from tests.support.wait import wait_until
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 DEMO = REPO / "demo" / "run_demo.py"
@@ -164,10 +165,7 @@ def test_ctrl_c_stops_every_process_the_demo_started(tmp_path: pathlib.Path) -> 
     assert proc.returncode == 128 + signal.SIGINT, out[-2000:]
     assert "interrupted by SIGINT" in out
     assert re.search(r"stopped: serve \(pid \d+\), cluster \(pid \d+\)", out), out[-2000:]
-    deadline = time.monotonic() + 5
-    while _processes_mentioning(str(root)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _processes_mentioning(str(root))
+    assert wait_until(lambda: not _processes_mentioning(str(root)), 5, interval=0.05), _processes_mentioning(str(root))
 
 
 def test_refuses_to_replace_a_directory_it_did_not_make(tmp_path: pathlib.Path) -> None:

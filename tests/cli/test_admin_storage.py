@@ -11,7 +11,6 @@ import pathlib
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +22,7 @@ from qinglong_edge.local.run_logs import log_name
 from qinglong_edge.local.store import now_ms
 from tests.support.cli import REPO, run_cli
 from tests.support.run_history import DAY, History
+from tests.support.wait import wait_until
 
 NOW = now_ms()
 
@@ -231,11 +231,9 @@ def test_serve_prunes_a_lowered_cap_at_start_oldest_first(site: tuple[History, p
     proc = subprocess.Popen([sys.executable, "-m", "qinglong_edge", "--config", str(path), "--json", "serve"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and (
-            len(history.run_ids()) > 10 or history.store.run(measure_store).audit_rows > 0
-        ):
-            time.sleep(0.05)
+        # (not asserted here: the asserts below say what is missing, with serve's stderr)
+        wait_until(lambda: len(history.run_ids()) <= 10 and history.store.run(measure_store).audit_rows == 0, 30,
+                   interval=0.05)
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)

@@ -14,7 +14,8 @@ import pytest
 
 from qinglong_edge.contracts.placement import canonical_capabilities
 from tests.support.cluster_double import ClusterDouble
-from tests.support.remote_env import RemoteEnv, dump, wait_until
+from tests.support.remote_env import RemoteEnv, dump
+from tests.support.wait import wait_until
 
 FILE_CAPS: dict[str, Any] = {
     "architecture": "amd64", "executors": ["remote-worker"], "protocolVersion": "1.0.0", "supportTier": "tier1",
@@ -107,7 +108,7 @@ def test_a_change_waits_until_no_record_is_in_flight(env: RemoteEnv) -> None:
     env.write_config(labels={"site": "moved"})
     env.cluster.add_command_task("echo later")
     again = env.spawn_json()
-    wait_until(lambda: env.cluster.exchanges_for("lease-control"))
+    assert wait_until(lambda: env.cluster.exchanges_for("lease-control"), timeout=20)
     assert len(env.cluster.exchanges_for("register")) == 1
     env.release("job")
     outcome = env.finish(again, timeout=60)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 from tests.support.cluster_double import ClusterDouble
-from tests.support.remote_env import RemoteEnv, dump, wait_until
+from tests.support.remote_env import RemoteEnv, dump
+from tests.support.wait import wait_until
 
 
 def _lines(stdout: str) -> list[dict[str, object]]:
@@ -47,7 +48,7 @@ def test_a_running_job_is_reported_before_offline(env: RemoteEnv) -> None:
     resident = env.spawn_json()
     env.wait_state("running_acknowledged")
     drain = env.spawn_json_cli("drain")
-    wait_until(lambda: _transitions(env.cluster)[:1] == [("draining", 200)])
+    assert wait_until(lambda: _transitions(env.cluster)[:1] == [("draining", 200)], timeout=20)
     assert env.finish(resident).status == 0  # released like pull --release: its job goes on
     row = _row(env.cluster)
     assert row.status == "draining" and row.available_slots == 0  # type: ignore[attr-defined]

@@ -22,9 +22,12 @@ import pytest
 from qinglong_edge.contracts.journal_records import PendingClaim
 from qinglong_edge.contracts.offer import ClaimAuthority
 from qinglong_edge.errors import transport_remedy
+from qinglong_edge.process.identity import read_proc_stat
 from qinglong_edge.worker.journal.store import Journal
 from tests.support.cluster_double import ClusterDouble, Fault
-from tests.support.pull_env import PullEnv, kill, wait_stopped
+from tests.support.journal_proc import wait_stopped
+from tests.support.pull_env import PullEnv, kill
+from tests.support.wait import wait_until
 
 
 @pytest.fixture
@@ -36,6 +39,17 @@ def cluster(shared_cluster: ClusterDouble) -> ClusterDouble:
 @pytest.fixture
 def env(tmp_path: pathlib.Path, cluster: ClusterDouble) -> PullEnv:
     return PullEnv(tmp_path, cluster)
+
+
+def _asleep(pid: int) -> bool:
+    """The process's main thread is asleep (``S``): blocked in a read, a wait or a sleep."""
+    stat = read_proc_stat(pid)
+    return stat is not None and stat.state == "S"
+
+
+def _acknowledged(env: PullEnv) -> bool:
+    """The one inbox record is ``completion_acknowledged`` on disk."""
+    return [record["state"] for record in env.inbox().values()] == ["completion_acknowledged"]
 
 
 def _accepted_once(env: PullEnv) -> tuple[str, dict[str, Any]]:
@@ -154,7 +168,7 @@ def test_signal_during_the_request_keeps_the_claim_and_the_next_cycle_replays(en
     env.cluster.push_fault(Fault.hang())  # commits, then never answers
     proc = env.spawn("--json")
     assert env.cluster.wait_for(lambda xs: any(x.op == "offers" for x in xs))
-    time.sleep(0.1)
+    assert wait_until(lambda: _asleep(proc.pid))  # waiting for the answer that never comes
     kill(proc, signum)
     outcome = env.finish(proc)
     assert outcome.status == 75, outcome.stderr
@@ -209,7 +223,7 @@ CRASH_POINTS = [
 @pytest.mark.parametrize("point", CRASH_POINTS)
 def test_sigkill_at_a_step_boundary_converges_to_one_inbox_record(env: PullEnv, point: str) -> None:
     proc = env.spawn("--json", env={"QINGLONG_EDGE_CRASHPOINT": f"{point}:pause"})
-    wait_stopped(proc.pid)
+    assert wait_stopped(proc.pid), f"the pull exited before {point}"
     kill(proc)
     outcome = env.finish(proc)
     assert outcome.status == -signal.SIGKILL
@@ -492,7 +506,7 @@ def test_heartbeat_then_fenced_heartbeat_re_registers_and_abandons_the_claim(env
     current = env.pull("--json")  # within the interval: no session call at all
     assert current.last()["session"]["action"] == "current"
     assert [x.op for x in env.cluster.exchanges] == ["register", "offers", "offers"]
-    time.sleep(5.1)
+    time.sleep(5.1)  # the scenario: the 5 s heartbeat interval passes on the clocks a fresh pull reads
     beat = env.pull("--json")
     assert (beat.last()["session"]["action"], beat.last()["session"]["version"]) == ("heartbeat", 1)
     assert env.cluster.state.sessions["edge-1"].version == 1
@@ -503,7 +517,7 @@ def test_heartbeat_then_fenced_heartbeat_re_registers_and_abandons_the_claim(env
     kept = env.pull("--json")  # a claim is now pending
     assert kept.status == 75 and env.claim() is not None
     env.cluster.state.expire_session("edge-1")  # the cluster fences the session
-    time.sleep(5.1)
+    time.sleep(5.1)  # the scenario: the next heartbeat is due
     fenced = env.pull("--json")
     line = fenced.last()
     assert env.cluster.exchanges_for("heartbeat")[-1].status == 409
@@ -536,7 +550,7 @@ def test_sigterm_during_duration_sleep_stops_the_loop(env: PullEnv) -> None:
     proc = env.spawn("--duration", "30", "--json")
     # the accepted offer runs to its completion first, then the loop sleeps its 5 s
     assert env.cluster.wait_for(lambda xs: any(x.op == "completion" for x in xs))
-    time.sleep(0.3)
+    assert wait_until(lambda: _asleep(proc.pid) and _acknowledged(env))  # the cycle ended: the loop sleeps
     kill(proc, signal.SIGTERM)
     outcome = env.finish(proc, timeout=10)
     assert outcome.status == 75

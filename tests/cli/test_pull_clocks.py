@@ -20,7 +20,8 @@ import pytest
 
 from tests.support.cluster_double import ClusterDouble, Fault
 from tests.support.pull_env import Outcome
-from tests.support.remote_env import RemoteEnv, dump, wait_until
+from tests.support.remote_env import RemoteEnv, dump
+from tests.support.wait import wait_until
 from tests.support.wall_clock import WallClock
 
 LEASE_MS = 6_000
@@ -48,7 +49,7 @@ def _version(env: RemoteEnv, run_id: str) -> int:
 def _renewals_go_on(env: RemoteEnv, run_id: str, more: int = 2) -> None:
     """Wait until the cluster granted ``more`` renewals after now."""
     start = _version(env, run_id)
-    wait_until(lambda: _version(env, run_id) >= start + more, timeout=30)
+    assert wait_until(lambda: _version(env, run_id) >= start + more, timeout=30)
 
 
 def _succeeded_once(env: RemoteEnv, run_id: str, outcome: object) -> None:
@@ -121,9 +122,9 @@ def test_a_device_ahead_by_more_than_a_third_of_the_lease_renews_once_per_third(
     proc = env.spawn_json()
     env.wait_state("running_acknowledged")  # (the offered lease was renewed at once, and before the launch)
     running = _version(env, run_id)
-    wait_until(lambda: _version(env, run_id) >= running + 1, timeout=30)
+    assert wait_until(lambda: _version(env, run_id) >= running + 1, timeout=30)
     first = time.monotonic()
-    wait_until(lambda: _version(env, run_id) >= running + 3, timeout=30)
+    assert wait_until(lambda: _version(env, run_id) >= running + 3, timeout=30)
     elapsed = time.monotonic() - first
     # two renewals at a third of the 6 s lease each: 4 s (load only makes it longer)
     assert elapsed >= 3.5, elapsed
@@ -218,7 +219,7 @@ def test_a_503_with_retry_after_past_the_expiry_is_retried_before_it(env: Remote
     proc = env.spawn_json()
     env.wait_state("running_acknowledged")
     env.cluster.push_fault(Fault.unavailable("lease-control", retry_after="120"))
-    wait_until(lambda: any(x.op == "lease-control" and x.status == 503 for x in env.cluster.exchanges), timeout=30)
+    assert wait_until(lambda: any(x.op == "lease-control" and x.status == 503 for x in env.cluster.exchanges), timeout=30)
     _renewals_go_on(env, run_id, 2)
     env.release("job")
     outcome = env.finish(proc, timeout=60)
@@ -256,7 +257,7 @@ def test_a_frozen_or_killed_agent_never_leaves_the_job_running_past_its_lease(en
     lease = env.cluster.state.lease(env.record()["offer"]["offerId"])
     os.kill(proc.pid, signal.SIGSTOP if how == "sigstop" else signal.SIGKILL)
     frozen_at = time.monotonic()
-    wait_until(env.receipts, timeout=30)  # the wrapper stopped the job and wrote its receipt
+    assert wait_until(env.receipts, timeout=30)  # the wrapper stopped the job and wrote its receipt
     stopped = list(env.runtime.glob("job.*.stopped"))
     assert len(stopped) == 1  # the wrapper's mark
     receipt = _receipt(env)

@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 
 from tests.support.cluster_double import Fault
-from tests.support.remote_env import RemoteEnv, dump, wait_until
+from tests.support.remote_env import RemoteEnv, dump
+from tests.support.wait import wait_until
 
 SECRET = "matrix-secret-never-shown"
 
@@ -105,8 +106,8 @@ def test_a_fault_in_any_state_converges(env: RemoteEnv, case: str, fault: str, t
         env.release("job")  # it ends at once: its upload / completion meets the fault
     proc = env.spawn_json()
     if job == "gated":
-        wait_until(lambda: env.cluster.pending_faults() == 0, timeout=30)
-        wait_until(lambda: env.state() == "running_acknowledged", timeout=30)
+        assert wait_until(lambda: env.cluster.pending_faults() == 0, timeout=30)
+        assert wait_until(lambda: env.state() == "running_acknowledged", timeout=30)
         env.release("job")
     outcome = env.finish(proc, timeout=90)
     assert outcome.status == 0, dump(outcome)

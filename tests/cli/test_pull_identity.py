@@ -21,7 +21,8 @@ from typing import Any
 from qinglong_edge import clock
 from tests.support.cluster_double import ClusterDouble
 from tests.support.pull_env import Outcome
-from tests.support.remote_env import RemoteEnv, dump, wait_until
+from tests.support.remote_env import RemoteEnv, dump
+from tests.support.wait import wait_until
 
 #: The shortest heartbeat interval the config allows: a fight step every 5 s.
 HEARTBEAT_MS = 5000
@@ -57,17 +58,18 @@ def test_two_devices_with_one_credential_one_goes_quiet_and_says_why(tmp_path: p
     b = RemoteEnv(tmp_path / "b", cluster, heartbeatIntervalMs=HEARTBEAT_MS)
     shared = tmp_path / "trace"
     first = a.spawn_json("--duration", "60")
-    wait_until(lambda: cluster.exchanges_for("register"), timeout=20)
+    assert wait_until(lambda: cluster.exchanges_for("register"), timeout=20)
     second = b.spawn_json("--duration", "60")
     quiet: RemoteEnv | None = None
     busy: RemoteEnv | None = None
     try:
-        found = wait_until(lambda: (a if _quiet(a) else b if _quiet(b) else None), timeout=50)
+        found = wait_until(lambda: (a if _quiet(a) else b if _quiet(b) else None), timeout=50,
+                           what="one device to go quiet")
         quiet, busy = (a, b) if found is a else (b, a)
         mark = len(cluster.exchanges)
         # The other device keeps its session: a job queued now is run by it, once.
         task = cluster.add_command_task(f"echo started >> {shared}; echo done")
-        wait_until(lambda: _completed(cluster, task.candidate["runId"]), timeout=40)
+        assert wait_until(lambda: _completed(cluster, task.candidate["runId"]), timeout=40)
         assert not _quiet(busy)
     finally:
         outcomes = {}

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from tests.support.cluster_double import ClusterDouble
-from tests.support.remote_env import RemoteEnv, dump, wait_until
+from tests.support.remote_env import RemoteEnv, dump
+from tests.support.wait import wait_until
 
 
 @pytest.fixture
@@ -98,7 +99,7 @@ def test_a_pending_claim_on_an_inbox_full_of_records_in_flight_says_inbox_full(e
     resident = env.spawn_json()
     try:
         # a and b are accepted and run; the third pull finds no task: its claim is kept.
-        wait_until(lambda: env.starts("a") == 1 and env.starts("b") == 1 and env.claim() is not None, timeout=30)
+        assert wait_until(lambda: env.starts("a") == 1 and env.starts("b") == 1 and env.claim() is not None, timeout=30)
         stopped = RemoteEnv.stop(resident)
         assert stopped.status == 0, dump(stopped)
         claim = env.claim()
@@ -132,7 +133,7 @@ def test_the_human_line_of_a_full_inbox_names_what_fills_it(env: RemoteEnv) -> N
     env.gated_job("a")
     resident = env.spawn_json()
     try:
-        wait_until(lambda: env.starts("a") == 1, timeout=30)
+        assert wait_until(lambda: env.starts("a") == 1, timeout=30)
         stopped = RemoteEnv.stop(resident)
         assert stopped.status == 0, dump(stopped)
     finally:

@@ -16,7 +16,8 @@ import pytest
 
 from tests.support.cluster_double import ClusterDouble, Fault
 from tests.support.mounts import tmpfs
-from tests.support.remote_env import RemoteEnv, dump, wait_until
+from tests.support.remote_env import RemoteEnv, dump
+from tests.support.wait import wait_until
 
 
 def _version(env: RemoteEnv, run_id: str) -> int:
@@ -64,10 +65,10 @@ def test_a_full_state_file_system_loses_no_renewal_and_no_outcome(tmp_path: path
             env.wait_state("running_acknowledged")
             filler = _fill(env.state_dir)
             start = _version(env, run_id)
-            wait_until(lambda: _version(env, run_id) >= start + 2, timeout=30)  # renewals need no state space
+            assert wait_until(lambda: _version(env, run_id) >= start + 2, timeout=30)  # renewals need no state space
             env.release("job")  # its receipt cannot be published now: the outcome is what the parent reaped
             at_exit = _version(env, run_id)
-            wait_until(lambda: _version(env, run_id) >= at_exit + 2, timeout=30)  # renewed while storage fails
+            assert wait_until(lambda: _version(env, run_id) >= at_exit + 2, timeout=30)  # renewed while storage fails
             filler.unlink()
             outcome = env.finish(proc, timeout=60)
         finally:
@@ -100,14 +101,14 @@ def test_escapees_of_a_killed_wrapper_are_ended_through_the_cgroup_at_re_adoptio
     task = env.cluster.add_command_task(script)
     proc = env.spawn_json()
     record = env.wait_state("running_acknowledged")
-    pid = wait_until(lambda: _by_argv(["sleep", marker]))
+    pid = wait_until(lambda: _by_argv(["sleep", marker]), timeout=20, what="the escaped sleep")
     from qinglong_edge.process.identity import decode_handle
 
     wrapper = decode_handle(record["executorHandle"]).identity.pid
     os.kill(proc.pid, signal.SIGKILL)
     env.finish(proc, timeout=10)
     os.kill(wrapper, signal.SIGKILL)
-    wait_until(lambda: not os.path.exists(f"/proc/{wrapper}") or _zombie(wrapper))
+    assert wait_until(lambda: not os.path.exists(f"/proc/{wrapper}") or _zombie(wrapper), timeout=20)
     assert _alive(pid)  # outside the wrapper, in the cgroup only
     outcome = env.run_to_end()
     assert outcome.status == 0, dump(outcome)

@@ -13,7 +13,8 @@ import signal
 import pytest
 
 from tests.support.cluster_double import ClusterDouble
-from tests.support.remote_env import RemoteEnv, dump, wait_until
+from tests.support.remote_env import RemoteEnv, dump
+from tests.support.wait import wait_until
 
 
 @pytest.fixture
@@ -53,7 +54,7 @@ def test_the_json_summary_carries_the_lease_time_left(env: RemoteEnv) -> None:
     env.gated_job("job")
     proc = env.spawn_json()
     try:
-        wait_until(lambda: env.state() == "running_acknowledged", timeout=30)
+        assert wait_until(lambda: env.state() == "running_acknowledged", timeout=30)
         stopped = RemoteEnv.stop(proc, signal.SIGHUP)
     finally:
         env.release("job")

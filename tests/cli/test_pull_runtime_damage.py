@@ -21,7 +21,8 @@ import pytest
 
 from tests.support.cluster_double import ClusterDouble
 from tests.support.mounts import tmpfs
-from tests.support.remote_env import RemoteEnv, dump, wait_until
+from tests.support.remote_env import RemoteEnv, dump
+from tests.support.wait import wait_until
 
 
 def _damage(path: pathlib.Path, how: str) -> None:
@@ -183,4 +184,4 @@ def test_a_read_only_or_full_runtime_directory_is_one_line_and_nothing_is_sent(t
                 os.unlink(env.run_base / "filler")
         again = env.pull("--json")
         assert again.status == 0 and again.last()["status"] == "accepted", dump(again)
-        wait_until(lambda: env.state() == "completion_acknowledged", timeout=30)
+        assert wait_until(lambda: env.state() == "completion_acknowledged", timeout=30)

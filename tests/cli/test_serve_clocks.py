@@ -9,13 +9,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-import time
 from collections.abc import Iterator
 
 import pytest
 
 from tests.support.cli import repo_entry
-from tests.support.local_site import API, LocalSite, wait_for
+from tests.support.local_site import API, LocalSite
+from tests.support.wait import wait_until
 from tests.support.wall_clock import WallClock
 
 
@@ -51,12 +51,12 @@ def test_a_wall_clock_step_forward_does_not_time_a_run_out(site: LocalSite, wall
     site.serve()
     run_id = _start(site, "ten-minutes", 600_000)
     wall.step(3_600_000)
-    # Three control intervals (250 ms each) and more: the controller looked at its deadline
-    # several times meanwhile (it wakes at least every interval); nothing may have fired.
-    until = time.monotonic() + 2.0
-    while time.monotonic() < until:
-        assert site.run_status(run_id) == "running"
-        time.sleep(0.1)
+    # The positive event: a second Run, started after the step, times out on its own 1 s
+    # deadline; the controller's passes look at every deadline, so passes after the step
+    # looked at the first one too. Nothing may have fired for it.
+    probe = _start(site, "one-second", 1_050)
+    site.wait_run_status(probe, "timed_out", timeout=20)
+    assert site.run_status(run_id) == "running"
     status, cancelled = site.cancel(run_id)
     assert status == 202, cancelled
     site.wait_run_status(run_id, "cancelled")
@@ -68,7 +68,7 @@ def test_a_wall_clock_step_back_does_not_delay_a_timeout(site: LocalSite, wall: 
     wall.step(-3_600_000)
     # (read with the admin CLI: a credential issued "an hour ahead" of the stepped clock is
     # not valid yet over HTTP, a matter of the Local API's own credential window)
-    wait_for(lambda: _status(site, run_id) == "timed_out", 20, "the Run to time out")
+    wait_until(lambda: _status(site, run_id) == "timed_out", 20, interval=0.05, what="the Run to time out")
 
 
 def _status(site: LocalSite, run_id: str) -> str:

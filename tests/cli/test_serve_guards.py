@@ -26,9 +26,10 @@ import pytest
 from qinglong_edge.local.pepper import key_file_name
 from tests.support.cli import REPO, run_cli
 from tests.support.http_client import exchange, request_bytes
-from tests.support.local_site import LocalSite, alive, wait_for
+from tests.support.local_site import LocalSite, alive
 from tests.support.serve_site import free_port, one_line, start, write_config
 from tests.support.store import PEPPER_KEY_ID, TOKEN
+from tests.support.wait import wait_until
 
 LIST = "/api/v3/projects/default/runs"
 
@@ -112,7 +113,7 @@ def test_a_keyring_that_becomes_unsafe_is_logged_once_and_requests_fail_closed(s
                 seen.append(line)
             return lines_with(text) > 0
 
-        wait_for(found, 15, text)
+        wait_until(found, 15, interval=0.05, what=text)
 
     try:
         assert _get(port) == 200
@@ -120,7 +121,7 @@ def test_a_keyring_that_becomes_unsafe_is_logged_once_and_requests_fail_closed(s
         key.chmod(0o644)
         read_until("became unusable")
         assert _get(port) == 503  # fails closed (authentication_unavailable)
-        time.sleep(2.5)  # setup: at least two more checks happen while it stays unsafe
+        time.sleep(2.5)  # the scenario: the periodic check's timer runs at least twice more while it stays unsafe
         key.chmod(0o600)
         read_until("safe again")
         assert _get(port) == 200
@@ -192,7 +193,7 @@ def test_sigterm_with_jobs_running_after_the_database_was_lost_prints_no_traceba
         site.wait_run_status(run_id, "running")
         pid, _ = site.job_pids()
         (site.state / "local.db").rename(tmp_path / "moved.db")
-        wait_for(lambda: serve.proc.poll() is not None, 20, "serve to exit")
+        wait_until(lambda: serve.proc.poll() is not None, 20, interval=0.05, what="serve to exit")
         assert serve.proc.returncode == 74
         stderr = serve.stderr()
         assert "Traceback" not in stderr, stderr

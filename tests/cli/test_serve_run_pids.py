@@ -11,13 +11,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
 from qinglong_edge.process.cgroups import CgroupManager
 from tests.support.cli import REPO, run_cli
 from tests.support.http_client import exchange, request_bytes
+from tests.support.wait import wait_until
 
 #: The job prints the pids.max of its own v1 pids cgroup (``$MOUNT`` is the hierarchy).
 JOB = 'p=$(sed -n "s/^[0-9]*:pids:\\(.*\\)$/\\1/p" /proc/self/cgroup); cat "$MOUNT$p/pids.max" > "$OUT"'
@@ -81,9 +81,7 @@ def test_serve_applies_max_run_pids_to_each_run(tmp_path: pathlib.Path, cap: int
             "POST", "/api/v3/projects/default/tasks/pidsmax/runs", body=body,
             headers=[("Authorization", f"Bearer {token}"), ("Content-Type", "application/json")]))
         assert response is not None and response.status == 202, response
-        deadline = time.monotonic() + 15
-        while not (out.exists() and out.read_text().strip()) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        assert wait_until(lambda: out.exists() and out.read_text().strip(), 15, interval=0.05)
         assert out.read_text().strip() == expected
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -16,12 +16,13 @@ import pytest
 
 from qinglong_edge.process.cgroups import CgroupManager
 from qinglong_edge.process.identity import read_proc_stat
-from tests.support.execution_env import Env, wait_for
+from tests.support.execution_env import Env
 from tests.support.jobs import alive, command_of, descendants_by_marker, kill_pids, read_text
+from tests.support.wait import wait_until
 
 
 def _pid(env: Env, attempt_id: str) -> int:
-    assert wait_for(lambda: env.attempt_row(attempt_id).get("pid") is not None)
+    assert wait_until(lambda: env.attempt_row(attempt_id).get("pid") is not None, timeout=10)
     return int(env.attempt_row(attempt_id)["pid"])
 
 
@@ -98,11 +99,12 @@ def test_a_run_that_fills_the_disk_costs_no_record(tmp_path: pathlib.Path) -> No
             run_id, attempt_id = env.start("t-fill")
             with env.controller() as controller:
                 controller.notify()
-                assert wait_for(lambda: env.status(run_id) == "running")
+                assert wait_until(lambda: env.status(run_id) == "running", timeout=10)
                 pid = env.attempt_row(attempt_id)["pid"]
-                assert wait_for(lambda: not alive(pid), timeout=30)  # the job (and its wrapper) ended
+                assert wait_until(lambda: not alive(pid), timeout=30)  # the job (and its wrapper) ended
                 assert os.statvfs(root).f_bavail == 0
-                time.sleep(0.5)  # the controller tries to record the exit meanwhile: it cannot ...
+                seen = controller.passes  # the controller tries to record the exit meanwhile: it cannot ...
+                assert wait_until(lambda: controller.passes >= seen + 2, timeout=10)
                 assert env.status(run_id) == "running"  # ... and nothing is lost or half-written
                 (work / "fill").unlink()  # until the space is back
                 assert env.wait_status(run_id, "failed", timeout=30) == "failed"
@@ -130,7 +132,7 @@ def test_cancel_stops_the_job_and_marks_terminal_with_the_exact_events(env: Env,
     with env.controller() as controller:
         controller.notify()
         pid = _pid(env, attempt_id)
-        assert wait_for(lambda: bool(descendants_by_marker("100037")))  # the trap is installed
+        assert wait_until(lambda: bool(descendants_by_marker("100037")), timeout=10)  # the trap is installed
         assert env.wait_status(run_id, "running") == "running"
         assert env.cancel(run_id, "m-1") == "accepted"
         controller.notify()
@@ -166,7 +168,7 @@ def test_a_cancelled_local_run_gets_exactly_one_term(env: Env, tmp_path: object)
     with env.controller(terminate_grace_ms=10_000) as controller:
         controller.notify()
         _pid(env, attempt_id)
-        assert wait_for(lambda: os.path.exists(ready), timeout=30)
+        assert wait_until(lambda: os.path.exists(ready), timeout=30)
         assert env.cancel(run_id) == "accepted"
         controller.notify()
         assert env.wait_status(run_id, "cancelled", timeout=20) == "cancelled"
@@ -184,7 +186,7 @@ def test_cancel_leaves_no_process_of_the_run(env: Env, use_cgroups: bool, reques
         with env.controller(cgroups=cgroups) as controller:
             controller.notify()
             _pid(env, attempt_id)
-            assert wait_for(lambda: len(descendants_by_marker(escaped)) == 2 and descendants_by_marker(marker))
+            assert wait_until(lambda: len(descendants_by_marker(escaped)) == 2 and descendants_by_marker(marker), timeout=10)
             env.cancel(run_id)
             controller.notify()
             assert env.wait_status(run_id, "cancelled") == "cancelled"
@@ -223,7 +225,7 @@ def test_job_ignoring_term_int_hup_is_killed_after_the_grace(env: Env) -> None:
     with env.controller() as controller:
         controller.notify()
         pid = _pid(env, attempt_id)
-        assert wait_for(lambda: bool(descendants_by_marker("100032")))  # the traps are installed
+        assert wait_until(lambda: bool(descendants_by_marker("100032")), timeout=10)  # the traps are installed
         started = time.monotonic()
         env.cancel(run_id)
         controller.notify()
@@ -239,7 +241,7 @@ def test_busy_forking_job_terminalises_only_when_everything_is_gone(env: Env) ->
     with env.controller() as controller:
         controller.notify()
         pid = _pid(env, attempt_id)
-        time.sleep(0.1)
+        assert wait_until(lambda: len([s for s in _scan() if s.pgrp == pid and not s.exited]) > 2, timeout=10)  # it forks
         env.cancel(run_id)
         controller.notify()
         assert env.wait_status(run_id, "cancelled") == "cancelled"
@@ -272,7 +274,7 @@ def test_command_name_with_parens_and_spaces(env: Env, tmp_path: object) -> None
         assert read_text(f"/proc/{pid}/comm") == "qinglong-job\n"
         command = command_of(pid)  # the wrapper's child runs the oddly named program
         assert command is not None
-        assert wait_for(lambda: "x) (y z" in read_text(f"/proc/{command}/stat"))
+        assert wait_until(lambda: "x) (y z" in read_text(f"/proc/{command}/stat"), timeout=10)
         stat = read_proc_stat(command)
         assert stat is not None and stat.comm == "x) (y z" and stat.pgrp == pid and stat.ppid == pid
         env.cancel(run_id)
@@ -312,8 +314,9 @@ def test_queued_run_with_intent_is_cancelled_without_launching(env: Env) -> None
         controller.notify()
         _pid(env, hog_attempt)
         run_id, attempt_id = env.start("t-queued")
+        seen = controller.passes
         controller.notify()
-        time.sleep(0.3)
+        assert wait_until(lambda: controller.passes >= seen + 2, timeout=10)  # passes that could have launched it
         assert env.status(run_id) == "queued"  # the only slot is taken
         env.cancel(run_id)
         controller.notify()
@@ -339,7 +342,7 @@ def test_natural_exit_racing_a_stop_records_the_exit(env: Env, tmp_path: object)
     with env.controller(control_interval_ms=3_600_000) as controller:
         controller.notify()
         _pid(env, attempt_id)
-        assert wait_for(lambda: bool(descendants_by_marker("0.01")))  # the trap is installed
+        assert wait_until(lambda: bool(descendants_by_marker("0.01")), timeout=10)  # the trap is installed
         env.cancel(run_id)  # intent committed; the controller is not told
         open(go, "w").close()  # the job exits by itself right away
         assert env.wait_status(run_id, "cancelled") == "cancelled"
@@ -374,8 +377,9 @@ def test_concurrency_is_capped(env: Env) -> None:
     runs = [env.start("t-cap") for _ in range(3)]
     with env.controller(max_concurrent_runs=2) as controller:
         controller.notify()
-        assert wait_for(lambda: sum(env.status(r) == "running" for r, _ in runs) == 2)
-        time.sleep(0.3)
+        assert wait_until(lambda: sum(env.status(r) == "running" for r, _ in runs) == 2, timeout=10)
+        seen = controller.passes
+        assert wait_until(lambda: controller.passes >= seen + 2, timeout=10)  # passes that could have launched a third
         assert sorted(env.status(r) for r, _ in runs) == ["queued", "running", "running"]
         for run_id, _ in runs:
             env.cancel(run_id)
@@ -418,7 +422,7 @@ def test_shutdown_drain_stops_every_run_at_once(env: Env) -> None:
     with env.controller(terminate_grace_ms=1000, kill_grace_ms=300) as controller:
         controller.on_intent("task.start", runs[0][0])  # the Local API's hook
         pids = [_pid(env, attempt_id) for _, attempt_id in runs]
-        assert wait_for(lambda: len(descendants_by_marker("100038")) == 2)
+        assert wait_until(lambda: len(descendants_by_marker("100038")) == 2, timeout=10)
         assert controller.stop_timeout_s == 3.3
         started = time.monotonic()
         assert controller.stop() is True

@@ -18,8 +18,9 @@ from qinglong_edge.execution.launcher import ActiveRun
 from qinglong_edge.execution.phases import CONTROLLER_TRANSITIONS, RUN_TRANSITIONS
 from qinglong_edge.process.identity import ProcessIdentity
 from qinglong_edge.process.stop import STOP_TRANSITIONS, check_transition
-from tests.support.execution_env import Env, wait_for
+from tests.support.execution_env import Env
 from tests.support.jobs import alive, descendants_by_marker
+from tests.support.wait import wait_until
 
 #: Block SIGTERM, say ready, wait for it with sigwait, stamp CLOCK_MONOTONIC (one clock
 #: for every process of the machine) and exit. argv[1]: the file stem.
@@ -38,7 +39,7 @@ _DEAF_GRACE_MS = 4000
 
 
 def _pid(env: Env, attempt_id: str) -> int:
-    assert wait_for(lambda: env.attempt_row(attempt_id).get("pid") is not None)
+    assert wait_until(lambda: env.attempt_row(attempt_id).get("pid") is not None, timeout=10)
     return int(env.attempt_row(attempt_id)["pid"])
 
 
@@ -57,19 +58,19 @@ def test_a_cancel_is_handled_while_another_run_sits_out_its_grace(env: Env, tmp_
         controller.notify()
         a_pid = _pid(env, a_attempt)
         _pid(env, b_attempt)
-        assert wait_for(lambda: bool(descendants_by_marker("100043")))  # the trap is set, the exec done
-        assert wait_for(lambda: os.path.exists(stem + ".ready"), timeout=30)
+        assert wait_until(lambda: bool(descendants_by_marker("100043")), timeout=10)  # the trap is set, the exec done
+        assert wait_until(lambda: os.path.exists(stem + ".ready"), timeout=30)
         assert controller.run_phase(a_attempt) == controller.run_phase(b_attempt) == "running"
 
         assert env.cancel(a_run, "cancel-a") == "accepted"
         controller.notify()
-        assert wait_for(lambda: controller.run_phase(a_attempt) == "stopping")
+        assert wait_until(lambda: controller.run_phase(a_attempt) == "stopping", timeout=10)
         a_stopping_since = time.monotonic()
 
         assert env.cancel(b_run, "cancel-b") == "accepted"
         committed_ns = time.monotonic_ns()
         controller.notify()
-        assert wait_for(lambda: os.path.exists(stem + ".stamp"), timeout=_DEAF_GRACE_MS / 1000)
+        assert wait_until(lambda: os.path.exists(stem + ".stamp"), timeout=_DEAF_GRACE_MS / 1000)
         with open(stem + ".stamp", encoding="ascii") as handle:
             b_term_ms = (int(handle.read()) - committed_ns) / 1e6
         assert b_term_ms < 1000, f"B's SIGTERM came {b_term_ms:.0f} ms after its cancel"
@@ -102,10 +103,10 @@ def test_the_drain_stops_a_run_whose_stop_is_under_way_and_the_others_at_once(en
     with env.controller(terminate_grace_ms=1000, kill_grace_ms=300) as controller:
         controller.notify()
         pids = [_pid(env, deaf_attempt), _pid(env, plain_attempt)]
-        assert wait_for(lambda: bool(descendants_by_marker("100045")) and bool(descendants_by_marker("100046")))
+        assert wait_until(lambda: bool(descendants_by_marker("100045")) and bool(descendants_by_marker("100046")), timeout=10)
         env.cancel(deaf_run)
         controller.notify()
-        assert wait_for(lambda: controller.run_phase(deaf_attempt) == "stopping")
+        assert wait_until(lambda: controller.run_phase(deaf_attempt) == "stopping", timeout=10)
         started = time.monotonic()
         assert controller.stop() is True
         elapsed = time.monotonic() - started
@@ -121,7 +122,7 @@ def test_the_controller_walks_its_phases(env: Env) -> None:
     assert controller.phase == "new"
     controller.start()
     assert controller.wait_ready(10)
-    assert wait_for(lambda: controller.phase == "controlling")  # recovery is complete
+    assert wait_until(lambda: controller.phase == "controlling", timeout=10)  # recovery is complete
     assert controller.stop(10) is True
     assert controller.phase == "closed"
     never_started = ExecutionController(env.store, env.config(), work_directory=env.root)

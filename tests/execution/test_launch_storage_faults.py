@@ -14,8 +14,9 @@ import errno
 import os
 import pathlib
 
-from tests.support.execution_env import Env, wait_for
+from tests.support.execution_env import Env
 from tests.support.mounts import tmpfs
+from tests.support.wait import wait_until
 
 FAST_LAUNCH = {"launch_attempts": 8, "launch_backoff_s": 0.05}
 
@@ -43,14 +44,14 @@ def test_a_fault_that_lasts_a_moment_requeues_the_run_and_it_runs(env: Env, tmp_
     _inject(env, ("attempt.running",))
     with env.controller(launch=FAST_LAUNCH) as controller:
         controller.notify()
-        assert wait_for(lambda: any(a[1] == "failed" for a in _attempts(env, run_id)))
+        assert wait_until(lambda: any(a[1] == "failed" for a in _attempts(env, run_id)), timeout=10)
         _heal(env)  # storage works again
         assert env.wait_status(run_id, "running") == "running"
         attempts = _attempts(env, run_id)
         assert attempts[0] == (1, "failed", "LAUNCH_STORAGE_UNAVAILABLE")
         assert all(a[1:] == ("failed", "LAUNCH_STORAGE_UNAVAILABLE") for a in attempts[:-1])
         assert attempts[-1][1] == "running" and len(attempts) < 8
-        assert wait_for(marker.exists)
+        assert wait_until(marker.exists, timeout=10)
         assert marker.read_text() == "run\n"  # the job ran once: no unrecorded launch ever released it
         types = [e["type"] for e in env.events(run_id)]
         # What run.events.list shows (types in order): the failed launch, the requeue, the new launch.
@@ -74,9 +75,9 @@ def test_storage_that_cannot_even_record_the_requeue_keeps_the_run_until_it_can(
     _inject(env, ("attempt.running", "attempt.failed"))
     with env.controller(launch=FAST_LAUNCH) as controller:
         controller.notify()
-        assert wait_for(lambda: env.attempt_row(attempt_id)["status"] == "starting")
+        assert wait_until(lambda: env.attempt_row(attempt_id)["status"] == "starting", timeout=10)
         passes = controller.passes
-        assert wait_for(lambda: controller.passes >= passes + 3)  # several retries, all refused
+        assert wait_until(lambda: controller.passes >= passes + 3, timeout=10)  # several retries, all refused
         assert env.status(run_id) == "dispatching"  # not failed, nothing lost
         assert _attempts(env, run_id) == [(1, "starting", None)]
         assert env.attempt_row(attempt_id)["pid"] is None  # never recorded, never released
@@ -112,7 +113,7 @@ def test_a_cancel_while_a_launch_is_deferred_cancels_without_running(env: Env, t
     _inject(env, ("attempt.running",))
     with env.controller(launch={"launch_attempts": 8, "launch_backoff_s": 30.0}) as controller:
         controller.notify()
-        assert wait_for(lambda: env.status(run_id) == "queued" and len(_attempts(env, run_id)) == 2)
+        assert wait_until(lambda: env.status(run_id) == "queued" and len(_attempts(env, run_id)) == 2, timeout=10)
         assert env.cancel(run_id) == "accepted"  # during the backoff
         controller.notify()
         assert env.wait_status(run_id, "cancelled") == "cancelled"
@@ -144,8 +145,8 @@ def test_a_log_file_system_full_at_launch_requeues_the_run(env: Env, tmp_path: p
         run_id, _ = env.start("t-full")
         with env.controller(launch=FAST_LAUNCH) as controller:
             controller.notify()
-            assert wait_for(lambda: any(a[1:] == ("failed", "LAUNCH_STORAGE_UNAVAILABLE")
-                                        for a in _attempts(env, run_id)))
+            assert wait_until(lambda: any(a[1:] == ("failed", "LAUNCH_STORAGE_UNAVAILABLE")
+                                        for a in _attempts(env, run_id)), timeout=10)
             assert env.status(run_id) != "failed"
             assert not marker.exists()
             fillers.pop().unlink()  # room again

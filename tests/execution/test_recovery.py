@@ -18,8 +18,9 @@ from qinglong_edge.contracts.ids import new_uuid4
 from qinglong_edge.execution.launcher import claim_next
 from qinglong_edge.process.cgroups import CgroupManager
 from qinglong_edge.process.identity import ProcessIdentity, capture, encode_handle
-from tests.support.execution_env import Env, wait_for
-from tests.support.jobs import alive, descendants_by_marker, kill_pids, read_text, reap, start_job
+from tests.support.execution_env import Env
+from tests.support.jobs import Bystander, alive, descendants_by_marker, kill_pids, read_text, reap, start_job
+from tests.support.wait import wait_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -48,7 +49,7 @@ def test_sigkill_after_the_intent_then_restart_finishes_the_stop(env: Env) -> No
     run_id, attempt_id = env.start("t-survivor")
     with controller_process(env) as child:
         pid = _running_pid(env, run_id, attempt_id)
-        assert wait_for(lambda: bool(descendants_by_marker("100041")))
+        assert wait_until(lambda: bool(descendants_by_marker("100041")), timeout=10)
         assert env.cancel(run_id) == "accepted"  # the intent is durable ...
         os.kill(child.pid, signal.SIGKILL)  # ... and the controller dies before stopping anything
         child.wait()
@@ -57,7 +58,7 @@ def test_sigkill_after_the_intent_then_restart_finishes_the_stop(env: Env) -> No
     with env.controller() as controller:
         controller.notify()
         assert env.wait_status(run_id, "cancelled") == "cancelled"
-        assert wait_for(lambda: not alive(pid))
+        assert wait_until(lambda: not alive(pid), timeout=10)
         assert not descendants_by_marker("100041")
     assert [e["type"] for e in env.events(run_id)][-3:] == ["run.cancel_requested", "attempt.cancelled",
                                                            "run.cancelled"]
@@ -77,12 +78,12 @@ def test_restart_adopts_a_running_job_and_keeps_draining_its_log(env: Env) -> No
     log = os.path.join(env.log_directory, f"{run_id}_{attempt_id}.log")
     with env.controller() as controller:
         assert attempt_id in controller.active_attempts  # adopted, not lost
-        assert wait_for(lambda: read_text(log) == "one\ntwo\n")  # "two" was written after the agent died
+        assert wait_until(lambda: read_text(log) == "one\ntwo\n", timeout=10)  # "two" was written after the agent died
         assert env.status(run_id) == "running" and alive(pid)
         env.cancel(run_id)
         controller.notify()
         assert env.wait_status(run_id, "cancelled") == "cancelled"
-        assert wait_for(lambda: not alive(pid))
+        assert wait_until(lambda: not alive(pid), timeout=10)
 
 
 def test_restart_reconciles_a_process_that_is_gone(env: Env) -> None:
@@ -94,7 +95,7 @@ def test_restart_reconciles_a_process_that_is_gone(env: Env) -> None:
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
     kill_pids(descendants_by_marker("100043") + pids)  # both jobs die while no agent runs
-    assert wait_for(lambda: not any(alive(p) for p in pids))
+    assert wait_until(lambda: not any(alive(p) for p in pids), timeout=10)
     env.cancel(cancelled_run)
     with env.controller() as controller:
         controller.notify()
@@ -122,9 +123,7 @@ def _pretend_running(env: Env, run_id: str, attempt_id: str, handle: str, pid: i
 
 
 def test_recorded_pid_now_owned_by_an_unrelated_process_is_never_signalled(env: Env, tmp_path: object) -> None:
-    marker = os.path.join(str(tmp_path), "signalled")
-    unrelated = subprocess.Popen(["sh", "-c", f"trap 'echo TERM > {marker}; exit 1' TERM; while :; do sleep 0.05; done"],
-                                 start_new_session=True)
+    unrelated = Bystander(str(tmp_path))
     try:
         real = capture(unrelated.pid)
         assert real is not None
@@ -136,11 +135,9 @@ def test_recorded_pid_now_owned_by_an_unrelated_process_is_never_signalled(env: 
         with env.controller() as controller:
             controller.notify()
             assert env.wait_status(run_id, "cancelled") == "cancelled"
-        time.sleep(0.2)
-        assert unrelated.poll() is None and not os.path.exists(marker)  # untouched
+        assert unrelated.untouched()
     finally:
-        unrelated.kill()
-        unrelated.wait()
+        unrelated.close()
 
 
 def test_interrupted_launch_is_lost_and_its_job_never_ran(env: Env) -> None:
@@ -185,17 +182,17 @@ def test_cgroups_of_finished_attempts_are_swept_at_start_and_others_never(
     leftover = start_job("sleep 100044", str(tmp_path), cgroup=ours)
     bystander = start_job("sleep 100045", str(tmp_path), cgroup=foreign)
     try:
-        assert wait_for(lambda: leftover.pid in ours.members() and bystander.pid in foreign.members())
+        assert wait_until(lambda: leftover.pid in ours.members() and bystander.pid in foreign.members(), timeout=10)
         with env.controller(cgroups=cgroup_manager):
             pass
-        assert wait_for(lambda: not alive(leftover.pid))
+        assert wait_until(lambda: not alive(leftover.pid), timeout=10)
         assert attempt_id not in cgroup_manager.owned_names()
         assert alive(bystander.pid) and foreign.name in cgroup_manager.owned_names()
     finally:
         reap(leftover.process)
         foreign.kill()
         reap(bystander.process)
-        wait_for(foreign.remove)
+        wait_until(foreign.remove, timeout=10)
 
 
 def test_fifos_of_earlier_releases_are_removed_and_foreign_ones_kept(env: Env) -> None:

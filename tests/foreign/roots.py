@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass
 from types import TracebackType
 
+from tests.support.wait import wait_until
+
 __all__ = ["ARCHITECTURES", "ROOTS_ENV", "ZIPAPP_IN_ROOT", "Chroot", "ForeignArch", "HostUnfit", "check_host",
            "ensure_root", "roots_dir", "unmount_below"]
 
@@ -228,9 +230,7 @@ class Chroot:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + 10
-        while _processes_in(self.root) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: not _processes_in(self.root), 10, interval=0.05)
         return len(pids)
 
     def close(self) -> None:

@@ -16,8 +16,8 @@ from qinglong_edge.local.server import ServerLimits
 from tests.local.test_server import _open_many
 from tests.support.http_client import ResponseReader, exchange, request_bytes
 from tests.support.local_api import CANCEL_PATH, LocalApiServer, local_api
-from tests.support.local_site import wait_for
 from tests.support.store import AUTHORIZATION
+from tests.support.wait import wait_until
 
 LIST = "/api/v3/projects/default/runs?limit=1"
 
@@ -103,7 +103,7 @@ def test_slowloris_connections_never_keep_a_ninth_client_waiting(tmp_path: pathl
         dripper = threading.Thread(target=drip, daemon=True)
         dripper.start()
         try:
-            wait_for(lambda: api.server.connection_count == 8, 10, "8 dripping connections")
+            wait_until(lambda: api.server.connection_count == 8, 10, interval=0.05, what="8 dripping connections")
             response = exchange(api.address, drip_bytes, timeout=15)
             assert response is not None and response.status == 200
             assert api.server.evicted_connections == 1
@@ -129,7 +129,7 @@ def test_a_head_must_be_complete_within_the_head_timeout_of_the_wait(tmp_path: p
         reader = ResponseReader(sock)
         first = reader.read()
         assert first is not None and first.status == 200 and not first.closes
-        time.sleep(0.6)  # setup: twice the head timeout passes on the idle connection
+        time.sleep(0.6)  # the scenario: twice the head timeout passes on the idle connection
         sock.sendall(request)
         late = reader.read()
         assert late is not None and late.status == 408

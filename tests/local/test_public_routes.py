@@ -19,8 +19,9 @@ import pytest
 
 from qinglong_edge.local.public import CONSOLE_CSP, MAX_ASSET_BYTES, MAX_TOTAL_BYTES, ConsoleAssets
 from tests.support.http_client import RawResponse, exchange, request_bytes
-from tests.support.local_site import API, LocalSite, free_port, wait_for
+from tests.support.local_site import API, LocalSite, free_port
 from tests.support.observe_tools import require_tool
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -168,7 +169,7 @@ def test_a_real_prometheus_scrapes_serve(site: LocalSite, tmp_path: pathlib.Path
             results = value.get("data", {}).get("result", [])
             return results[0] if results else None
 
-        result = wait_for(scraped, 60, "Prometheus to scrape /metrics")
+        result = wait_until(scraped, 60, interval=0.05, what="Prometheus to scrape /metrics")
         assert result["metric"]["job"] == "qinglong-edge"  # type: ignore[index]
         with urllib.request.urlopen(f"http://127.0.0.1:{web}/api/v1/targets", timeout=5) as answer:
             targets = json.loads(answer.read())["data"]["activeTargets"]

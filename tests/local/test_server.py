@@ -13,12 +13,13 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from qinglong_edge.local.server import Exchange, Response, Server, ServerLimits
 from tests.support.http_client import ResponseReader, exchange, request_bytes
+from tests.support.wait import wait_until
 
 
 class App:
@@ -39,7 +40,7 @@ class App:
             body = ex.read_body(ex.head.content_length or 0)
             return Response(200, {"size": len(body)})
         if target == "/slow-admission":  # admission waited on a busy store past the request timeout
-            time.sleep(0.8)
+            time.sleep(0.8)  # the scenario: a slow handler
             body = ex.read_body(ex.head.content_length or 0)
             return Response(200, {"size": len(body)})
         if target == "/deny":
@@ -268,8 +269,7 @@ def test_drain_finishes_in_flight_requests_and_refuses_new_ones() -> None:
         result: list[bool] = []
         drainer = threading.Thread(target=lambda: result.append(server.shutdown()))
         drainer.start()
-        time.sleep(0.3)
-        assert idle_reader.closed_by_server()  # idle keep-alive connections close at once
+        assert idle_reader.closed_by_server()  # idle keep-alive connections close at once (it waits up to 5 s)
         slow_head.sendall(b"Host: a\r\n\r\n")
         refused = ResponseReader(slow_head).read()
         assert refused is not None
@@ -500,18 +500,12 @@ def _partial(server: Server) -> socket.socket:
     return sock
 
 
-def _until(predicate: object, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate() and time.monotonic() < deadline:  # type: ignore[operator]
-        time.sleep(0.01)
-
-
 def test_at_the_connection_cap_the_oldest_waiting_connection_makes_room() -> None:
     with running(fast(max_connections=3)) as (server, _):
         idle = []
         for count in range(1, 4):  # one after another: their order is the eviction order
             idle.append(_partial(server))
-            _until(lambda n=count: server.connection_count == n)  # type: ignore[misc]
+            assert wait_until(lambda n=count: server.connection_count == n)
         try:
             assert server.connection_count == 3
             response = exchange(server.address, GET_OK)
@@ -531,10 +525,10 @@ def test_a_request_that_arrived_is_served_not_evicted() -> None:
     request had arrived, so it is answered and a younger idle one goes instead."""
     with running(fast(max_connections=2)) as (server, _):
         first = _partial(server)
-        _until(lambda: server.connection_count == 1)
+        assert wait_until(lambda: server.connection_count == 1)
         second = _partial(server)
         try:
-            _until(lambda: server.connection_count == 2)
+            assert wait_until(lambda: server.connection_count == 2)
             first.sendall(b"Host: x\r\n\r\n")
             third = exchange(server.address, GET_OK)
             assert third is not None and third.status == 200
@@ -601,14 +595,11 @@ def test_a_connection_answered_429_is_paused_before_it_is_read_again() -> None:
         server.shutdown(timeout=2)
 
 
-def _readable_or(sock: socket.socket, predicate: object, timeout: float = 10.0) -> None:
+def _readable_or(sock: socket.socket, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
     """Wait until ``sock`` has something to read (an answer came) or ``predicate()``."""
-    deadline = time.monotonic() + timeout
     with selectors.DefaultSelector() as sel:
         sel.register(sock, selectors.EVENT_READ)
-        while not predicate() and time.monotonic() < deadline:  # type: ignore[operator]
-            if sel.select(timeout=0.01):
-                return
+        wait_until(lambda: predicate() or bool(sel.select(timeout=0)), timeout)
 
 
 def test_a_request_with_a_credential_waits_for_a_slot_instead_of_503() -> None:
@@ -669,7 +660,7 @@ def test_a_request_waiting_for_a_slot_is_never_evicted_and_drain_answers_it() ->
             busy.sendall(request_bytes("GET", "/block"))
             assert app.entered.acquire(timeout=5)
             waiting.sendall(GET_OK)
-            _until(lambda: server.waiting_for_slot == 1)
+            assert wait_until(lambda: server.waiting_for_slot == 1)
             with socket.create_connection(server.address) as third:  # in the backlog: nobody to evict
                 third.sendall(GET_OK)
                 assert server.evicted_connections == 0

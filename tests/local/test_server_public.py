@@ -5,11 +5,11 @@ request slots and wait for one, so they never crowd out a request with a credent
 from __future__ import annotations
 
 import socket
-import time
 
 from qinglong_edge.local.server import Response, Server, ServerLimits
 from tests.local.test_server import App
 from tests.support.http_client import ResponseReader, exchange, request_bytes
+from tests.support.wait import wait_until
 
 
 class PublicApp(App):
@@ -54,9 +54,7 @@ def test_public_requests_wait_for_their_share_and_never_take_every_slot() -> Non
         for sock in socks:
             sock.close()
         server.shutdown(timeout=2)
-    deadline = time.monotonic() + 5
-    while len(seen) < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert wait_until(lambda: len(seen) >= 4, 5)
     assert sorted(seen) == [(200, None)] * 4
 
 

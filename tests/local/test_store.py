@@ -9,7 +9,6 @@ import sqlite3
 import stat
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -23,6 +22,7 @@ from qinglong_edge.local.store import (
     write_transaction,
 )
 from tests.support.mounts import tmpfs
+from tests.support.wait import wait_until
 
 
 def _sha256(path: pathlib.Path) -> str:
@@ -363,7 +363,7 @@ def test_close_while_busy_finishes_the_running_operation_and_fails_the_queued(st
     queued = [store.submit(lambda c: "never") for _ in range(3)]
     closer = threading.Thread(target=store.close)
     closer.start()
-    time.sleep(0.05)
+    assert wait_until(lambda: all(future.done() for future in queued))  # close() fenced the store
     with pytest.raises(StoreError) as after:
         store.run(lambda c: "after close")
     assert after.value.code == "store_closed"

@@ -39,10 +39,11 @@ from tests.packaging.conftest import Dist, Unpacked, unpack_ipk
 from tests.packaging.installed import STOP_MARGIN_S, Router, serve_stop_seconds, worker_options
 from tests.support.cli import Entry, unprivileged_python
 from tests.support.cluster_double import ClusterDouble, Fault
-from tests.support.jobs import alive, wait_until
+from tests.support.jobs import alive
 from tests.support.local_site import FAST_EXECUTION, LocalSite, start_and_cancel
 from tests.support.openwrt_stubs import read_log
 from tests.support.pull_env import PullEnv
+from tests.support.wait import wait_until
 
 #: Stands in for the `qinglong` user (uid/gid) the package creates on a router.
 SERVICE_UID = 65534

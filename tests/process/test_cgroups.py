@@ -7,7 +7,6 @@ import pathlib
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from hypothesis import given
@@ -24,7 +23,9 @@ from qinglong_edge.process.cgroups import (
     own_cgroups,
     signal_pids,
 )
-from tests.support.jobs import alive, descendants_by_marker, kill_pids, read_text, reap, start_job, wait_until
+from qinglong_edge.process.identity import read_proc_stat
+from tests.support.jobs import alive, descendants_by_marker, kill_pids, read_text, reap, start_job
+from tests.support.wait import wait_until
 
 HYBRID = """\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
@@ -172,8 +173,13 @@ def test_signal_pids_tolerates_exited_pids_and_skips_non_members() -> None:
     try:
         sent = signal_pids([gone.pid, bystander.pid], signal.SIGTERM, set)
         assert sent == 0
-        time.sleep(0.05)
+        # The positive event: a later signal acts (it stops); a SIGTERM sent before would have
+        # ended it first (fatal, and dequeued before SIGSTOP).
+        os.kill(bystander.pid, signal.SIGSTOP)
+        assert wait_until(lambda: bystander.poll() is not None
+                          or ((stat := read_proc_stat(bystander.pid)) is not None and stat.state in ("T", "t")))
         assert bystander.poll() is None  # it was enumerated but is no longer a member: untouched
+        os.kill(bystander.pid, signal.SIGCONT)
         assert signal_pids([bystander.pid], signal.SIGTERM, lambda: {bystander.pid}) == 1
         assert bystander.wait(timeout=5) == -signal.SIGTERM
     finally:

@@ -29,7 +29,8 @@ from qinglong_edge.process.identity import (
     probe,
     read_boot_id,
 )
-from tests.support.jobs import read_text, wait_until
+from tests.support.jobs import read_text
+from tests.support.wait import wait_until
 
 TAIL = b" 1 100 100 0 -1 4194560 97 0 0 0 0 0 0 0 20 0 1 0 123456 2240512 192 18446744073709551615"
 

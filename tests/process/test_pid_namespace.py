@@ -32,7 +32,8 @@ from qinglong_edge.process.spawn import (
     start_job,
 )
 from qinglong_edge.process.stop import stop
-from tests.support.jobs import descendants_by_marker, kill_pids, reap, wait_until
+from tests.support.jobs import descendants_by_marker, kill_pids, reap
+from tests.support.wait import wait_until
 
 ENV = {"PATH": "/usr/bin:/bin"}
 

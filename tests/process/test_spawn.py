@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import os
 import pathlib
-import time
 
 import pytest
 
 from qinglong_edge.errors import ExecutionError
 from qinglong_edge.process.cgroups import RunCgroup
-from qinglong_edge.process.identity import inspect
+from qinglong_edge.process.identity import inspect, read_proc_stat
 from qinglong_edge.process.spawn import (
     NOT_STARTED,
     Isolation,
@@ -22,8 +21,9 @@ from qinglong_edge.process.spawn import (
     resolve_executable,
     start_job,
 )
-from tests.support.jobs import alive, command_of, read_text, reap, wait_until
+from tests.support.jobs import alive, command_of, read_text, reap
 from tests.support.jobs import start_job as start_script
+from tests.support.wait import wait_until
 
 
 def _spec(tmp: pathlib.Path, argv: list[str] | None = None, **kwargs: object) -> JobSpec:
@@ -35,9 +35,11 @@ def test_job_code_runs_only_after_release(tmp_path: pathlib.Path) -> None:
     marker = os.path.join(str(tmp_path), "ran")
     job = start_script(f"echo yes > {marker}", str(tmp_path), release=False)
     try:
-        time.sleep(0.2)
+        # The positive event: after its READY the wrapper's only wait is the barrier's read;
+        # asleep there, it got as far as it goes unreleased.
+        assert wait_until(lambda: (stat := read_proc_stat(job.pid)) is not None and stat.state == "S")
         assert not os.path.exists(marker) and alive(job.pid)  # held at the barrier
-        assert command_of(job.pid, timeout=0.1) is None  # nothing forked yet
+        assert command_of(job.pid, timeout=0) is None  # nothing forked yet
         assert inspect(job.handle).status == "running"  # the identity is the wrapper's, and stays
         job.release()
         assert job.process.wait(timeout=5) == 0

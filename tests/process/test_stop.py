@@ -17,7 +17,8 @@ from qinglong_edge.errors import ExecutionError
 from qinglong_edge.process.cgroups import RunCgroup
 from qinglong_edge.process.identity import ProcessIdentity, capture, encode_handle
 from qinglong_edge.process.stop import StopResult, stop
-from tests.support.jobs import alive, descendants_by_marker, kill_pids, read_text, reap, start_job, wait_until
+from tests.support.jobs import Bystander, alive, descendants_by_marker, kill_pids, read_text, reap, start_job
+from tests.support.wait import wait_until
 
 GRACE = {"terminate_grace_ms": 300, "kill_grace_ms": 300, "poll_ms": 10}
 
@@ -142,9 +143,10 @@ def test_already_exited_job_is_not_signalled(tmp_path: object) -> None:
 def test_children_exiting_during_enumeration_are_tolerated(run_cgroup: RunCgroup, tmp_path: object) -> None:
     # A job that forks short-lived children all the time: some are enumerated and gone
     # (ESRCH) before the signal; the stop still ends only when everything is verified gone.
-    job = start_job("while :; do /bin/true; sleep 0.001; done", str(tmp_path), cgroup=run_cgroup)
+    forking = os.path.join(str(tmp_path), "forking")
+    job = start_job(f"while :; do /bin/true; : > {forking}; sleep 0.001; done", str(tmp_path), cgroup=run_cgroup)
     try:
-        time.sleep(0.1)
+        assert wait_until(lambda: os.path.exists(forking))  # the loop forks
         for _ in range(3):
             result = stop(job.handle, run_cgroup, **GRACE)
             assert result.conclusive
@@ -156,22 +158,16 @@ def test_children_exiting_during_enumeration_are_tolerated(run_cgroup: RunCgroup
 
 def test_recycled_pid_is_never_signalled(tmp_path: object) -> None:
     """A handle whose pid now belongs to an unrelated process (other start time)."""
-    marker = os.path.join(str(tmp_path), "signalled")
-    unrelated = subprocess.Popen(
-        ["sh", "-c", f"trap 'echo TERM > {marker}; exit 1' TERM; while :; do sleep 0.05; done"],
-        start_new_session=True,
-    )
+    unrelated = Bystander(str(tmp_path))
     try:
         real = capture(unrelated.pid)
         assert real is not None
         recorded = ProcessIdentity(real.boot_id, real.pid, real.pgid, str(int(real.start_time) - 1))
         result = stop(encode_handle("h-reused", recorded), **GRACE)
         assert result == StopResult("already_exited")
-        time.sleep(0.2)
-        assert unrelated.poll() is None and not os.path.exists(marker)
+        assert unrelated.untouched()
     finally:
-        unrelated.kill()
-        unrelated.wait()
+        unrelated.close()
 
 
 def test_gone_leader_gives_no_authority_over_a_group_number(tmp_path: object) -> None:

@@ -12,7 +12,8 @@ import pytest
 
 from qinglong_edge.errors import ExecutionError
 from qinglong_edge.process.stop import STOP_TRANSITIONS, Stopping, StopResult
-from tests.support.jobs import alive, descendants_by_marker, reap, start_job, wait_until
+from tests.support.jobs import alive, descendants_by_marker, reap, start_job
+from tests.support.wait import wait_until
 
 GRACE = {"terminate_grace_ms": 300, "kill_grace_ms": 300, "poll_ms": 10}
 
@@ -32,7 +33,7 @@ def _walk(stopping: Stopping) -> tuple[list[str], list[float]]:
         assert 0 <= delay <= 0.010 + 1e-9  # at most poll_ms
         wait = stopping.wait_s()
         assert wait is not None and wait <= delay
-        time.sleep(delay)
+        time.sleep(delay)  # the scenario: the controller's loop waits what the step asks
 
 
 def test_a_job_ignoring_term_walks_new_terminating_killing_done_and_no_step_sleeps(tmp_path: object) -> None:

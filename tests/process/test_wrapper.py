@@ -24,7 +24,8 @@ import pytest
 from qinglong_edge.process import wrapper
 from qinglong_edge.process.logs import read_receipt, read_truncation_fact
 from qinglong_edge.process.spawn import HeldJob, JobSpec, Publication, start_job
-from tests.support.jobs import alive, command_of, descendants_by_marker, kill_pids, reap, wait_until
+from tests.support.jobs import alive, command_of, descendants_by_marker, kill_pids, reap
+from tests.support.wait import wait_until
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SECRET = "s3cr3t-value-5b0c1d7e"

@@ -87,7 +87,7 @@ def test_a_lease_moved_on_by_the_agent_keeps_the_job_running(tmp_path: pathlib.P
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline:  # the agent renews: the stop keeps moving later
             _lease(tmp_path, 300)
-            time.sleep(0.1)
+            time.sleep(0.1)  # the scenario: a renewal every 100 ms for 2 s, well past the 300 ms lease
             assert job.process.poll() is None
         gate.write_text("go")
         assert job.process.wait(10) == 7

@@ -22,7 +22,8 @@ from qinglong_edge.process import spawn, wrapper
 from qinglong_edge.process.spawn import JobSpec, start_job
 from tests.process.test_wrapper_lease import _lease
 from tests.process.test_wrapper_lease import _spec as _lease_spec
-from tests.support.jobs import descendants_by_marker, kill_pids, reap, wait_until
+from tests.support.jobs import descendants_by_marker, kill_pids, reap
+from tests.support.wait import wait_until
 
 _MAIN = b'\nif __name__ == "__main__":'
 _HOOK = """

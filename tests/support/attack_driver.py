@@ -241,7 +241,7 @@ def main() -> int:
         for _ in range(200):
             if cgroup.remove():  # type: ignore[attr-defined]
                 break
-            time.sleep(0.01)
+            time.sleep(0.01)  # a poll, kept: this file runs alone (python -I), without tests.support.wait
     with os.fdopen(log_fd, "rb") as handle:
         lines = handle.read().decode("utf-8", "replace").splitlines()
     cells = []

@@ -200,7 +200,7 @@ def _fork_bomb(limit: int) -> None:
                 refused = errno.errorcode.get(exc.errno or 0, str(exc.errno))
                 break
             if pid == 0:
-                time.sleep(30)
+                time.sleep(30)  # the scenario: each forked child holds its slot
                 os._exit(0)
             children.append(pid)
     finally:

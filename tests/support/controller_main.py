@@ -24,7 +24,7 @@ def main() -> None:
     controller.wait_ready(30)
     print("ready", flush=True)
     while True:
-        time.sleep(0.05)
+        time.sleep(0.05)  # the scenario: the agent keeps its controller awake until it is killed
         controller.notify()
 
 

@@ -36,15 +36,17 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import subprocess
 import threading
-import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
+
+from tests.support.wait import wait_until
 
 MIB = 1024 * 1024
 PREFIX = "qinglong-envelope-"
@@ -275,13 +277,11 @@ class Cgroup:
 
     def kill(self, timeout: float = 10.0) -> bool:
         """SIGKILL every process in the subtree until it is empty; True when it is."""
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def emptied() -> bool:
             members = self.members()
             if not members:
                 return True
-            if time.monotonic() > deadline:
-                return False
             kill_file = os.path.join(self.paths.get("v2", ""), "cgroup.kill")
             if "v2" in self.paths and os.path.exists(kill_file):
                 with contextlib.suppress(OSError):
@@ -289,26 +289,26 @@ class Cgroup:
             for pid in members:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            time.sleep(0.02)
+            return False
+
+        return wait_until(emptied, timeout, interval=0.02)
 
     def remove(self, timeout: float = 10.0) -> list[str]:
         """Kill what is left, remove the subtree; returns the directories that stayed."""
         self.kill(timeout)
-        left: list[str] = []
-        for directory in self.subtree():
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    os.rmdir(directory)
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        left.append(directory)
-                        break
-                    time.sleep(0.02)
-        return left
+        return [directory for directory in self.subtree()
+                if not wait_until(functools.partial(_rmdir, directory), timeout, interval=0.02)]
+
+
+def _rmdir(directory: str) -> bool:
+    """Remove an empty cgroup directory: True when it is gone, False while the kernel refuses."""
+    try:
+        os.rmdir(directory)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    return True
 
 
 @dataclass

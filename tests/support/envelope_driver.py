@@ -48,6 +48,7 @@ from tests.support.cluster_double import ClusterDouble
 from tests.support.envelope import MIB, Cgroup, Envelope, OrphanReaper
 from tests.support.envelope_isolation import prepare_isolated, prepare_plain, verify
 from tests.support.envelope_load import Client, LoadClients, Sampler
+from tests.support.wait import wait_until
 
 REPO = pathlib.Path(__file__).resolve().parent.parent.parent
 
@@ -95,24 +96,16 @@ def say(text: str) -> None:
 
 def wait_rusage(proc: subprocess.Popen[bytes], timeout: float) -> tuple[int | None, int | None]:
     """(exit status, peak RSS KiB) of a child, or (None, None) if it is still running."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def reaped() -> tuple[int, int] | None:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid == proc.pid:
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            return proc.returncode, usage.ru_maxrss
-        if time.monotonic() > deadline:
-            return None, None
-        time.sleep(0.02)
+        return (os.waitstatus_to_exitcode(status), usage.ru_maxrss) if pid == proc.pid else None
 
-
-def wait_for(predicate: Any, timeout: float, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval)
+    found = wait_until(reaped, timeout, interval=0.02)
+    if found is None:
+        return None, None
+    proc.returncode = found[0]
+    return found
 
 
 class Lines:
@@ -131,7 +124,7 @@ class Lines:
         stream.close()
 
     def wait_for(self, needle: str, timeout: float) -> bool:
-        return bool(wait_for(lambda: any(needle in line for line in self.lines), timeout))
+        return wait_until(lambda: any(needle in line for line in self.lines), timeout, interval=0.05)
 
     def join(self) -> None:
         self._thread.join(10)
@@ -336,7 +329,7 @@ class Scenario:
                                "statuses": _count(c.get("status", "?") for c in cycles),
                                "stderr_tail": pull_err.lines[-5:], "cluster_requests": len(self.cluster.exchanges)}
         # Let the phase's Runs finish (the clients only read from now on).
-        wait_for(lambda: not _active(self.database()), 30)
+        wait_until(lambda: not _active(self.database()), 30, interval=0.05)
         sampler.phase("bomb")
         if "pids" in self.agent.paths:
             phases["bomb"] = self.bomb(tasks["bomb"], load)
@@ -350,7 +343,7 @@ class Scenario:
         sampler.phase("shutdown")
         client = Client(self.port, self.token)
         sleepers = [load.start_task(client, "sleeper", tasks["sleeper"])[1]["runId"] for _ in range(2)]
-        running = wait_for(lambda: all(self.run_status(client, r) == "running" for r in sleepers), 20)
+        running = wait_until(lambda: all(self.run_status(client, r) == "running" for r in sleepers), 20, interval=0.05)
         client.close()
         phases["shutdown"] = {"runs_running_at_sigterm": len(sleepers) if running else 0}
         started = time.monotonic()
@@ -364,8 +357,10 @@ class Scenario:
         self.report["serve"] = {"exit": serve_status, "maxrss_kib": serve_rss, "stderr_tail": serve_err.lines[-8:]}
         self.report["runs"] = self.outcomes(sleepers)
         self.report["integrity_check"] = self.integrity_check()
-        time.sleep(0.2)
-        self.report["leaked_processes"] = sorted(self.agent.members())
+        agent = self.agent
+        assert agent is not None
+        wait_until(lambda: not agent.members(), 5)  # stragglers of the drain are reaped, or leaked
+        self.report["leaked_processes"] = sorted(agent.members())
         self.report["leftover_cgroups"] = [d for d in self.agent.descendants() if d != "qinglong-edge"]
 
     def bomb(self, task: dict[str, Any], load: LoadClients) -> dict[str, Any]:
@@ -385,7 +380,7 @@ class Scenario:
                         return os.path.join(parent, name)
             return None
 
-        group = wait_for(capped, 30, interval=0.01)
+        group = wait_until(capped, 30, interval=0.01)
         result["hit_cap"] = bool(group)
         peak_seen = 0
         at_cap, samples = 0, 0
@@ -398,7 +393,7 @@ class Scenario:
                 peak_seen = max(peak_seen, current)
                 samples += 1
                 at_cap += current >= cap
-                time.sleep(0.01)
+                time.sleep(0.01)  # the scenario: sample the cap every 10 ms for 3 s
             result["run_pids_peak_kernel"] = _read_int(os.path.join(group, "pids.peak"))
             result["run_fork_failures"] = int((_read_text(os.path.join(group, "pids.events")) or "max 0").split()[1])
         result["run_tasks_sampled_max"] = peak_seen
@@ -407,12 +402,13 @@ class Scenario:
         status, _ = client.call("POST", f"/api/v3/projects/default/runs/{run_id}/cancellation",
                                 {"schema": "qinglong/run-cancellation@v1", "mutationId": "bomb-cancel"})
         result["cancel_status"] = status
-        final = wait_for(lambda: self.run_status(client, run_id) in ("cancelled", "failed", "succeeded"), 30)
+        final = wait_until(lambda: self.run_status(client, run_id) in ("cancelled", "failed", "succeeded"), 30,
+                           interval=0.05)
         result["run_status"] = self.run_status(client, run_id)
         result["stopped_in_s"] = round(time.monotonic() - started, 2)
-        result["bomb_cgroup_gone"] = bool(wait_for(lambda: not group or not os.path.isdir(group), 10))
+        result["bomb_cgroup_gone"] = wait_until(lambda: not group or not os.path.isdir(group), 10, interval=0.05)
         result["terminal"] = bool(final)
-        time.sleep(1.0)  # the readers keep going after the bomb
+        time.sleep(1.0)  # the scenario: the readers keep going for a second after the bomb
         client.close()
         return result
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +23,7 @@ from qinglong_edge.local.runs import CancellationCommand, new_task_start_command
 from qinglong_edge.local.store import Store
 from qinglong_edge.local.tasks import create_task
 from qinglong_edge.process.cgroups import CgroupManager
+from tests.support.wait import wait_until
 
 OPERATOR = Subject("user", "operator-1")
 FENCE = PolicyFence(project_version=1, binding_version=1)
@@ -93,13 +94,14 @@ class Env:
         return str(self.run_row(run_id)["status"])
 
     def wait_status(self, run_id: str, statuses: set[str] | str, timeout: float = 10.0) -> str:
+        """The Run's status once it is one of ``statuses``, or its status when ``timeout`` passes."""
         wanted = {statuses} if isinstance(statuses, str) else statuses
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def matching() -> str | None:
             status = self.status(run_id)
-            if status in wanted or time.monotonic() > deadline:
-                return status
-            time.sleep(0.01)
+            return status if status in wanted else None
+
+        return wait_until(matching, timeout) or self.status(run_id)
 
     def config(self, **overrides: Any) -> ExecutionConfig:
         values: dict[str, Any] = {
@@ -132,12 +134,3 @@ def make_env(root: str) -> Env:
                                    now_ms=now))
     logs = os.path.join(root, "logs")
     return Env(store, root, logs)
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()

@@ -35,7 +35,7 @@ def _agent(spec: dict[str, object]) -> None:
     print(f"agent {os.getpid()}", flush=True)
     print(f"wrapper {job.pid}", flush=True)
     while True:
-        time.sleep(60)
+        time.sleep(60)  # the scenario: the agent idles until the test kills it
 
 
 def main() -> int:

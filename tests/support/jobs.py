@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
-from collections.abc import Callable
 
 from qinglong_edge.process.cgroups import RunCgroup
 from qinglong_edge.process.identity import read_proc_stat, scan_processes
 from qinglong_edge.process.spawn import HeldJob, JobSpec, job_environment
 from qinglong_edge.process.spawn import start_job as start_held_job
+from tests.support.wait import wait_until
 
 
 def start_job(script: str, cwd: str, *, cgroup: RunCgroup | None = None, release: bool = True,
@@ -44,15 +43,6 @@ def alive(pid: int) -> bool:
     """True if ``pid`` exists and is not a zombie."""
     stat = read_proc_stat(pid)
     return stat is not None and not stat.exited
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, interval: float = 0.01) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 def descendants_by_marker(marker: str) -> list[int]:
@@ -94,3 +84,40 @@ def kill_pids(pids: list[int]) -> None:
 def read_text(path: str) -> str:
     with open(path, encoding="utf-8", errors="surrogateescape") as handle:
         return handle.read()
+
+
+class Bystander:
+    """An unrelated process (its own session) that a stop must never signal.
+
+    It records a SIGTERM in ``<directory>/signalled`` (and exits 1); otherwise it goes round
+    a 50 ms loop, appending a line to ``<directory>/beats`` each time. A signal sent before
+    a moment is handled before the loop's next turn ends, so :meth:`untouched` waits for two
+    more beats (the positive event) instead of sleeping, then looks.
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.marker = os.path.join(directory, "signalled")
+        self.beats = os.path.join(directory, "beats")
+        script = f"trap 'echo TERM > {self.marker}; exit 1' TERM; while :; do sleep 0.05; echo >> {self.beats}; done"
+        self.process = subprocess.Popen(["sh", "-c", script], start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def _count(self) -> int:
+        try:
+            with open(self.beats, "rb") as handle:
+                return handle.read().count(b"\n")
+        except FileNotFoundError:
+            return 0
+
+    def untouched(self, timeout: float = 5.0) -> bool:
+        """True once it beat twice more than now, still running and never sent a SIGTERM."""
+        now = self._count()
+        wait_until(lambda: self._count() >= now + 2 or self.process.poll() is not None, timeout)
+        return self._count() >= now + 2 and self.process.poll() is None and not os.path.exists(self.marker)
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait()

@@ -8,8 +8,9 @@ import selectors
 import signal
 import subprocess
 import sys
-import time
 from typing import Any
+
+from tests.support.wait import wait_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -103,15 +104,12 @@ def process_state(pid: int) -> str:
 
 def wait_stopped(pid: int, timeout: float = 20.0) -> bool:
     """Wait until ``pid`` is stopped (True) or has exited (False)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def settled() -> str | None:
         try:
             state = process_state(pid)
         except FileNotFoundError:
-            return False
-        if state in ("T", "t"):
-            return True
-        if state in ("Z", "X"):
-            return False
-        time.sleep(0.005)
-    raise AssertionError(f"pid {pid} neither stopped nor exited in {timeout} s")
+            return "gone"
+        return state if state in ("T", "t", "Z", "X") else None
+
+    return wait_until(settled, timeout, interval=0.005, what=f"pid {pid} to stop or exit") in ("T", "t")

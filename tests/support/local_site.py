@@ -28,13 +28,12 @@ import pathlib
 import signal
 import socket
 import subprocess
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from tests.support.cli import Entry, repo_entry
 from tests.support.http_client import exchange, request_bytes
+from tests.support.wait import wait_until
 
 __all__ = [
     "API",
@@ -48,7 +47,6 @@ __all__ = [
     "free_port",
     "start_and_cancel",
     "start_running",
-    "wait_for",
 ]
 
 JOB = (
@@ -60,24 +58,10 @@ JOB = (
 API = "/api/v3/projects/default"
 FAST_EXECUTION: dict[str, Any] = {"terminateGraceMs": 1000, "killGraceMs": 500, "controlIntervalMs": 250}
 
-T = TypeVar("T")
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def wait_for(predicate: Callable[[], T], timeout: float, what: str) -> T:
-    """Poll ``predicate`` every 50 ms until it returns a truthy value; return it."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def alive(pid: int) -> bool:
@@ -111,7 +95,7 @@ class Serve:
                 raise AssertionError(f"serve exited {self.proc.returncode}: {self.stderr()[-4000:]}")
             return "serving the Local API" in self.stderr()
 
-        wait_for(ready, timeout, "serve to listen")
+        wait_until(ready, timeout, interval=0.05, what="serve to listen")
 
     def stop(self, timeout: float = 30) -> int:
         """SIGTERM (the drain), wait, return the exit status."""
@@ -237,7 +221,7 @@ class LocalSite:
         return str(body["run"]["status"])
 
     def wait_run_status(self, run_id: str, wanted: str, timeout: float = 15) -> None:
-        wait_for(lambda: self.run_status(run_id) == wanted, timeout, f"the Run to be {wanted}")
+        wait_until(lambda: self.run_status(run_id) == wanted, timeout, interval=0.05, what=f"the Run to be {wanted}")
 
     def cancel(self, run_id: str, mutation_id: str = "cancel-1",
                token: str | None = None) -> tuple[int, dict[str, Any]]:
@@ -251,8 +235,8 @@ class LocalSite:
         def read(path: pathlib.Path) -> str:
             return path.read_text().strip() if path.exists() else ""
 
-        pid = int(wait_for(lambda: read(self.pidfile), timeout, "the job pid"))
-        escapee = int(wait_for(lambda: read(escapee_file), timeout, "the escapee pid"))
+        pid = int(wait_until(lambda: read(self.pidfile), timeout, interval=0.05, what="the job pid"))
+        escapee = int(wait_until(lambda: read(escapee_file), timeout, interval=0.05, what="the escapee pid"))
         return pid, escapee
 
     def job_saw_sigterm(self) -> bool:
@@ -289,7 +273,7 @@ def cancel_and_verify(site: LocalSite, run: StartedRun, *, escapee_dies: bool | 
     assert not alive(run.pid)
     # The escapee left the process group; only the per-Run cgroup catches it.
     if cgroup_v2_available() if escapee_dies is None else escapee_dies:
-        wait_for(lambda: not alive(run.escapee), 5, "the setsid escapee to die")
+        wait_until(lambda: not alive(run.escapee), 5, interval=0.05, what="the setsid escapee to die")
     assert site.job_saw_sigterm()  # SIGTERM came first
 
 

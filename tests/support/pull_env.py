@@ -146,6 +146,8 @@ class PullEnv:
 
     @staticmethod
     def wait_until_due(claim: dict[str, Any]) -> None:
+        # Part of the scenario: the claim's backoff is on the wall clock the next cycle reads
+        # (a cycle before nextAttemptAtMs only waits), so real time must pass.
         delay = claim["nextAttemptAtMs"] / 1000 - time.time()
         if delay > 0:
             time.sleep(delay + 0.01)
@@ -188,20 +190,6 @@ class PullEnv:
     def marker(self) -> dict[str, Any] | None:
         path = self.runtime / "attempt.json"
         return json.loads(path.read_bytes()) if path.exists() else None
-
-
-def wait_stopped(pid: int, timeout: float = 20.0) -> None:
-    """Wait until ``pid`` is stopped (``T`` in /proc/<pid>/stat): a ``:pause`` crash point."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
-        except FileNotFoundError:
-            raise AssertionError(f"process {pid} exited before its crash point") from None
-        if stat.rsplit(")", 1)[1].split()[0] == "T":
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"process {pid} did not reach its crash point")
 
 
 def kill(proc: subprocess.Popen[bytes], signum: int = signal.SIGKILL) -> None:

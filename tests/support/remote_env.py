@@ -15,14 +15,13 @@ import os
 import pathlib
 import signal
 import subprocess
-import time
-from collections.abc import Callable
 from typing import Any
 
 from tests.support.cluster_double import ClusterDouble
 from tests.support.pull_env import Outcome, PullEnv
+from tests.support.wait import wait_until
 
-__all__ = ["CLAIM_LEASE_MS", "RENEWAL_MS", "RemoteEnv", "remote_cluster", "wait_until"]
+__all__ = ["CLAIM_LEASE_MS", "RENEWAL_MS", "RemoteEnv", "remote_cluster"]
 
 CLAIM_LEASE_MS = 6_000
 RENEWAL_MS = 6_000
@@ -31,18 +30,6 @@ RENEWAL_MS = 6_000
 def remote_cluster() -> ClusterDouble:
     """A cluster double with the short leases of this module (not started)."""
     return ClusterDouble(lease_duration_ms=CLAIM_LEASE_MS, renewal_duration_ms=RENEWAL_MS)
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.02) -> Any:
-    """Poll ``predicate`` until it returns something truthy (returned) or fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s: {predicate}")
-        time.sleep(interval)
 
 
 class RemoteEnv(PullEnv):
@@ -89,8 +76,12 @@ class RemoteEnv(PullEnv):
         return next(iter(inbox.values()))["state"] if len(inbox) == 1 else None
 
     def wait_state(self, *states: str, timeout: float = 20.0) -> dict[str, Any]:
-        record: dict[str, Any] = wait_until(lambda: self.state() in states and self.record(), timeout)
-        return record
+        def record() -> dict[str, Any] | None:
+            return self.record() if self.state() in states else None
+
+        found = wait_until(record, timeout, interval=0.02, what=f"the offer to be {' or '.join(states)}")
+        assert found is not None  # what= raised otherwise
+        return found
 
     def files_under(self, root: pathlib.Path | None = None) -> list[pathlib.Path]:
         base = root or self.root

@@ -41,8 +41,8 @@ Recorded: ``requests`` (every :class:`Request`), ``connections`` (accepted TCP
 connections), ``handshakes`` (completed TLS handshakes), ``handshake_errors`` (the
 server-side reasons), ``sni`` (server names received, None for no SNI), ``resumed`` (per
 completed handshake: whether it resumed a session), ``peer_names``
-(the client certificate's CN per handshake) and ``peer_closed`` (connections the client
-closed); :meth:`wait_for` waits for a condition over any of these.
+(the client certificate's CN per handshake), ``peer_closed`` (connections the client
+closed) and ``server_closed`` (connections this server closed); :meth:`wait_for` waits for a condition over any of these.
 
 Example (the cluster double builds on this)::
 
@@ -207,6 +207,7 @@ class _LoopbackServer:
         self._sockets: list[socket.socket] = []
         self.connections = 0
         self.peer_closed = 0
+        self.server_closed = 0
 
     # -- lifecycle -------------------------------------------------------------------
     def __enter__(self) -> Any:
@@ -280,6 +281,7 @@ class _LoopbackServer:
         finally:
             with contextlib.suppress(OSError):
                 conn.close()
+            self._note("server_closed")
 
     def _serve(self, conn: socket.socket, index: int) -> None:
         raise NotImplementedError
@@ -424,7 +426,7 @@ class TLSServer(_LoopbackServer):
             answer = Respond(answer)
         if isinstance(answer, Respond):
             if answer.delay_s:
-                time.sleep(answer.delay_s)
+                time.sleep(answer.delay_s)  # the scenario: a slow server
             tls.sendall(answer.data)
             return not answer.close
         if isinstance(answer, Trickle):

@@ -264,7 +264,7 @@ def test_does_not_reuse_a_connection_the_server_ends(serve: Callable[..., tuple[
 def test_notices_an_idle_connection_the_server_closed(serve: Callable[..., tuple[TLSServer, IngressTransport]]) -> None:
     server, transport = serve(Respond(http_response(), close=True))
     post(transport)
-    time.sleep(0.1)  # the server's close reaches us while idle
+    assert server.wait_for(lambda: server.server_closed >= 1)  # its close (on loopback) reaches us while idle
     post(transport)  # no failure: the dead idle connection is dropped, not used
     assert [r.connection for r in server.requests] == [1, 2]
 
@@ -274,7 +274,7 @@ def test_does_not_reuse_an_old_idle_connection(serve: Callable[..., tuple[TLSSer
     monkeypatch.setattr(transport_module, "IDLE_REUSE_MAX_S", 0.05)
     server, transport = serve(http_response())
     post(transport)
-    time.sleep(0.1)
+    time.sleep(0.1)  # the scenario: the idle connection ages past IDLE_REUSE_MAX_S (the transport's monotonic clock)
     post(transport)
     assert [r.connection for r in server.requests] == [1, 2]
 

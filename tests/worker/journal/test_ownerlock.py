@@ -26,6 +26,7 @@ from qinglong_edge.worker.journal.ownerlock import (
     read_owner_record,
 )
 from tests.support.journal_proc import Child, last_event, run_child, wait_stopped
+from tests.support.wait import wait_until
 
 STALE_MS = 400  # refresh every 200 ms; the tests watch several periods
 
@@ -88,7 +89,7 @@ def test_sigstopped_owner_keeps_the_lock_and_is_compromised_after_resume(private
         owner.signal(signal.SIGSTOP)
         assert wait_stopped(owner.pid)
         for _ in range(3):  # several refresh periods (and past stale) while stopped
-            time.sleep(STALE_MS / 1000)
+            time.sleep(STALE_MS / 1000)  # the scenario: real time passes (the staleness clock) while stopped
             result = run_child("try", str(private_dir))
             assert b'"already_owned"' in result.stdout, result.stdout + result.stderr
         owner.signal(signal.SIGCONT)
@@ -143,16 +144,12 @@ def test_replaced_lock_file_fails_closed(private_dir: pathlib.Path, lock: OwnerL
 
 def test_refresh_thread_notices_deletion_without_any_call(private_dir: pathlib.Path, lock: OwnerLock) -> None:
     os.unlink(private_dir / LOCK_NAME)
-    deadline = time.monotonic() + 5
-    while not lock.compromised and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert lock.compromised
+    assert wait_until(lambda: lock.compromised, 5, interval=0.02)
 
 
 def test_refresh_rewrites_the_record(private_dir: pathlib.Path, lock: OwnerLock) -> None:
     first = lock.record.refreshed_at_ms
-    time.sleep(STALE_MS / 1000 * 1.5)
-    assert lock.record.refreshed_at_ms > first
+    assert wait_until(lambda: lock.record.refreshed_at_ms > first, 10)
     on_disk = parse_owner_record((private_dir / LOCK_NAME).read_bytes())
     assert on_disk == lock.record
     lock.ensure_owned()
@@ -190,8 +187,8 @@ def test_wall_clock_jumps_change_nothing(private_dir: pathlib.Path, monkeypatch:
         real_time, real_time_ns = time.time, time.time_ns
         monkeypatch.setattr(time, "time", lambda: real_time() + jump_s)
         monkeypatch.setattr(time, "time_ns", lambda: real_time_ns() + int(jump_s * 1e9))
-        for _ in range(4):  # across several refresh periods
-            time.sleep(0.1)
+        for _ in range(4):  # across several refreshes (each a new record)
+            assert wait_until(lambda before=lock.record: lock.record is not before, 10)
             lock.ensure_owned()
         assert not lock.compromised
         # The refresh thread ran under the jumped wall clock (its stamp moved with it)...
@@ -350,9 +347,9 @@ def test_failed_record_rewrite_does_not_compromise(private_dir: pathlib.Path, mo
             raise OSError(28, "No space left on device")
 
         monkeypatch.setattr(ownerlock, "_write_record", full)
-        time.sleep(STALE_MS / 1000 * 2.5)  # several refresh periods, past stale
+        # Three failed refreshes (one per stale/2): the last record written is past stale.
+        assert wait_until(lambda: lock.record_write_failures >= 3, 10)
         lock.ensure_owned()
-        assert lock.record_write_failures >= 2
     finally:
         lock.release()
 
@@ -392,10 +389,7 @@ def test_with_a_runtime_directory_the_record_lives_there_and_the_lock_file_is_no
         lock = OwnerLock.acquire(str(private_dir), stale_ms=STALE_MS, runtime=runtime)
         try:
             first = lock.record.refreshed_at_ms
-            deadline = time.monotonic() + 10
-            while lock.record.refreshed_at_ms == first and time.monotonic() < deadline:
-                time.sleep(0.05)  # let the refresh thread run at least once
-            assert lock.record.refreshed_at_ms > first
+            assert wait_until(lambda: lock.record.refreshed_at_ms > first, 10)  # the refresh thread ran
             assert read_owner_record(str(private_dir), runtime) == lock.record
             assert parse_owner_record((pathlib.Path(runtime.path) / "owner.json").read_bytes()) == lock.record
             with pytest.raises(JournalError) as info:  # a second owner names the first
