@@ -325,7 +325,7 @@ def _log(args: argparse.Namespace) -> int:
 def _discard(args: argparse.Namespace) -> int:
     from qinglong_edge.config import load_config
     from qinglong_edge.contracts.residency import PRE_LAUNCH_STATES, lease_expired_locally
-    from qinglong_edge.errors import EdgeError, UsageError
+    from qinglong_edge.errors import EdgeError, JournalError, UsageError
     from qinglong_edge.worker.delivery.cluster_clock import estimated_cluster_now
     from qinglong_edge.worker.journal.store import JournalReader
     from qinglong_edge.worker.remote.job_files import in_flight
@@ -339,7 +339,12 @@ def _discard(args: argparse.Namespace) -> int:
     if not os.path.lexists(root):
         raise _not_found(offer_id)
     with JournalReader.open(root) as reader:
-        record = reader.read_offer(offer_id)
+        try:
+            record = reader.read_offer(offer_id)
+        except JournalError as exc:
+            if exc.code != "unsafe_storage" or not args.force:
+                raise
+            return _discard_damaged(args, worker, offer_id)
     if record is None:
         raise _not_found(offer_id)
     now = estimated_cluster_now(worker.runtime_directory, root)  # the lease's own clock (clock.json), else wall
@@ -360,6 +365,39 @@ def _discard(args: argparse.Namespace) -> int:
     emit(args.json, f"inbox: discarded {offer_id}" + (f" (its job: {stopped})" if stopped else ""),
          {"ok": True, "discarded": offer_id, **({"stop": stopped} if stopped else {})})
     return 0
+
+
+def _discard_damaged(args: argparse.Namespace, worker: WorkerConfig, offer_id: str) -> int:
+    """``--force`` on a record that cannot be read (truncated, garbage, a wrong mode): take
+    the lock (a pull that holds it: ``already_owned``), remove the file and what the runtime
+    directory keeps by its offerId. Its log and receipt cannot be located without it; a job
+    it started is no longer renewed and its wrapper stops it when its lease ends."""
+    from qinglong_edge.worker.journal.store import Journal, JournalOptions
+
+    with Journal.open(worker.journal_directory, JournalOptions.from_config(worker)) as journal:
+        journal.discard_offer(offer_id)
+        _forget_runtime(worker, offer_id)
+    emit(args.json, f"inbox: discarded {offer_id} (a damaged record: a job it started stops when its lease ends)",
+         {"ok": True, "discarded": offer_id, "damaged": True})
+    return 0
+
+
+def _forget_runtime(worker: WorkerConfig, offer_id: str) -> None:
+    """Remove a discarded record's lease file, stop mark and outcome note (RAM)."""
+    from qinglong_edge.errors import JournalError
+    from qinglong_edge.worker.remote.job_files import outcome_name
+    from qinglong_edge.worker.remote.lease import remove_job_lease
+
+    runtime = _runtime(worker)
+    if runtime is None:
+        return
+    try:
+        remove_job_lease(runtime, offer_id)
+        runtime.remove(outcome_name(offer_id))
+    except JournalError:
+        pass  # RAM only: a reboot forgets them
+    finally:
+        runtime.close()
 
 
 def _ask_owner(worker: WorkerConfig, offer_id: str, config: Any) -> dict[str, Any] | None:
@@ -431,4 +469,5 @@ def _discard_here(config: Any, offer_id: str, busy: bool) -> str | None:
         if files is not None:
             remove_job_files(files)
         journal.discard_offer(offer_id)
+        _forget_runtime(worker, offer_id)
     return stopped

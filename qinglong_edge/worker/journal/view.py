@@ -117,10 +117,18 @@ class RecordReads:
         if self._dirs.offers_fd is None:
             return None
         what = self._dirs.what(OFFERS_DIR, name)
-        data = files.read_record(self._dirs.offers_fd, name, what)
-        if data is None:
-            return None
-        return parse_record(lambda raw: parse_inbox_record(raw, expected_offer_id=offer_id), data, what)
+        try:
+            data = files.read_record(self._dirs.offers_fd, name, what)
+            if data is None:
+                return None
+            return parse_record(lambda raw: parse_inbox_record(raw, expected_offer_id=offer_id), data, what)
+        except JournalError as exc:
+            if exc.code != "unsafe_storage":
+                raise
+            # One record the agent cannot use stops every cycle (3.1: fail closed); say the
+            # way out, which ``inbox discard`` takes for a record it cannot read.
+            raise JournalError(f"{exc.message} (this inbox record cannot be used: `qinglong-edge inbox discard "
+                               f"{offer_id} --yes --force` removes it)", code=exc.code) from None
 
 
 class JournalReader(RecordReads):
