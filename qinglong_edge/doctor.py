@@ -825,7 +825,8 @@ def check_local_store_caps(config: EdgeConfig) -> list[Check]:
     directory only listed. Over a cap is a warning (``serve`` prunes to it). Required
     only where ``serve`` and ``admin`` refuse the database
     (:func:`qinglong_edge.local.guards.check_database_present`: missing or emptied
-    while the keyring holds keys, ``database_missing``).
+    while the keyring holds keys, ``database_missing``; a file SQLite calls damaged or not
+    a database, ``database_corrupt``).
     """
     local = config.local_api
     if local is None:
@@ -855,6 +856,11 @@ def check_local_store_caps(config: EdgeConfig) -> list[Check]:
             conn.close()
     except Exception as exc:  # noqa: BLE001 - a diagnosis (sqlite3.Error, OSError...), never a traceback
         name = getattr(exc, "sqlite_errorname", "") or type(exc).__name__
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF in (11, 26):  # SQLITE_CORRUPT, SQLITE_NOTADB
+            # serve and admin refuse it (74 database_corrupt): a required check, as database_missing
+            return [Check("store_database", False, True,
+                          f"database_corrupt: {local.database_file}: damaged or not a SQLite database ({name})",
+                          "restore the database file from a backup, or move it aside (serve and admin refuse it)")]
         return [Check("store_database", False, False, f"{local.database_file}: cannot be read ({name})",
                       "check the file (admin init creates it; serve must be able to open it)")]
     now = int(time.time() * 1000)

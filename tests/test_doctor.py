@@ -319,6 +319,24 @@ def test_a_database_serve_refuses_to_recreate_fails_doctor_too(tmp_path: pathlib
     assert database.exists() == (how == "emptied") and (how == "removed" or database.stat().st_size == 0)
 
 
+@pytest.mark.parametrize("how", ["truncated", "garbage"])
+def test_a_damaged_database_serve_refuses_fails_doctor_too(tmp_path: pathlib.Path, how: str) -> None:
+    """Regression (issue 27): a database cut short (flash, a power cut) or overwritten makes
+    serve and admin exit 74 ``database_corrupt``; doctor warned ``cannot be read
+    (SQLITE_CORRUPT)`` and said "all required checks passed", exit 0."""
+    state, config = _provisioned(tmp_path)
+    database = state / "local.db"
+    data = database.read_bytes()
+    database.write_bytes(data[: len(data) // 3] if how == "truncated" else os.urandom(8192))
+    assert run_cli("--config", str(config), "admin", "prune").status == 74
+    result = run_cli("--config", str(config), "--json", "doctor")
+    assert result.status == 69, result.stdout
+    check = _checks(result.json())["store_database"]
+    assert (check["ok"], check["required"]) == (False, True), check
+    assert "database_corrupt" in str(check["detail"]) and str(database) in str(check["detail"])
+    assert "restore" in str(check["remedy"])
+
+
 # -- the pepper keyring as serve checks it (one source of truth) -------------------------------
 
 def _unsafe_key_mode(keyring: pathlib.Path, key: pathlib.Path) -> None:
