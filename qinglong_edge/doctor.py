@@ -490,17 +490,22 @@ def check_worker_file(path: str, name: str, what: str, *, forbidden: int, creden
         read_guarded_file,
     )
 
+    limit = MAX_CREDENTIAL_BYTES if credential else MAX_TLS_MATERIAL_BYTES
+    content = (f"write the ql3w_<credentialId>_<secret> token the cluster issued for this worker into "
+               f"{shlex.quote(path)} as its only line (at most {limit} bytes)") if credential else (
+               f"{shlex.quote(path)} must be a PEM file of 1 byte - {limit} bytes")
     try:
-        if credential:
-            read_authorization(path)
-            size = os.stat(path).st_size
-        else:
-            size = len(read_guarded_file(path, MAX_TLS_MATERIAL_BYTES, forbidden, what))
+        size = len(read_guarded_file(path, limit, forbidden, what))  # the file rules
     except TransportError as exc:
         missing = not os.path.lexists(path)
-        remedy = f"install the file at {shlex.quote(path)}" if missing else _worker_file_remedy(path, forbidden)
+        remedy = f"install the file at {shlex.quote(path)}" if missing else (
+            content if f"{path}: size " in exc.message else _worker_file_remedy(path, forbidden))
         return Check(name, False, True, exc.message, remedy)
-    limit = MAX_CREDENTIAL_BYTES if credential else MAX_TLS_MATERIAL_BYTES
+    if credential:
+        try:
+            read_authorization(path)  # its content: one ql3w token line
+        except TransportError as exc:
+            return Check(name, False, True, exc.message, content)
     kind = "a ql3w token" if credential else f"{size} bytes (limit {limit})"
     rule = "private" if forbidden == 0o077 else "not writable by others"
     return Check(name, True, True, f"{path}: {rule}, {kind}")
