@@ -104,8 +104,16 @@ class RecordReads:
 
     def _read_claim(self) -> PendingClaim | None:
         what = self._dirs.what(CLAIM_NAME)
-        data = files.read_record(self._dirs.root_fd, CLAIM_NAME, what)
-        return None if data is None else parse_record(parse_pending_claim, data, what)
+        try:
+            data = files.read_record(self._dirs.root_fd, CLAIM_NAME, what)
+            return None if data is None else parse_record(parse_pending_claim, data, what)
+        except JournalError as exc:
+            if exc.code not in ("unsafe_storage", "claim_conflict"):
+                raise
+            # Every cycle stops on it (3.1: fail closed): say the way out and what it costs.
+            raise JournalError(f"{exc.message} (this pending claim cannot be used: fix its mode, or remove it with "
+                               "no pull running; a claim that is not replayed costs nothing but time: the cluster "
+                               "retries its Run once the lease runs out)", code=exc.code) from None
 
     def _list_offers(self) -> list[str]:
         if self._dirs.offers_fd is None:  # a reader of a journal that never finished opening
