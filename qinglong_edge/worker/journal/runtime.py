@@ -241,7 +241,10 @@ class RuntimeDirectory:
         try:
             fd = os.open(tmp, _TEMP_FLAGS, 0o600, dir_fd=dir_fd)
         except OSError as exc:
-            raise _unwritable(exc, f"{what}: create temp file") from None
+            if not self._made_again(exc):
+                raise _unwritable(exc, f"{what}: create temp file") from None
+            self.write(name, data, max_bytes=max_bytes)
+            return
         try:
             try:
                 view = memoryview(data)
@@ -260,6 +263,24 @@ class RuntimeDirectory:
                 os.unlink(tmp, dir_fd=dir_fd)
             raise
         crashpoint("runtime_write.renamed")
+
+    def _made_again(self, exc: OSError) -> bool:
+        """Whether the directory was removed under us (``rm -rf``: its descriptor has no link
+        left) and is now made again at its path, 0700 (only where its parent still is): else
+        every later write would fail, a job's lease file among them, whose wrapper would then
+        stop the job at its old lease's end although the agent renews it."""
+        if not isinstance(exc, FileNotFoundError) or self._fd is None:
+            return False
+        try:
+            if os.fstat(self._fd).st_nlink != 0 or not os.path.isdir(os.path.dirname(self.path)):
+                return False
+            fd, _ = files.open_private_directory(self.path, dir_fd=None, what=self.path, create=True)
+        except (OSError, JournalError):
+            return False
+        old, self._fd = self._fd, fd
+        with contextlib.suppress(OSError):
+            os.close(old)
+        return True
 
     def overwrite(self, name: str, data: bytes) -> None:
         """Replace the bytes of an existing file of exactly ``len(data)`` bytes in place
