@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import sys
 
-from qinglong_edge.errors import EX_SOFTWARE, EX_UNAVAILABLE, EX_USAGE, EdgeError, exit_status_for
+from qinglong_edge.errors import EX_SOFTWARE, EX_UNAVAILABLE, EX_USAGE, EdgeError, UsageError, exit_status_for
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
@@ -61,7 +61,9 @@ def _parser_class() -> type[argparse.ArgumentParser]:
     return _Parser
 
 
-class _ArgumentError(Exception):
+class _ArgumentError(UsageError):
+    """argparse refused the command line (code ``usage``, exit 64); ``usage`` is its usage text."""
+
     def __init__(self, message: str, usage: str) -> None:
         super().__init__(message)
         self.usage = usage
@@ -226,11 +228,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return status
     except _ArgumentError as exc:
         if json_mode:
-            _print_error(True, "usage", str(exc), EX_USAGE)
+            _print_error(True, exc.code, exc.message, exit_status_for(exc))
         else:
             sys.stderr.write(exc.usage)
-            print(f"{PROG}: usage: {exc}", file=sys.stderr)
-        return EX_USAGE
+            print(f"{PROG}: usage: {exc.message}", file=sys.stderr)
+        return exit_status_for(exc)
     except EdgeError as exc:
         if os.environ.get("QINGLONG_EDGE_DEBUG") == "1":
             raise

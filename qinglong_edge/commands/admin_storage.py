@@ -35,6 +35,10 @@ from typing import Any
 
 from qinglong_edge.commands._output import print_json
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
+if TYPE_CHECKING:
+    from qinglong_edge.contracts.records import InboxRecord
+
 MAX_SHOWN_BYTES = 64 * 1024 * 1024
 DEFAULT_SHOWN_BYTES = 1024 * 1024
 
@@ -86,7 +90,7 @@ def _prune_journal(config: Any) -> dict[str, Any]:
     except JournalError:
         runtime = None
 
-    def remove_files(record: dict[str, Any]) -> None:  # the remote run's log, receipt, fact, outcome note
+    def remove_files(record: InboxRecord) -> None:  # the remote run's log, receipt, fact, outcome note
         files = worker_record_files(worker, record)
         if files is not None:
             remove_job_files(files)
@@ -99,7 +103,7 @@ def _prune_journal(config: Any) -> dict[str, Any]:
     try:
         with journal:
             now = now_ms()
-            kept: list[dict[str, Any]] = []
+            kept: list[InboxRecord] = []
             inbox = journal.prune_inbox(now, process_gone=process_gone, remove_files=remove_files, kept=kept)
             # Issue 23: an inbox that finished records fill gets one entry free now, as the next
             # pull would make it (the oldest finished first); records in flight are never touched.

@@ -455,33 +455,13 @@ def write_atomically(path: str, data: bytes, mode: int = 0o644) -> None:
         StorageError: ``storage_unavailable`` when any step fails; the temp file is
             removed and ``path`` is left as it was.
     """
-    import contextlib
-    import os
-    import secrets
-
+    from qinglong_edge import filecheck
     from qinglong_edge.errors import StorageError
 
-    directory = os.path.dirname(os.path.abspath(path))
-    temp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
     try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-        try:
-            os.fchmod(fd, mode)  # the umask must not narrow it
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temp, path)
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        # The temp file beside it, fchmod(mode): the umask must not narrow it.
+        filecheck.replace_file(path, data, mode=mode)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
         raise StorageError(f"{path}: cannot write ({exc.strerror})", code="storage_unavailable") from None
 
 

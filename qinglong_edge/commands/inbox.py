@@ -45,6 +45,7 @@ from qinglong_edge.commands._output import emit, print_json
 
 if TYPE_CHECKING:
     from qinglong_edge.config import WorkerConfig
+    from qinglong_edge.contracts.records import InboxRecord
 
 REDACTED = "[redacted]"
 
@@ -104,13 +105,31 @@ def _check_offer_id(offer_id: str) -> str:
     return offer_id
 
 
+def _read_record(root: str, offer_id: str) -> InboxRecord | None:
+    """The inbox record of ``offer_id`` (a dict), or None: no such record, or no journal."""
+    from qinglong_edge.worker.journal.store import JournalReader
+
+    if not os.path.lexists(root):
+        return None
+    with JournalReader.open(root) as reader:
+        return reader.read_offer(offer_id)
+
+
+def _existing_record(root: str, offer_id: str) -> InboxRecord:
+    """:func:`_read_record`, or ``not_found``."""
+    record = _read_record(root, offer_id)
+    if record is None:
+        raise _not_found(offer_id)
+    return record
+
+
 def _not_found(offer_id: str) -> Exception:
     from qinglong_edge.errors import EdgeError
 
     return EdgeError(f"no inbox record {offer_id}", code="not_found")
 
 
-def _record_document(record: Any) -> dict[str, Any]:
+def _record_document(record: InboxRecord) -> dict[str, Any]:
     """The record as JSON, lease token redacted (never print a capability)."""
     from qinglong_edge.contracts.journal_records import inbox_record_bytes
 
@@ -121,7 +140,7 @@ def _record_document(record: Any) -> dict[str, Any]:
     return document
 
 
-def _local(worker: WorkerConfig, record: Any, runtime: Any) -> dict[str, Any]:
+def _local(worker: WorkerConfig, record: InboxRecord, runtime: Any) -> dict[str, Any]:
     """What this device knows about a record beyond it: exit code, log, in flight."""
     from qinglong_edge.contracts.receipt import parse_receipt
     from qinglong_edge.contracts.strictjson import loads
@@ -229,17 +248,9 @@ def capacity_line(records: int, capacity: dict[str, int]) -> str:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from qinglong_edge.worker.journal.store import JournalReader
-
     offer_id = _check_offer_id(args.offer_id)
     worker = _worker_config(args)
-    root = worker.journal_directory
-    if not os.path.lexists(root):
-        raise _not_found(offer_id)
-    with JournalReader.open(root) as reader:
-        record = reader.read_offer(offer_id)
-    if record is None:
-        raise _not_found(offer_id)
+    record = _existing_record(worker.journal_directory, offer_id)
     document = _record_document(record)
     runtime = _runtime(worker)
     try:
@@ -266,7 +277,6 @@ def _log(args: argparse.Namespace) -> int:
 
     from qinglong_edge.commands._follow import follow_log
     from qinglong_edge.errors import EdgeError, UsageError
-    from qinglong_edge.worker.journal.store import JournalReader
     from qinglong_edge.worker.remote.job_files import in_flight, worker_record_files
 
     offer_id = _check_offer_id(args.offer_id)
@@ -278,15 +288,7 @@ def _log(args: argparse.Namespace) -> int:
         raise UsageError("--follow prints raw bytes as they come; it takes no --json")
     root = worker.journal_directory
 
-    def record() -> Any:
-        if not os.path.lexists(root):
-            return None
-        with JournalReader.open(root) as reader:
-            return reader.read_offer(offer_id)
-
-    first = record()
-    if first is None:
-        raise _not_found(offer_id)
+    first = _existing_record(root, offer_id)
     files = worker_record_files(worker, first)
     if files is None:
         raise EdgeError(f"inbox record {offer_id} names no log", code="not_found")
@@ -309,7 +311,7 @@ def _log(args: argparse.Namespace) -> int:
         return 0
 
     def ended() -> bool:
-        current = record()
+        current = _read_record(root, offer_id)
         if current is None or os.path.lexists(files.receipt_path):
             return True
         return not in_flight(current, time.time_ns() // 1_000_000)
@@ -327,7 +329,6 @@ def _discard(args: argparse.Namespace) -> int:
     from qinglong_edge.contracts.residency import PRE_LAUNCH_STATES, lease_expired_locally
     from qinglong_edge.errors import EdgeError, JournalError, UsageError
     from qinglong_edge.worker.delivery.cluster_clock import estimated_cluster_now
-    from qinglong_edge.worker.journal.store import JournalReader
     from qinglong_edge.worker.remote.job_files import in_flight
 
     offer_id = _check_offer_id(args.offer_id)
@@ -336,17 +337,12 @@ def _discard(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     worker = _worker_config(args)
     root = worker.journal_directory
-    if not os.path.lexists(root):
-        raise _not_found(offer_id)
-    with JournalReader.open(root) as reader:
-        try:
-            record = reader.read_offer(offer_id)
-        except JournalError as exc:
-            if exc.code != "unsafe_storage" or not args.force:
-                raise
-            return _discard_damaged(args, worker, offer_id)
-    if record is None:
-        raise _not_found(offer_id)
+    try:
+        record = _existing_record(root, offer_id)
+    except JournalError as exc:
+        if exc.code != "unsafe_storage" or not args.force:
+            raise
+        return _discard_damaged(args, worker, offer_id)
     now = estimated_cluster_now(worker.runtime_directory, root)  # the lease's own clock (clock.json), else wall
     busy = in_flight(record, now) and not (
         record["state"] in PRE_LAUNCH_STATES and lease_expired_locally(record["offer"]["lease"], now))

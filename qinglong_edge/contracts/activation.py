@@ -72,6 +72,8 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see cont
 if TYPE_CHECKING:
     from typing import Any
 
+    from qinglong_edge.contracts.records import InternalOffer
+
 __all__ = [
     "ACTIVATION_REQUEST_MAX_BYTES",
     "ACTIVATION_RESPONSE_MAX_BYTES",
@@ -137,7 +139,7 @@ def _fence(offer: object) -> Fence:
     return fence_of(offer).check(short_ids=True, project=False)
 
 
-def starting_request_body(offer: dict[str, Any]) -> bytes:
+def starting_request_body(offer: InternalOffer) -> bytes:
     """The starting body (fence7, section 3.1) for the stored internal offer; T1 and T2.
 
     Raises:
@@ -147,7 +149,7 @@ def starting_request_body(offer: dict[str, Any]) -> bytes:
         return request_bytes(fence7(_fence(offer)), ACTIVATION_REQUEST_MAX_BYTES)
 
 
-def start_failure_request_body(offer: dict[str, Any]) -> bytes:
+def start_failure_request_body(offer: InternalOffer) -> bytes:
     """The start-failure body (fence7, section 3.2; the same bytes as starting); T9.
 
     Raises:
@@ -157,7 +159,7 @@ def start_failure_request_body(offer: dict[str, Any]) -> bytes:
 
 
 def running_request_body(
-    offer: dict[str, Any],
+    offer: InternalOffer,
     *,
     executor_handle: str,
     log_artifact_id: str | None,
@@ -292,7 +294,7 @@ def _shape(snapshot: dict[str, Any]) -> str:
 _PAIRING = {"already_starting": "starting", "already_running": "running", "already_terminal": "terminal"}
 
 
-def parse_activation_response(body: bytes, offer: dict[str, Any], *, operation: str) -> ActivationResult:
+def parse_activation_response(body: bytes, offer: InternalOffer, *, operation: str) -> ActivationResult:
     """Validate a 200 answer to starting, start-failure or running (module docstring order).
 
     Args:

@@ -48,8 +48,9 @@ import re
 from qinglong_edge.contracts._shape import Frozen, child, exact_keys, int_value, object_value
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.fields import MAX_INT32, dispatch_id, string
-from qinglong_edge.contracts.ids import HEX64, LEASE_TOKEN
+from qinglong_edge.contracts.ids import HEX64
 from qinglong_edge.contracts.ingress import (
+    check_execution_fence,
     echo,
     equal,
     execution_fence,
@@ -63,6 +64,8 @@ from qinglong_edge.contracts.strictjson import dumps_bytes, loads
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
     from typing import Any
+
+    from qinglong_edge.contracts.records import InternalOffer
 
 __all__ = [
     "ARTIFACT_CONTENT_TYPE",
@@ -123,19 +126,8 @@ def _byte_length(value: object, path: str) -> int:
     return int_value(value, path, 0, MAX_ARTIFACT_BYTES)
 
 
-def _check_fence_body(value: dict[str, Any]) -> None:
-    """The server-side ``fence()`` of ``remoteWorkerCompletion.ts`` over a decoded body."""
-    for key in ("runId", "attemptId", "offerId"):
-        dispatch_id(value[key], child("$", key))
-    string(value["leaseToken"], "$.leaseToken", min_length=32, max_length=128, pattern=LEASE_TOKEN)
-    int_value(value["workerGeneration"], "$.workerGeneration", 1, MAX_INT32)
-    string(value["projectId"], "$.projectId", max_length=128, utf8_bytes=True)
-    int_value(value["leaseGeneration"], "$.leaseGeneration", 1, MAX_INT32)
-    int_value(value["expectedLeaseVersion"], "$.expectedLeaseVersion", 0, MAX_INT32)
-
-
 def artifact_upload_preamble(
-    offer: dict[str, Any],
+    offer: InternalOffer,
     *,
     log_artifact_id: str,
     byte_length: int,
@@ -190,7 +182,7 @@ def parse_artifact_header(body_prefix: bytes, *, content_length: int | None = No
         if value["schema"] != ARTIFACT_SCHEMA:
             raise ContractError("schema", "$.schema", f"must be {ARTIFACT_SCHEMA}")
         _truncated(value["truncated"], "$.truncated")
-        _check_fence_body(value)
+        check_execution_fence(value)
         _log_artifact_id(value["logArtifactId"], "$.logArtifactId")
         _byte_length(value["byteLength"], "$.byteLength")
         if content_length is not None and content_length != 4 + size + value["byteLength"]:
@@ -221,7 +213,7 @@ class ArtifactReceipt(Frozen):
 
 def parse_artifact_response(
     body: bytes,
-    offer: dict[str, Any],
+    offer: InternalOffer,
     *,
     log_artifact_id: str,
     byte_length: int,
@@ -284,7 +276,7 @@ def _check_result(result: dict[str, Any], path: str) -> None:
 
 def _check_completion(value: dict[str, Any]) -> None:
     """``normalizeRemoteWorkerCompletionCommand`` over a decoded body, in its order."""
-    _check_fence_body(value)
+    check_execution_fence(value)
     _check_result(object_value(value["result"], "$.result"), "$.result")
     artifact = object_value(value["artifact"], "$.artifact")
     exact_keys(artifact, _ARTIFACT_KEYS, "$.artifact")
@@ -297,7 +289,7 @@ def _check_completion(value: dict[str, Any]) -> None:
 
 
 def completion_request_body(
-    offer: dict[str, Any],
+    offer: InternalOffer,
     *,
     callback_sequence: int,
     callback_token_digest: str,
@@ -368,7 +360,7 @@ class CompletionResult(Frozen):
         object.__setattr__(self, "callback_sequence", callback_sequence)
 
 
-def parse_completion_response(body: bytes, offer: dict[str, Any], *, callback_sequence: int) -> CompletionResult:
+def parse_completion_response(body: bytes, offer: InternalOffer, *, callback_sequence: int) -> CompletionResult:
     """Validate a 200 completion answer: exact keys, schema, status, ids, sequence, echo.
 
     Raises:

@@ -65,6 +65,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
+    from qinglong_edge.contracts.records import InboxOptionalKey, InboxRecord, InternalOffer, OfferLease
+
 __all__ = [
     "INBOX_FIELD_STATES",
     "INBOX_OPTIONAL_KEYS",
@@ -132,7 +134,7 @@ RECOVERY_REASONS: tuple[str, ...] = (
     "lease_lost_local_execution_unverified",
 )
 _BASE_KEYS = ("schemaVersion", "revision", "state", "offer", "acceptedAtMs", "updatedAtMs")
-INBOX_OPTIONAL_KEYS: tuple[str, ...] = (
+INBOX_OPTIONAL_KEYS: tuple[InboxOptionalKey, ...] = (
     "executorHandle",
     "executorStartedAtMs",
     "logArtifactId",
@@ -150,7 +152,7 @@ _MAYBE_LAUNCHED = frozenset({"start_failed", "start_failure_acknowledged", "reco
 #: Per optional field: (states that require it, states that allow it without requiring it).
 #: Derived from ``normalizeWorkerRemoteExecutionInboxRecord``; every other state forbids it.
 #: The receipt pair (callback sequence + token digest) shares one rule.
-INBOX_FIELD_STATES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+INBOX_FIELD_STATES: dict[InboxOptionalKey, tuple[frozenset[str], frozenset[str]]] = {
     "executorHandle": (
         frozenset({"started", "running_acknowledged"}),
         frozenset({"completion_acknowledged", "recovery_required"}),
@@ -209,7 +211,7 @@ def _optional_value(key: str, value: object, path: str) -> object:
     return int_value(value, path)  # executorStartedAtMs, completionAcknowledgedAtMs
 
 
-def normalize_inbox_record(value: object, path: str = "$") -> dict[str, Any]:
+def normalize_inbox_record(value: object, path: str = "$") -> InboxRecord:
     """Validate an inbox record (``normalizeWorkerRemoteExecutionInboxRecord``, section 2.1).
 
     Returns:
@@ -259,10 +261,10 @@ def normalize_inbox_record(value: object, path: str = "$") -> dict[str, Any]:
             raise ContractError("invalid_record", child(path, key), f"required in state {state}")
         if present and state not in required and state not in allowed:
             raise ContractError("invalid_record", child(path, key), f"not allowed in state {state}")
-    return out
+    return out  # type: ignore[return-value]  # the validator: checked above
 
 
-def inbox_record(offer: dict[str, Any], now_ms: int) -> dict[str, Any]:
+def inbox_record(offer: InternalOffer, now_ms: int) -> InboxRecord:
     """A new inbox record for an accepted offer: state ``accepted``, revision 0.
 
     Args:
@@ -280,7 +282,7 @@ def inbox_record(offer: dict[str, Any], now_ms: int) -> dict[str, Any]:
     })
 
 
-def check_inbox_update(old: dict[str, Any], new: dict[str, Any], *, compare_delivery_kind: bool = False) -> None:
+def check_inbox_update(old: InboxRecord, new: InboxRecord, *, compare_delivery_kind: bool = False) -> None:
     """Check that ``new`` may replace ``old`` (offer-delivery.md 3.6; ``assertWorkerRemoteExecutionInboxTransition``).
 
     Both records are re-normalized first. ``deliveryKind`` is not part of the authority
@@ -296,7 +298,7 @@ def check_inbox_update(old: dict[str, Any], new: dict[str, Any], *, compare_deli
                       compare_delivery_kind=compare_delivery_kind)
 
 
-def _check_normalized(before: dict[str, Any], after: dict[str, Any], *, compare_delivery_kind: bool = False) -> None:
+def _check_normalized(before: InboxRecord, after: InboxRecord, *, compare_delivery_kind: bool = False) -> None:
     """:func:`check_inbox_update` over two records that are already normalized."""
     if not same_offer_authority(before["offer"], after["offer"], compare_delivery_kind=compare_delivery_kind):
         raise ContractError("offer_conflict", "$.offer", "the offer authority changed")
@@ -332,11 +334,11 @@ def _check_normalized(before: dict[str, Any], after: dict[str, Any], *, compare_
 
 
 def advance(
-    record: dict[str, Any],
+    record: InboxRecord,
     state: str,
     now_ms: int,
     fields: Mapping[str, object] | None = None,
-) -> dict[str, Any]:
+) -> InboxRecord:
     """The next record: ``record`` moved to ``state`` at ``now_ms``, with ``fields`` set.
 
     The generic step under the ``to_*`` functions (prefer those: they name the step and
@@ -377,20 +379,20 @@ def advance(
     return ordered
 
 
-def to_starting_acknowledged(record: dict[str, Any], now_ms: int) -> dict[str, Any]:
+def to_starting_acknowledged(record: InboxRecord, now_ms: int) -> InboxRecord:
     """T1: ``accepted`` -> ``starting_acknowledged`` after starting answered ``applied``/``already_starting``."""
     return advance(record, "starting_acknowledged", now_ms)
 
 
 def to_launching(
-    record: dict[str, Any],
+    record: InboxRecord,
     now_ms: int,
     *,
     executor_started_at_ms: int,
     log_artifact_id: str,
     callback_sequence: int,
     callback_token_digest: str,
-) -> dict[str, Any]:
+) -> InboxRecord:
     """T5: ``starting_acknowledged`` -> ``launching``, the durable pre-spawn barrier.
 
     Args:
@@ -407,27 +409,27 @@ def to_launching(
     })
 
 
-def to_started(record: dict[str, Any], now_ms: int, *, executor_handle: str) -> dict[str, Any]:
+def to_started(record: InboxRecord, now_ms: int, *, executor_handle: str) -> InboxRecord:
     """T7: ``launching`` -> ``started`` with the executor handle (1-512 bytes, no ctrl)."""
     return advance(record, "started", now_ms, {"executorHandle": executor_handle})
 
 
-def to_running_acknowledged(record: dict[str, Any], now_ms: int) -> dict[str, Any]:
+def to_running_acknowledged(record: InboxRecord, now_ms: int) -> InboxRecord:
     """T8: ``started`` -> ``running_acknowledged`` after running answered ``applied``/``already_running``."""
     return advance(record, "running_acknowledged", now_ms)
 
 
-def to_start_failed(record: dict[str, Any], now_ms: int) -> dict[str, Any]:
+def to_start_failed(record: InboxRecord, now_ms: int) -> InboxRecord:
     """T3/T4/T6: ``starting_acknowledged`` (no fields) or ``launching`` (keeps them) -> ``start_failed``."""
     return advance(record, "start_failed", now_ms)
 
 
-def to_start_failure_acknowledged(record: dict[str, Any], now_ms: int) -> dict[str, Any]:
+def to_start_failure_acknowledged(record: InboxRecord, now_ms: int) -> InboxRecord:
     """T9: ``start_failed`` -> ``start_failure_acknowledged`` (terminal) after ``applied``/``already_terminal``."""
     return advance(record, "start_failure_acknowledged", now_ms)
 
 
-def to_completion_acknowledged(record: dict[str, Any], now_ms: int) -> dict[str, Any]:
+def to_completion_acknowledged(record: InboxRecord, now_ms: int) -> InboxRecord:
     """T10: -> ``completion_acknowledged`` (terminal) after completion answered ``applied``/``already_completed``.
 
     From ``launching``, ``started``, ``running_acknowledged`` or
@@ -438,7 +440,7 @@ def to_completion_acknowledged(record: dict[str, Any], now_ms: int) -> dict[str,
     return advance(record, "completion_acknowledged", now_ms)
 
 
-def to_recovery_required(record: dict[str, Any], now_ms: int, reason: str) -> dict[str, Any]:
+def to_recovery_required(record: InboxRecord, now_ms: int, reason: str) -> InboxRecord:
     """``recover(reason)``: any non-terminal state -> ``recovery_required`` with ``recoveryReason``.
 
     Args:
@@ -449,8 +451,8 @@ def to_recovery_required(record: dict[str, Any], now_ms: int, reason: str) -> di
     return advance(record, "recovery_required", now_ms, {"recoveryReason": reason})
 
 
-def renewed_lease(lease: dict[str, Any], *, lease_version: int, renewed_at_ms: int,
-                  expires_at_ms: int) -> dict[str, Any]:
+def renewed_lease(lease: OfferLease, *, lease_version: int, renewed_at_ms: int,
+                  expires_at_ms: int) -> OfferLease:
     """T11 "Persist means" (section 5) for the lease alone: ``{version, renewedAtMs,
     expiresAtMs, updatedAtMs = renewedAtMs}`` from a lease-control answer.
 
@@ -476,7 +478,7 @@ def renewed_lease(lease: dict[str, Any], *, lease_version: int, renewed_at_ms: i
             "expiresAtMs": max(expires, stored_renewed + 1), "updatedAtMs": stored_renewed}
 
 
-def with_lease(record: dict[str, Any], lease: dict[str, Any]) -> dict[str, Any]:
+def with_lease(record: InboxRecord, lease: OfferLease) -> InboxRecord:
     """``record`` holding ``lease`` (of a higher or the same version), at the *same*
     revision: the record as this process knows it between journal writes (renewals live
     in the runtime directory, issue 23 item 7); the next state change writes it.
@@ -496,12 +498,12 @@ def with_lease(record: dict[str, Any], lease: dict[str, Any]) -> dict[str, Any]:
 
 
 def with_renewed_lease(
-    record: dict[str, Any],
+    record: InboxRecord,
     *,
     lease_version: int,
     renewed_at_ms: int,
     expires_at_ms: int,
-) -> dict[str, Any]:
+) -> InboxRecord:
     """T11 "Persist means" (section 5) as one journal write: :func:`renewed_lease` stored,
     the state unchanged, ``revision + 1``, ``updatedAtMs = max(record.updatedAtMs,
     renewedAtMs)``. The times are the cluster's (DB clock, ms) from the lease-control answer.
@@ -533,8 +535,8 @@ def with_renewed_lease(
     return normalized
 
 
-def with_result_times(record: dict[str, Any], now_ms: int, *, started_at_ms: int,
-                      finished_at_ms: int) -> dict[str, Any]:
+def with_result_times(record: InboxRecord, now_ms: int, *, started_at_ms: int,
+                      finished_at_ms: int) -> InboxRecord:
     """The job's exit observed: the completion's result times (cluster clock, frozen; see
     ``_RESULT``) and the current lease stored in one write; the state is unchanged.
 

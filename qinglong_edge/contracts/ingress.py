@@ -297,6 +297,19 @@ def execution_fence(schema: str, fence: Fence) -> dict[str, Any]:
     }
 
 
+def check_execution_fence(value: dict[str, Any]) -> None:
+    """The server-side ``fence()`` of ``remoteWorkerCompletion.ts`` over a decoded body
+    holding :func:`execution_fence`'s fields (artifact, completion and lease-control
+    requests), in the reference's order."""
+    for key in ("runId", "attemptId", "offerId"):
+        dispatch_id(value[key], child("$", key))
+    string(value["leaseToken"], "$.leaseToken", min_length=32, max_length=128, pattern=LEASE_TOKEN)
+    int_value(value["workerGeneration"], "$.workerGeneration", 1, MAX_INT32)
+    string(value["projectId"], "$.projectId", max_length=128, utf8_bytes=True)
+    int_value(value["leaseGeneration"], "$.leaseGeneration", 1, MAX_INT32)
+    int_value(value["expectedLeaseVersion"], "$.expectedLeaseVersion", 0, MAX_INT32)
+
+
 def schema_document(body: bytes | bytearray, *, max_bytes: int, keys: Collection[str], schema: str) -> dict[str, Any]:
     """The first checks every call document gets, in the spec's order: strict JSON of 2 to
     ``max_bytes`` bytes, an object, exactly ``keys``, ``schema`` equal to ``schema``.

@@ -55,7 +55,10 @@ from qinglong_edge.contracts.strictjson import dumps, loads
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
+
+    from qinglong_edge.contracts.records import AbandonedRecord, ClaimRecord, InboxRecord
 
 __all__ = [
     "ABANDON_REASONS",
@@ -96,7 +99,7 @@ _ABANDONED_KEYS = (
 )
 
 
-def _record_bytes(record: dict[str, Any]) -> bytes:
+def _record_bytes(record: Mapping[str, object]) -> bytes:
     data = (dumps(record) + "\n").encode("utf-8")
     if not 2 <= len(data) <= MAX_RECORD_BYTES:
         raise ContractError("too_large", "$", f"record exceeds {MAX_RECORD_BYTES} bytes")
@@ -113,7 +116,7 @@ def _time(value: object, path: str, code: str) -> int:
     return value
 
 
-def _check_claim(values: dict[str, Any]) -> None:
+def _check_claim(values: Mapping[str, Any]) -> None:
     """The rules of section 3.3 in the reference's order (codes: module docstring)."""
     if values["schemaVersion"] != 1 or not is_int(values["schemaVersion"]):
         raise ContractError("claim_conflict", "$.schemaVersion", "must be 1")
@@ -234,7 +237,7 @@ class PendingClaim(Frozen):
         values.update(changes)
         return self.__class__(**values)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ClaimRecord:
         """The 12 keys in file order."""
         return {
             "schemaVersion": self.schema_version,
@@ -282,12 +285,12 @@ def parse_pending_claim(data: bytes) -> PendingClaim:
     )
 
 
-def inbox_record_bytes(record: dict[str, Any]) -> bytes:
+def inbox_record_bytes(record: InboxRecord) -> bytes:
     """Validate ``record`` and serialize it: file key order, compact, ``"\\n"``, 2-163 840 bytes."""
     return _record_bytes(normalize_inbox_record(record))
 
 
-def parse_inbox_record(data: bytes, expected_offer_id: str | None = None) -> dict[str, Any]:
+def parse_inbox_record(data: bytes, expected_offer_id: str | None = None) -> InboxRecord:
     """Parse ``offers/<offerId>.json`` bytes.
 
     Args:
@@ -384,7 +387,7 @@ def abandoned_record_bytes(claim: PendingClaim, reason: str, abandoned_at_ms: in
     Raises:
         ContractError: ``abandon_reason``, ``not_integer``/``out_of_range``.
     """
-    record = {
+    record: AbandonedRecord = {
         "schemaVersion": 1,
         "offerId": claim.offer_id,
         "reason": _abandon_reason(reason),

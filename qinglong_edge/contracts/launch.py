@@ -61,6 +61,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see cont
 if TYPE_CHECKING:
     from typing import Any
 
+    from qinglong_edge.contracts.records import InternalOffer
     from qinglong_edge.contracts.secret_delivery import SecretValues
 
 __all__ = [
@@ -165,7 +166,7 @@ def _argv(command: dict[str, Any], path: str) -> tuple[str, ...]:
     raise ContractError("command_kind", child(path, "kind"), "must be argv or shell")
 
 
-def launch_plan(offer: dict[str, Any]) -> LaunchPlan:
+def launch_plan(offer: InternalOffer) -> LaunchPlan:
     """The launch plan of the stored internal offer (its normalized ``executionRevision``).
 
     Raises:
@@ -313,7 +314,7 @@ def _binding_value(binding: dict[str, Any], secrets: SecretValues | None, path: 
     return bytearray(secrets.value_for(ref))  # a copy: the answer is wiped on its own
 
 
-def materialize_environment(offer: dict[str, Any], secrets: SecretValues | None) -> Environment:
+def materialize_environment(offer: InternalOffer, secrets: SecretValues | None) -> Environment:
     """The job's environment for the stored internal offer and its secrets answer (T3/T4).
 
     Args:

@@ -42,9 +42,9 @@ from __future__ import annotations
 from qinglong_edge.contracts._shape import Frozen, child, exact_keys, int_value, object_value
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.fields import MAX_INT32, dispatch_id, string
-from qinglong_edge.contracts.ids import LEASE_TOKEN
 from qinglong_edge.contracts.ingress import (
     Fence,
+    check_execution_fence,
     echo,
     execution_fence,
     fence_of,
@@ -56,6 +56,8 @@ from qinglong_edge.contracts.ingress import (
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
     from typing import Any
+
+    from qinglong_edge.contracts.records import InternalOffer
 
 __all__ = [
     "DEFAULT_LEASE_DURATION_MS",
@@ -89,7 +91,7 @@ def _fence(offer: object, expected_lease_version: int | None) -> Fence:
     return fence_of(offer, expected_lease_version=expected_lease_version).check()
 
 
-def lease_control_request_body(offer: dict[str, Any], *, expected_lease_version: int | None = None) -> bytes:
+def lease_control_request_body(offer: InternalOffer, *, expected_lease_version: int | None = None) -> bytes:
     """The lease-control body for the stored internal offer.
 
     Args:
@@ -113,13 +115,7 @@ def parse_lease_control_request(body: bytes) -> dict[str, Any]:
     with guard("lease_control_request_invalid"):
         value = schema_document(body, max_bytes=LEASE_CONTROL_REQUEST_MAX_BYTES, schema=LEASE_CONTROL_SCHEMA,
                                 keys=_REQUEST_KEYS)
-        for key in ("runId", "attemptId", "offerId"):
-            dispatch_id(value[key], child("$", key))
-        string(value["leaseToken"], "$.leaseToken", min_length=32, max_length=128, pattern=LEASE_TOKEN)
-        int_value(value["workerGeneration"], "$.workerGeneration", 1, MAX_INT32)
-        string(value["projectId"], "$.projectId", max_length=128, utf8_bytes=True)
-        int_value(value["leaseGeneration"], "$.leaseGeneration", 1, MAX_INT32)
-        int_value(value["expectedLeaseVersion"], "$.expectedLeaseVersion", 0, MAX_INT32)
+        check_execution_fence(value)
         return value
 
 
@@ -211,7 +207,7 @@ def _result(value: dict[str, Any]) -> LeaseControlResult:
 
 def parse_lease_control_response(
     body: bytes,
-    offer: dict[str, Any],
+    offer: InternalOffer,
     *,
     expected_lease_version: int | None = None,
 ) -> LeaseControlResult:

@@ -56,6 +56,8 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see cont
 if TYPE_CHECKING:
     from typing import Any
 
+    from qinglong_edge.contracts.records import InternalOffer, OfferCandidate, OfferWorker
+
 __all__ = [
     "CANDIDATE_KEYS",
     "DELIVERY_KINDS",
@@ -235,11 +237,11 @@ class OfferedResponse(Frozen):
     __slots__ = ("offer", "stats", "truncated")
     _repr_hidden = ("offer",)  # and __repr__ below names the offer without its token
 
-    offer: dict[str, Any]
+    offer: InternalOffer
     stats: dict[str, int]
     truncated: bool
 
-    def __init__(self, offer: dict[str, Any], stats: dict[str, int], truncated: bool) -> None:
+    def __init__(self, offer: InternalOffer, stats: dict[str, int], truncated: bool) -> None:
         object.__setattr__(self, "offer", offer)
         object.__setattr__(self, "stats", stats)
         object.__setattr__(self, "truncated", truncated)
@@ -283,7 +285,7 @@ def _stats(value: object, path: str) -> dict[str, int]:
     return stats
 
 
-def _candidate(value: object, path: str) -> dict[str, Any]:
+def _candidate(value: object, path: str) -> OfferCandidate:
     """Section 2.3, with unknown keys rejected (spec README); rebuilt in canonical order."""
     source = object_value(value, path)
     exact_keys(source, CANDIDATE_KEYS, path)
@@ -298,7 +300,7 @@ def _candidate(value: object, path: str) -> dict[str, Any]:
     if source["executorType"] != EXECUTOR_TYPE:
         raise ContractError("executor_type", child(path, "executorType"), f"must be {EXECUTOR_TYPE}")
     out["executorType"] = EXECUTOR_TYPE
-    return out
+    return out  # type: ignore[return-value]  # the validator: checked above
 
 
 def _lease_times(source: dict[str, Any], path: str, out: dict[str, Any]) -> None:
@@ -318,14 +320,14 @@ def _build_offer(
     offer_id: str,
     delivery_kind: object,
     execution_digest: object,
-    candidate: dict[str, Any],
-    worker: dict[str, Any],
+    candidate: OfferCandidate,
+    worker: OfferWorker,
     lease: dict[str, Any],
     lease_token: str,
     revision: object,
     placement_score: object,
     path: str,
-) -> dict[str, Any]:
+) -> InternalOffer:
     """Step 12 (``createClusterRemoteExecutionOffer``) over validated parts."""
     if not isinstance(delivery_kind, str) or delivery_kind not in DELIVERY_KINDS:
         raise ContractError("delivery_kind", child(path, "deliveryKind"), "must be new_claim or lease_recovery")
@@ -364,7 +366,7 @@ def _build_offer(
         "executionDigest": execution_digest,
         "candidate": candidate,
         "worker": worker,
-        "lease": lease,
+        "lease": lease,  # type: ignore[typeddict-item]  # rebuilt and checked (steps 11-12)
         "leaseToken": lease_token,
         "executionRevision": normalized,
         "placementScore": score,
@@ -446,8 +448,8 @@ def parse_offer_response(body: bytes, authority: ClaimAuthority) -> IdleResponse
         "leaseTokenDigest": claim.lease_token_digest,
     }
     _lease_times(lease_wire, "$.offer.lease", lease)
-    worker = {"workerId": claim.worker_id, "sessionId": claim.worker_session_id,
-              "generation": claim.worker_generation}
+    worker: OfferWorker = {"workerId": claim.worker_id, "sessionId": claim.worker_session_id,
+                           "generation": claim.worker_generation}
     offer = _build_offer(  # step 12
         offer_id=claim.offer_id,
         delivery_kind=wire["deliveryKind"],
@@ -464,7 +466,7 @@ def parse_offer_response(body: bytes, authority: ClaimAuthority) -> IdleResponse
     return OfferedResponse(offer, stats, _boolean(response["truncated"], "$.truncated"))
 
 
-def normalize_internal_offer(value: object, path: str = "$.offer") -> dict[str, Any]:
+def normalize_internal_offer(value: object, path: str = "$.offer") -> InternalOffer:
     """Re-validate a stored internal offer (an inbox record's ``offer``).
 
     Every check of step 12 runs again: the 13-key lease (``status`` ``leased``, grammars,
@@ -485,7 +487,7 @@ def normalize_internal_offer(value: object, path: str = "$.offer") -> dict[str, 
     worker_path = child(path, "worker")
     worker_source = object_value(source["worker"], worker_path)
     exact_keys(worker_source, _WORKER_KEYS, worker_path)
-    worker = {
+    worker: OfferWorker = {
         "workerId": string(worker_source["workerId"], child(worker_path, "workerId"), max_length=128,
                            pattern=WORKER_ID),
         "sessionId": string(worker_source["sessionId"], child(worker_path, "sessionId"), min_length=36,
@@ -528,7 +530,7 @@ def normalize_internal_offer(value: object, path: str = "$.offer") -> dict[str, 
     )
 
 
-def same_offer_authority(a: dict[str, Any], b: dict[str, Any], *, compare_delivery_kind: bool = False) -> bool:
+def same_offer_authority(a: InternalOffer, b: InternalOffer, *, compare_delivery_kind: bool = False) -> bool:
     """Whether two *normalized* internal offers carry the same authority (section 3.6).
 
     Compares ``offerId``, ``executionDigest``, the JSON of ``candidate``, ``worker`` and

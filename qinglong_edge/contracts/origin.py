@@ -1,9 +1,17 @@
-"""The worker ingress origin (ADR-0110 section 1.1), parsed without I/O.
+"""The worker ingress origin (ADR-0110 section 1.1), parsed without I/O, and the HTTP
+grammar both HTTP sides share.
 
 The reference parses the origin as a WHATWG URL and accepts only ``https:`` with no
 userinfo, a path of exactly ``/`` (or none), no query and no fragment; the port
 defaults to 443. We accept the same set, spelled as an ASCII host name or an IP
 literal (IPv6 in brackets), and reject everything else with ``invalid_origin``.
+
+The RFC 9110 grammar fragments (:data:`HTTP_TOKEN`, :data:`HTTP_FIELD_VCHAR`,
+:data:`HTTP_FIELD_VALUE`, :data:`HTTP_OWS`) are defined here once, as ``bytes`` regex
+text, for the Local API's request parser (``local/http11.py``) and the worker ingress
+client's response parser (``worker/ingress/http_exchange.py``): a field line is the same
+on both. They live in this module, not one of their own, because the worker's idle pull
+already imports it (``tests/cli/test_pull_imports.py`` pins that path's modules).
 """
 
 from __future__ import annotations
@@ -14,7 +22,30 @@ import re
 from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.contracts.errors import ContractError
 
-__all__ = ["Origin", "parse_origin"]
+__all__ = [
+    "HTTP_FIELD_VALUE",
+    "HTTP_FIELD_VALUE_RE",
+    "HTTP_FIELD_VCHAR",
+    "HTTP_OWS",
+    "HTTP_TOKEN",
+    "Origin",
+    "parse_origin",
+]
+
+# RFC 9110 / 9112 grammar as regex fragments (h11 _abnf style), bytes.
+# tchar = "!" / "#" / "$" / "%" / "&" / "'" / "*" / "+" / "-" / "." / "^" / "_" / "`" / "|" / "~"
+#       / DIGIT / ALPHA                                             (RFC 9110 5.6.2)
+#: ``token = 1*tchar`` (RFC 9110 5.6.2): methods and field names.
+HTTP_TOKEN = rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+"
+#: ``field-vchar = VCHAR / obs-text`` (RFC 9110 5.5), the body of a regex character class
+#: (``[`` + it + ``]``); obs-text (%x80-FF) is accepted as bytes and decoded ISO-8859-1.
+HTTP_FIELD_VCHAR = rb"\x21-\x7e\x80-\xff"
+#: A field value once its OWS is trimmed: ``*( SP / HTAB / field-vchar )`` (field-content,
+#: RFC 9110 5.5); also a reason-phrase (RFC 9112 4) and a chunk extension's text.
+HTTP_FIELD_VALUE = rb"[\t\x20" + HTTP_FIELD_VCHAR + rb"]*"
+HTTP_FIELD_VALUE_RE = re.compile(HTTP_FIELD_VALUE)
+#: ``OWS = *( SP / HTAB )`` (RFC 9110 5.6.3): the bytes trimmed around a field value.
+HTTP_OWS = b" \t"
 
 _ORIGIN = re.compile(
     r"https://(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::(?P<port>[0-9]{1,5}))?/?",

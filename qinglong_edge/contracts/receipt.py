@@ -70,7 +70,8 @@ from qinglong_edge.contracts.strictjson import dumps, loads
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any
+
+    from qinglong_edge.contracts.records import InboxRecord
 
 __all__ = [
     "CALLBACK_TOKEN_BYTES",
@@ -319,7 +320,7 @@ def _unauthenticated(reason: str, path: str, detail: str) -> LaunchError:
     return LaunchError("receipt_unauthenticated", path, detail, reason=reason)
 
 
-def authenticate_receipt(receipt: Receipt, record: dict[str, Any], now_ms: int) -> Receipt:
+def authenticate_receipt(receipt: Receipt, record: InboxRecord, now_ms: int) -> Receipt:
     """The completion coordinator's receipt checks (section 4.2) against the inbox record.
 
     Args:

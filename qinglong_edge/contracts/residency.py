@@ -33,7 +33,7 @@ from qinglong_edge.contracts.inbox import INBOX_STATES, RECOVERY_REASONS
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
-    from typing import Any
+    from qinglong_edge.contracts.records import InboxRecord, OfferLease
 
 __all__ = [
     "LAUNCHED_STATES",
@@ -64,7 +64,7 @@ def _state(record: object) -> tuple[str, str | None]:
 
 
 def needs_local_action(
-    record: dict[str, Any],
+    record: InboxRecord,
     *,
     process_gone: bool = False,
     completion_succeeded: bool = False,
@@ -95,7 +95,7 @@ def needs_local_action(
 
 
 def lease_loss_reason(
-    record: dict[str, Any],
+    record: InboxRecord,
     *,
     lease_expired: bool,
     session_replaced: bool = False,
@@ -122,7 +122,7 @@ def lease_loss_reason(
     return None
 
 
-def lease_expired_locally(lease: dict[str, Any], cluster_now_ms: int) -> bool:
+def lease_expired_locally(lease: OfferLease, cluster_now_ms: int) -> bool:
     """Whether a stored lease (``offer.lease``) is over by the cluster's clock as this
     device estimates it (``expiresAtMs <= cluster_now_ms``; the estimate is
     :meth:`qinglong_edge.worker.delivery.cluster_clock.ClusterClock.cluster_now`). For the records

@@ -54,6 +54,8 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see cont
 if TYPE_CHECKING:
     from typing import Any
 
+    from qinglong_edge.contracts.records import InternalOffer
+
 __all__ = [
     "MAX_BUNDLE_VALUE_BYTES",
     "MAX_SECRET_REFS",
@@ -199,7 +201,7 @@ class SecretsRequest(Frozen):
         _set(self, "execution_digest", execution_digest)
 
 
-def secrets_request(offer: dict[str, Any]) -> SecretsRequest | None:
+def secrets_request(offer: InternalOffer) -> SecretsRequest | None:
     """Build the secrets request for the stored internal offer (T3), or None to skip the call.
 
     Raises:

@@ -111,6 +111,19 @@ def new_log_artifact_id() -> str:
     return "local-" + random_hex(15)
 
 
+def _unowned_start(snap: Snapshot | None) -> Snapshot | None:
+    """``snap`` while it is still ours to start: controllable, its attempt ``starting``
+    with no executor handle yet; else None (the rows moved on)."""
+    if (
+        snap is None
+        or not snap.controllable
+        or snap.attempt.status != "starting"
+        or snap.attempt.executor_handle is not None
+    ):
+        return None
+    return snap
+
+
 def record_running(
     conn: sqlite3.Connection,
     run_id: str,
@@ -129,14 +142,8 @@ def record_running(
         or ``stale`` (the rows are no longer ours to change).
     """
     with write_transaction(conn):
-        snap = load_in(conn, run_id, attempt_id)
-        if (
-            snap is None
-            or not snap.controllable
-            or snap.run.status != "dispatching"
-            or snap.attempt.status != "starting"
-            or snap.attempt.executor_handle is not None
-        ):
+        snap = _unowned_start(load_in(conn, run_id, attempt_id))
+        if snap is None or snap.run.status != "dispatching":
             return "stale"
         if snap.run.cancel_requested_at_ms is not None:
             return "cancel_requested"
@@ -186,13 +193,8 @@ def record_start_failure(
     """The process could not be started or owned: attempt and Run ``failed``
     (``EXECUTOR_START_FAILED``). False when the rows moved on meanwhile."""
     with write_transaction(conn):
-        snap = load_in(conn, run_id, attempt_id)
-        if (
-            snap is None
-            or not snap.controllable
-            or snap.attempt.status != "starting"
-            or snap.attempt.executor_handle is not None
-        ):
+        snap = _unowned_start(load_in(conn, run_id, attempt_id))
+        if snap is None:
             return False
         fail_start_in(conn, snap, summary, now_ms, new_id)
         return True

@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Callable, Mapping
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 from qinglong_edge.contracts.cancellation import (
     RUN_CANCELLATION_SCHEMA,
@@ -79,6 +79,21 @@ class PublicRoutes(Protocol):
 
     def answer(self, head: RequestHead) -> Response | None:
         """The response, or None when the request is not one of them."""
+
+
+class _MutationOutcome(Protocol):
+    """What :meth:`LocalApi._commit` reads of a mutation's outcome (``runs.*Outcome``)."""
+
+    @property
+    def status(self) -> str: ...
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def http_status(self) -> int: ...
+
+
+_Outcome = TypeVar("_Outcome", bound=_MutationOutcome)
+
 
 __all__ = ["UNAVAILABLE_CODES", "WORKER_STATUS_SCHEMA", "IntentHook", "LocalApi", "PublicRoutes"]
 
@@ -295,21 +310,12 @@ class LocalApi:
             subject=admitted.subject,
             policy_fence=self._fence(admitted, "run.cancel"),
         )
-        if self.before_mutation is not None:
-            self.before_mutation(route)
-        now = self._clock()
-        try:
-            outcome = self._store.run(
-                lambda c: runs.request_cancellation(c, command, now_ms=now), timeout_s=self._timeout
-            )
-        except runs.RunNotFound:
-            raise ApiError(404, "run_not_found") from None
-        except runs.FenceRejected as exc:
-            raise ApiError(409, "run_cancellation_fence_rejected", extra={"reason": exc.reason}) from None
-        except StoreError:
-            raise ApiError(503, "run_cancellation_unavailable") from None
-        try:
-            body = run_cancellation_result(
+        return self._commit(
+            route, "run.cancel",
+            transaction=lambda c, now: runs.request_cancellation(c, command, now_ms=now),
+            not_found=(runs.RunNotFound, "run_not_found"),
+            rejected=(runs.FenceRejected, "run_cancellation_fence_rejected"),
+            result=lambda outcome: run_cancellation_result(
                 status=outcome.status,
                 project_id=outcome.project_id,
                 run_id=outcome.run_id,
@@ -318,12 +324,8 @@ class LocalApi:
                 event_sequence=outcome.event_sequence,
                 cancel_requested_at_ms=outcome.cancel_requested_at_ms,
                 cancel_reason=outcome.cancel_reason,
-            )
-        except ContractError:
-            raise ApiError(503, "run_cancellation_unavailable") from None
-        if outcome.status == "accepted":
-            self._notify("run.cancel", outcome.run_id)
-        return outcome.http_status, body
+            ),
+        )
 
     def _start(self, route: Route, admitted: Admitted, document: object) -> tuple[int, dict[str, Any]]:
         try:
@@ -339,19 +341,12 @@ class LocalApi:
             subject=admitted.subject,
             policy_fence=self._fence(admitted, "task.start"),
         )
-        if self.before_mutation is not None:
-            self.before_mutation(route)
-        now = self._clock()
-        try:
-            outcome = self._store.run(lambda c: runs.start_task(c, command, now_ms=now), timeout_s=self._timeout)
-        except runs.TaskNotFound:
-            raise ApiError(404, "task_not_found") from None
-        except runs.TaskStartRejected as exc:
-            raise ApiError(409, "task_start_fence_rejected", extra={"reason": exc.reason}) from None
-        except StoreError:
-            raise ApiError(503, "task_start_unavailable") from None
-        try:
-            body = task_start_result(
+        return self._commit(
+            route, "task.start",
+            transaction=lambda c, now: runs.start_task(c, command, now_ms=now),
+            not_found=(runs.TaskNotFound, "task_not_found"),
+            rejected=(runs.TaskStartRejected, "task_start_fence_rejected"),
+            result=lambda outcome: task_start_result(
                 status=outcome.status,
                 project_id=outcome.project_id,
                 task_id=outcome.task_id,
@@ -362,11 +357,41 @@ class LocalApi:
                 executor_type=outcome.executor_type,
                 execution_revision_digest=outcome.execution_revision_digest,
                 created_at_ms=outcome.created_at_ms,
-            )
+            ),
+        )
+
+    def _commit(
+        self,
+        route: Route,
+        operation: str,
+        *,
+        transaction: Callable[[sqlite3.Connection, int], _Outcome],
+        not_found: tuple[type[Exception], str],
+        rejected: tuple[type[runs.FenceRejected], str],
+        result: Callable[[_Outcome], dict[str, Any]],
+    ) -> tuple[int, dict[str, Any]]:
+        """The steps ``run.cancel`` and ``task.start`` share: the test hook, the write
+        transaction at one clock reading, its refusals (404 ``not_found``, 409 ``rejected``
+        with the reason, 503 on storage), the validated result body (503 when it does not
+        validate) and, on ``accepted``, the intent hook."""
+        if self.before_mutation is not None:
+            self.before_mutation(route)
+        now = self._clock()
+        unavailable = UNAVAILABLE_CODES[operation]
+        try:
+            outcome = self._store.run(lambda c: transaction(c, now), timeout_s=self._timeout)
+        except not_found[0]:
+            raise ApiError(404, not_found[1]) from None
+        except rejected[0] as exc:
+            raise ApiError(409, rejected[1], extra={"reason": exc.reason}) from None
+        except StoreError:
+            raise ApiError(503, unavailable) from None
+        try:
+            body = result(outcome)
         except ContractError:
-            raise ApiError(503, "task_start_unavailable") from None
+            raise ApiError(503, unavailable) from None
         if outcome.status == "accepted":
-            self._notify("task.start", outcome.run_id)
+            self._notify(operation, outcome.run_id)
         return outcome.http_status, body
 
     def _notify(self, operation: str, run_id: str) -> None:

@@ -14,9 +14,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from qinglong_edge.errors import EdgeError
 from qinglong_edge.local.http11 import RequestHead, new_request_id, render_continue
 
 __all__ = ["Application", "BodyReadError", "Exchange", "Response", "ServerLimits"]
+
+#: :class:`BodyReadError` code -> the status the server answers with (local-api.md 2.4).
+_BODY_READ_STATUS = {"body_truncated": 400, "body_timeout": 408}
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,17 +119,21 @@ class Response:
     headers: tuple[tuple[str, str], ...] = ()
 
 
-class BodyReadError(Exception):
+class BodyReadError(EdgeError):
     """:meth:`Exchange.read_body` could not read the declared bytes.
 
     Attributes:
         code: ``body_truncated`` (the stream ended early: EOF), ``body_timeout`` (the
             request deadline passed), ``disconnected`` (reset or another socket error).
+        http_status: what the server answers (local-api.md 2.4): 400, 408, or None
+            for ``disconnected`` (nobody to answer).
     """
 
+    code = "disconnected"
+
     def __init__(self, code: str) -> None:
-        super().__init__(code)
-        self.code = code
+        super().__init__(code, code=code)
+        self.http_status = _BODY_READ_STATUS.get(code)
 
 
 class Exchange:

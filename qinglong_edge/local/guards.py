@@ -44,6 +44,7 @@ import stat
 from dataclasses import dataclass
 
 from qinglong_edge.errors import EX_IOERR, StoreError
+from qinglong_edge.filecheck import stat_problem
 from qinglong_edge.local.pepper import PEPPER_SUFFIX, PepperError, check_keyring_directory, key_file_name
 
 __all__ = [
@@ -96,7 +97,7 @@ def check_keyring(directory: str) -> None:
     except OSError:
         info = None
     if info is not None and stat.S_ISDIR(info.st_mode) and (
-        stat.S_IMODE(info.st_mode) != 0o700 or info.st_uid != euid
+        stat_problem(info, directory, directory=True, mode=0o700) is not None  # the mode or the owner
     ):
         raise PepperError(
             f"{directory}: the pepper keyring directory has {_mode_and_owner(info)}; it must be mode 0700, "
@@ -112,10 +113,11 @@ def check_keyring(directory: str) -> None:
             continue  # removed meanwhile (a rotation's temp file never has the suffix)
         except OSError as exc:
             raise PepperError(f"{path}: cannot inspect the pepper key file ({exc.strerror})") from None
-        if stat.S_ISLNK(entry.st_mode) or not stat.S_ISREG(entry.st_mode):
+        problem = stat_problem(entry, path, directory=False, mode=0o600)
+        if problem is not None and problem.kind in ("symlink", "not_file"):
             raise PepperError(f"{path}: the pepper key file is not a regular file (a symlink or other)",
                               code="unsafe_pepper")
-        if stat.S_IMODE(entry.st_mode) != 0o600 or entry.st_uid != euid:
+        if problem is not None:  # the mode or the owner
             raise PepperError(
                 f"{path}: the pepper key file has {_mode_and_owner(entry)}; it must be mode 0600, "
                 f"owned by uid {euid} (the user serve runs as)",

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from qinglong_edge.contracts.ids import new_uuid4
+from qinglong_edge.contracts.origin import HTTP_FIELD_VALUE_RE, HTTP_FIELD_VCHAR, HTTP_OWS, HTTP_TOKEN
 from qinglong_edge.contracts.strictjson import StrictJsonError, dumps_bytes
 from qinglong_edge.errors import HttpProtocolError
 
@@ -78,10 +79,8 @@ CONTENT_LENGTH_MAX_DIGITS: Final = 16
 # RFC 9110 / 9112 grammar as regex fragments (h11 _abnf style).
 # ---------------------------------------------------------------------------
 
-# tchar = "!" / "#" / "$" / "%" / "&" / "'" / "*" / "+" / "-" / "." / "^" / "_" / "`" / "|" / "~"
-#       / DIGIT / ALPHA                                             (RFC 9110 5.6.2)
-# token = 1*tchar
-_TOKEN = rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+"
+# token, field-vchar, field-value and OWS are the worker ingress client's too: they are
+# contracts/origin.py's HTTP_* fragments (RFC 9110 5.5, 5.6.2, 5.6.3).
 # pchar = unreserved / pct-encoded / sub-delims / ":" / "@"        (RFC 3986 3.3)
 _PCHAR = rb"(?:[-A-Za-z0-9._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})"
 # origin-form = absolute-path [ "?" query ]; absolute-path = 1*( "/" segment )
@@ -92,14 +91,11 @@ _ABSOLUTE_FORM_START = rb"[A-Za-z][A-Za-z0-9+.-]*:"
 # request-line = method SP request-target SP HTTP-version         (RFC 9112 3)
 # HTTP-version = "HTTP/" DIGIT "." DIGIT                           (RFC 9112 2.3)
 _REQUEST_LINE = (
-    rb"(?P<method>" + _TOKEN + rb") (?P<target>[\x21-\x7e\x80-\xff]+) HTTP/(?P<version>[0-9]\.[0-9])"
+    rb"(?P<method>" + HTTP_TOKEN + rb") (?P<target>[" + HTTP_FIELD_VCHAR + rb"]+) HTTP/(?P<version>[0-9]\.[0-9])"
 )
 # field-line = field-name ":" OWS field-value OWS; field-name = token  (RFC 9112 5)
-_FIELD_NAME = rb"(?P<name>" + _TOKEN + rb"):"
-# field-value = *field-content; field-content = field-vchar [ 1*( SP / HTAB / field-vchar ) field-vchar ]
-# field-vchar = VCHAR / obs-text (%x80-FF)                         (RFC 9110 5.5)
-# After trimming OWS the value is a run of SP / HTAB / VCHAR / obs-text.
-_FIELD_VALUE = rb"[\t\x20-\x7e\x80-\xff]*"
+_FIELD_NAME = rb"(?P<name>" + HTTP_TOKEN + rb"):"
+# field-value: after trimming OWS, a run of SP / HTAB / field-vchar (HTTP_FIELD_VALUE_RE).
 # Host = uri-host [ ":" port ]; uri-host = IP-literal / IPv4address / reg-name
 # reg-name = *( unreserved / pct-encoded / sub-delims )             (RFC 3986 3.2.2)
 _HOST = (
@@ -109,11 +105,11 @@ _HOST = (
 _CONTENT_LENGTH = rb"[0-9]+"
 
 _REQUEST_LINE_RE = re.compile(_REQUEST_LINE)
-_TOKEN_RE = re.compile(_TOKEN)
+_TOKEN_RE = re.compile(HTTP_TOKEN)
 _ORIGIN_FORM_RE = re.compile(_ORIGIN_FORM)
 _ABSOLUTE_FORM_RE = re.compile(_ABSOLUTE_FORM_START)
 _FIELD_NAME_RE = re.compile(_FIELD_NAME)
-_FIELD_VALUE_RE = re.compile(_FIELD_VALUE)
+_FIELD_VALUE_RE = HTTP_FIELD_VALUE_RE
 _HOST_RE = re.compile(_HOST)
 _CONTENT_LENGTH_RE = re.compile(_CONTENT_LENGTH)
 
@@ -322,7 +318,7 @@ class HeadParser:
         name = _validate(
             _FIELD_NAME_RE, line[: colon + 1], "invalid_field_name", "field name is not a token"
         ).group("name")
-        value = line[colon + 1 :].strip(b" \t")
+        value = line[colon + 1 :].strip(HTTP_OWS)
         _validate(_FIELD_VALUE_RE, value, "invalid_field_value", "field value has a forbidden byte")
         return name.decode("ascii").lower(), value.decode("latin-1")
 
@@ -483,16 +479,23 @@ def render_json_response(
     ]
     if retry_after_s is not None:
         lines.append(b"retry-after: " + str(max(0, int(retry_after_s))).encode("ascii") + b"\r\n")
-    if close:
-        lines.append(b"connection: close\r\n")
+    lines += _connection_headers(close, keep_alive_timeout_s, date)
+    if not head_only:
+        lines.append(payload)
+    return status, b"".join(lines)
+
+
+def _connection_headers(close: bool, keep_alive_timeout_s: int, date: str | None) -> list[bytes]:
+    """The end of a head, in Node's order: ``connection: close`` when the transport
+    closes, ``Date``, ``Connection: keep-alive`` + ``Keep-Alive`` on a persistent
+    connection, the blank line."""
+    lines = [b"connection: close\r\n"] if close else []
     lines.append(b"Date: " + (date or http_date()).encode("ascii") + b"\r\n")
     if not close:
         lines.append(b"Connection: keep-alive\r\n")
         lines.append(b"Keep-Alive: timeout=" + str(keep_alive_timeout_s).encode("ascii") + b"\r\n")
     lines.append(b"\r\n")
-    if not head_only:
-        lines.append(payload)
-    return status, b"".join(lines)
+    return lines
 
 
 def render_raw_response(
@@ -524,13 +527,7 @@ def render_raw_response(
     lines.append(b"x-request-id: " + request_id.encode("ascii") + b"\r\n")
     if status != 204:
         lines.append(b"content-length: " + str(len(content)).encode("ascii") + b"\r\n")
-    if close:
-        lines.append(b"connection: close\r\n")
-    lines.append(b"Date: " + (date or http_date()).encode("ascii") + b"\r\n")
-    if not close:
-        lines.append(b"Connection: keep-alive\r\n")
-        lines.append(b"Keep-Alive: timeout=" + str(keep_alive_timeout_s).encode("ascii") + b"\r\n")
-    lines.append(b"\r\n")
+    lines += _connection_headers(close, keep_alive_timeout_s, date)
     if not head_only and status != 204:
         lines.append(content)
     return b"".join(lines)

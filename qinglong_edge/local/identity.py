@@ -309,20 +309,14 @@ def activate_pepper_key(
     now = _now(now_ms)
     mutation = _mutation(mutation_id)
     with write_transaction(conn):
-        key = get_pepper_key(conn, key_id)
-        if key is None:
-            raise StoreError(f"pepper key {key_id} is not registered", code="not_found")
+        key = _registered_key(conn, key_id)
         if key.state == "active":
             return "existing"
         if key.state != "staged" or key.material_digest is None:
             raise StoreError(f"pepper key {key_id} is {key.state} and cannot be activated", code="conflict")
         previous = active_pepper_key(conn)
         if previous is not None:
-            conn.execute(
-                "UPDATE \"QingLong3LocalOwnerPepperKeys\" SET state = 'retired', version = version + 1,"
-                " retire_mutation_id = ?, retired_at_ms = max(?, activated_at_ms) WHERE pepper_key_id = ?",
-                (_mutation(None), now, previous.pepper_key_id),
-            )
+            _retire(conn, previous.pepper_key_id, _mutation(None), now)
         conn.execute(
             "UPDATE \"QingLong3LocalOwnerPepperKeys\" SET state = 'active', version = version + 1,"
             " activate_mutation_id = ?, activated_at_ms = max(?, registered_at_ms) WHERE pepper_key_id = ?",
@@ -353,19 +347,28 @@ def retire_pepper_key(conn: sqlite3.Connection, key_id: str, now_ms: int, *, mut
     now = _now(now_ms)
     mutation = _mutation(mutation_id)
     with write_transaction(conn):
-        key = get_pepper_key(conn, key_id)
-        if key is None:
-            raise StoreError(f"pepper key {key_id} is not registered", code="not_found")
+        key = _registered_key(conn, key_id)
         if key.state == "retired":
             return "existing"
         if key.state != "active":
             raise StoreError(f"pepper key {key_id} is {key.state} and cannot be retired", code="conflict")
-        conn.execute(
-            "UPDATE \"QingLong3LocalOwnerPepperKeys\" SET state = 'retired', version = version + 1,"
-            " retire_mutation_id = ?, retired_at_ms = max(?, activated_at_ms) WHERE pepper_key_id = ?",
-            (mutation, now, key_id),
-        )
+        _retire(conn, key_id, mutation, now)
     return "retired"
+
+
+def _registered_key(conn: sqlite3.Connection, key_id: str) -> PepperKeyRecord:
+    key = get_pepper_key(conn, key_id)
+    if key is None:
+        raise StoreError(f"pepper key {key_id} is not registered", code="not_found")
+    return key
+
+
+def _retire(conn: sqlite3.Connection, key_id: str, mutation: str, now: int) -> None:
+    conn.execute(
+        "UPDATE \"QingLong3LocalOwnerPepperKeys\" SET state = 'retired', version = version + 1,"
+        " retire_mutation_id = ?, retired_at_ms = max(?, activated_at_ms) WHERE pepper_key_id = ?",
+        (mutation, now, key_id),
+    )
 
 
 # -- credentials -----------------------------------------------------------------------

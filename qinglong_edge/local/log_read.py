@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -61,6 +60,7 @@ from qinglong_edge.contracts.log_read import (
     retired_body,
 )
 from qinglong_edge.errors import ExecutionError, StoreError
+from qinglong_edge.filecheck import stat_problem
 from qinglong_edge.local.run_logs import attempt_log_path, run_log_paths
 from qinglong_edge.local.run_reader import ATTEMPT_STATUSES
 from qinglong_edge.local.store import Store, read_transaction
@@ -187,8 +187,8 @@ def read_log_range(path: str, offset: int, length: int) -> RangeRead | None:
 
 
 def _check_private(info: os.stat_result) -> None:
-    if (not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or stat.S_IMODE(info.st_mode) != 0o600
-            or info.st_uid != os.geteuid() or info.st_size > MAX_LOG_FILE_BYTES):
+    if (stat_problem(info, "the log", directory=False, mode=0o600, single_link=True) is not None
+            or info.st_size > MAX_LOG_FILE_BYTES):
         raise LogReadUnavailable("the log is not a private regular file of this agent")
 
 

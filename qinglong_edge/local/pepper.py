@@ -37,8 +37,8 @@ import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from qinglong_edge import filecheck
 from qinglong_edge.contracts.credentials import decode_secret, encode_secret, pepper_material_digest
-from qinglong_edge.contracts.digest import random_hex
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.ids import CREDENTIAL_ID
 from qinglong_edge.errors import StoreError
@@ -100,22 +100,24 @@ def _check_process_uid() -> int:
     return euid
 
 
-def _check_directory_stat(directory: str, info: os.stat_result, euid: int) -> None:
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+def _check_directory_stat(directory: str, info: os.stat_result) -> None:
+    problem = filecheck.stat_problem(info, directory, directory=True, mode=0o700)
+    if problem is None:
+        return
+    if problem.kind in ("symlink", "not_directory"):
         raise PepperError(f"{directory}: the pepper keyring is not a real directory", code="unsafe_pepper")
-    if stat.S_IMODE(info.st_mode) != 0o700:
-        raise PepperError(
-            f"{directory}: the pepper keyring must have mode 0700 (has {stat.S_IMODE(info.st_mode):04o})",
-            code="unsafe_pepper",
-        )
-    if info.st_uid != euid:
+    if problem.kind == "foreign_owner":
         raise PepperError(f"{directory}: the pepper keyring is owned by another user", code="unsafe_pepper")
+    raise PepperError(
+        f"{directory}: the pepper keyring must have mode 0700 (has {stat.S_IMODE(info.st_mode):04o})",
+        code="unsafe_pepper",
+    )
 
 
 @contextlib.contextmanager
 def _open_directory(directory: str) -> Iterator[int]:
     """Open and check the keyring directory; yields its descriptor."""
-    euid = _check_process_uid()
+    _check_process_uid()
     try:
         info = os.lstat(directory)
     except FileNotFoundError:
@@ -124,13 +126,13 @@ def _open_directory(directory: str) -> Iterator[int]:
         ) from None
     except OSError as exc:
         raise PepperError(f"{directory}: cannot inspect the pepper keyring ({exc.strerror})") from None
-    _check_directory_stat(directory, info, euid)
+    _check_directory_stat(directory, info)
     try:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         raise PepperError(f"{directory}: cannot open the pepper keyring ({exc.strerror})") from None
     try:
-        _check_directory_stat(directory, os.fstat(fd), euid)  # the one we opened, not a swapped one
+        _check_directory_stat(directory, os.fstat(fd))  # the one we opened, not a swapped one
         yield fd
     finally:
         os.close(fd)
@@ -190,7 +192,7 @@ def read_pepper(directory: str, key_id: str) -> PepperMaterial:
     """
     name = key_file_name(key_id)
     where = os.path.join(directory, name)
-    euid = _check_process_uid()
+    _check_process_uid()
     with _open_directory(directory) as dir_fd:
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
@@ -202,15 +204,16 @@ def read_pepper(directory: str, key_id: str) -> PepperMaterial:
             raise PepperError(f"{where}: cannot open the pepper key file ({exc.strerror})") from None
         try:
             info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
+            problem = filecheck.stat_problem(info, where, directory=False, mode=0o600)
+            if problem is not None and problem.kind == "not_file":
                 raise PepperError(f"{where}: pepper key file is not a regular file", code="unsafe_pepper")
-            if stat.S_IMODE(info.st_mode) != 0o600:
+            if problem is not None and problem.kind == "foreign_owner":
+                raise PepperError(f"{where}: pepper key file is owned by another user", code="unsafe_pepper")
+            if problem is not None:
                 raise PepperError(
                     f"{where}: pepper key file must have mode 0600 (has {stat.S_IMODE(info.st_mode):04o})",
                     code="unsafe_pepper",
                 )
-            if info.st_uid != euid:
-                raise PepperError(f"{where}: pepper key file is owned by another user", code="unsafe_pepper")
             if not MIN_FILE_BYTES <= info.st_size <= MAX_FILE_BYTES:
                 raise PepperError(
                     f"{where}: pepper key file must be {MIN_FILE_BYTES}-{MAX_FILE_BYTES} bytes", code="unsafe_pepper"
@@ -249,29 +252,16 @@ def create_pepper(
     with _open_directory(directory) as dir_fd:
         if _exists(name, dir_fd):
             raise PepperError(f"{where}: pepper key file already exists", code="conflict")
-        temp = f".{name}.{random_hex(8)}.tmp"
         try:
-            fd = os.open(
-                temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd
-            )
+            # Never replaces a key: link(), or rename() where there are no hard links.
+            filecheck.publish_file(name, text, dir_fd=dir_fd, rename_without_links=True)
         except OSError as exc:
-            raise PepperError(f"{directory}: cannot create a pepper key file ({exc.strerror})") from None
-        try:
-            try:
-                os.fchmod(fd, 0o600)
-                view = memoryview(text)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            _publish(temp, name, dir_fd, where)
-            os.fsync(dir_fd)
-        except OSError as exc:
+            step = filecheck.failed_step(exc)
+            if isinstance(exc, FileExistsError) and step == "link":
+                raise PepperError(f"{where}: pepper key file already exists", code="conflict") from None
+            if step == "create":
+                raise PepperError(f"{directory}: cannot create a pepper key file ({exc.strerror})") from None
             raise PepperError(f"{where}: cannot write the pepper key file ({exc.strerror})") from None
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(temp, dir_fd=dir_fd)
     return read_pepper(directory, key_id)
 
 
@@ -281,18 +271,3 @@ def _exists(name: str, dir_fd: int) -> bool:
     except FileNotFoundError:
         return False
     return True
-
-
-def _publish(temp: str, name: str, dir_fd: int, where: str) -> None:
-    """Give ``temp`` its final name without replacing an existing file."""
-    try:
-        os.link(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
-    except FileExistsError:
-        raise PepperError(f"{where}: pepper key file already exists", code="conflict") from None
-    except OSError as exc:
-        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
-            raise
-        # No hard links here (FAT-like file systems): rename after a fresh existence check.
-        if _exists(name, dir_fd):
-            raise PepperError(f"{where}: pepper key file already exists", code="conflict") from None
-        os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)

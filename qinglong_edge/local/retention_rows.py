@@ -235,6 +235,25 @@ def clear_log_artifacts(
     return rows
 
 
+def _attempt_logs(conn: sqlite3.Connection, column: str, values: list[str]) -> dict[str, tuple[str, str, str, bool]]:
+    """``column`` value -> ``(run id, attempt id, log_artifact_id, terminal)`` of the attempts
+    whose ``column`` (``id`` or ``log_artifact_id``) is one of ``values`` and that still have
+    a log (no query for no value)."""
+    if not values:
+        return {}
+    keys = list(dict.fromkeys(values))
+    rows = conn.execute(
+        f'SELECT a.id, a.run_id, a.log_artifact_id, r.status FROM "RunAttempts" AS a'
+        f' JOIN "Runs" AS r ON r.id = a.run_id WHERE a.{column} IN ({_marks(keys)})'
+        " AND a.log_artifact_id IS NOT NULL",
+        keys,
+    )
+    by = 0 if column == "id" else 2
+    return {
+        str(row[by]): (str(row[1]), str(row[0]), str(row[2]), row[3] in PRUNABLE_RUN_STATUSES) for row in rows
+    }
+
+
 def log_owners(conn: sqlite3.Connection, files: Sequence[LogFile]) -> dict[str, tuple[str, str, str, bool]]:
     """file name -> ``(run id, attempt id, log_artifact_id, terminal)`` for the files whose
     attempt row exists and still has a ``log_artifact_id``; the others are orphans."""
@@ -242,35 +261,16 @@ def log_owners(conn: sqlite3.Connection, files: Sequence[LogFile]) -> dict[str, 
     named = [f for f in files if f.attempt_id is not None]
     legacy = [f for f in files if f.legacy_artifact_id is not None]
     with read_transaction(conn):
-        if named:
-            ids = list(dict.fromkeys(str(f.attempt_id) for f in named))
-            rows = {
-                str(attempt_id): (str(run_id), str(artifact), status in PRUNABLE_RUN_STATUSES)
-                for attempt_id, run_id, artifact, status in conn.execute(
-                    f'SELECT a.id, a.run_id, a.log_artifact_id, r.status FROM "RunAttempts" AS a'
-                    f' JOIN "Runs" AS r ON r.id = a.run_id WHERE a.id IN ({_marks(ids)})'
-                    " AND a.log_artifact_id IS NOT NULL",
-                    ids,
-                )
-            }
-            for f in named:
-                row = rows.get(str(f.attempt_id))
-                if row is not None and row[0] == f.run_id:
-                    owners[f.name] = (row[0], str(f.attempt_id), row[1], row[2])
-        if legacy:
-            artifacts = list(dict.fromkeys(str(f.legacy_artifact_id) for f in legacy))
-            by_artifact = {
-                str(artifact): (str(run_id), str(attempt_id), status in PRUNABLE_RUN_STATUSES)
-                for attempt_id, run_id, artifact, status in conn.execute(
-                    f'SELECT a.id, a.run_id, a.log_artifact_id, r.status FROM "RunAttempts" AS a'
-                    f' JOIN "Runs" AS r ON r.id = a.run_id WHERE a.log_artifact_id IN ({_marks(artifacts)})',
-                    artifacts,
-                )
-            }
-            for f in legacy:
-                found = by_artifact.get(str(f.legacy_artifact_id))
-                if found is not None:
-                    owners[f.name] = (found[0], found[1], str(f.legacy_artifact_id), found[2])
+        by_id = _attempt_logs(conn, "id", [str(f.attempt_id) for f in named])
+        by_artifact = _attempt_logs(conn, "log_artifact_id", [str(f.legacy_artifact_id) for f in legacy])
+    for f in named:
+        owner = by_id.get(str(f.attempt_id))
+        if owner is not None and owner[0] == f.run_id:
+            owners[f.name] = owner
+    for f in legacy:
+        owner = by_artifact.get(str(f.legacy_artifact_id))
+        if owner is not None:
+            owners[f.name] = owner
     return owners
 
 

@@ -105,13 +105,13 @@ import contextlib
 import functools
 import os
 import sqlite3
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, Self, TypeVar
 
+from qinglong_edge import filecheck
 from qinglong_edge.errors import StoreError
 from qinglong_edge.local.schema import (
     APPLICATION_ID,
@@ -245,13 +245,9 @@ def _rollback_quietly(conn: sqlite3.Connection) -> None:
 
 
 @contextlib.contextmanager
-def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT``; ``ROLLBACK`` on any exception (re-raised).
-
-    The write lock is taken up front, so a busy database fails here after the busy
-    timeout (``sqlite3.OperationalError``, mapped by :meth:`Store.run`).
-    """
-    conn.execute("BEGIN IMMEDIATE")
+def _transaction(conn: sqlite3.Connection, begin: str) -> Iterator[sqlite3.Connection]:
+    """``begin`` ... ``COMMIT``; ``ROLLBACK`` on any exception, the commit's too (re-raised)."""
+    conn.execute(begin)
     try:
         yield conn
     except BaseException:
@@ -262,6 +258,15 @@ def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     except BaseException:
         _rollback_quietly(conn)
         raise
+
+
+def write_transaction(conn: sqlite3.Connection) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``; ``ROLLBACK`` on any exception (re-raised).
+
+    The write lock is taken up front, so a busy database fails here after the busy
+    timeout (``sqlite3.OperationalError``, mapped by :meth:`Store.run`).
+    """
+    return _transaction(conn, "BEGIN IMMEDIATE")
 
 
 @contextlib.contextmanager
@@ -287,20 +292,9 @@ def foreign_keys_off(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         conn.execute("PRAGMA foreign_keys = ON")
 
 
-@contextlib.contextmanager
-def read_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+def read_transaction(conn: sqlite3.Connection) -> contextlib.AbstractContextManager[sqlite3.Connection]:
     """``BEGIN`` (deferred) ... ``COMMIT``: several reads see one snapshot."""
-    conn.execute("BEGIN")
-    try:
-        yield conn
-    except BaseException:
-        _rollback_quietly(conn)
-        raise
-    try:
-        conn.execute("COMMIT")
-    except BaseException:
-        _rollback_quietly(conn)
-        raise
+    return _transaction(conn, "BEGIN")
 
 
 def _other_owner(what: str, uid: int, euid: int) -> StoreError:
@@ -337,29 +331,21 @@ def _prepare_file(path: str) -> None:
                 raise _other_owner(f"{directory}: the database directory", directory_uid, euid) from None
             raise
         if info is not None:
-            if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
-                raise StoreError(f"{path}: database path is not a regular file", code="unsafe_storage")
-            if info.st_uid != euid:
+            # Any mode: an existing database file keeps its own.
+            problem = filecheck.stat_problem(info, path, directory=False, forbidden=0)
+            if problem is not None and problem.kind == "foreign_owner":
                 raise _other_owner(f"{path}: the database", info.st_uid, euid)
+            if problem is not None:
+                raise StoreError(f"{path}: database path is not a regular file", code="unsafe_storage")
             return
         directory_uid = os.stat(directory).st_uid
         if directory_uid != euid:
             raise _other_owner(f"{directory}: the database directory", directory_uid, euid)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            filecheck.create_file(path, mode=0o600)  # O_EXCL|O_NOFOLLOW, fsync of it and its directory
         except FileExistsError:
             _prepare_file(path)  # created concurrently: check it like an existing one
             return
-        try:
-            os.fchmod(fd, 0o600)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
     except OSError as exc:
         raise StoreError(
             f"{path}: cannot prepare the database file ({exc.strerror or type(exc).__name__})",

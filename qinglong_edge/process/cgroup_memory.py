@@ -45,7 +45,9 @@ __all__ = [
     "create_v1_leaf",
     "create_v2_leaves",
     "oom_kills",
+    "read_control",
     "v2_memory_base",
+    "write_control",
 ]
 
 #: The v2 run cgroup's leaves (see the module docstring).
@@ -53,12 +55,15 @@ WRAPPER_LEAF = "wrapper"
 JOB_LEAF = "job"
 
 
-def _read(path: str) -> str:
+def read_control(path: str) -> str:
+    """A cgroup control file's text (ASCII)."""
     with open(path, encoding="ascii") as handle:
         return handle.read()
 
 
-def _write(path: str, text: str) -> None:
+def write_control(path: str, text: str) -> None:
+    """Write ``text`` to a cgroup control file in one ``write`` (the kernel takes a
+    control file's value whole; no create, no truncate)."""
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
         os.write(fd, text.encode("ascii"))
@@ -72,11 +77,11 @@ def _enable(cgroup: str, controllers: tuple[str, ...]) -> None:
     Raises:
         OSError: the kernel refused (EBUSY: the cgroup holds processes; EACCES: not ours).
     """
-    available = set(_read(os.path.join(cgroup, "cgroup.controllers")).split())
-    enabled = set(_read(os.path.join(cgroup, "cgroup.subtree_control")).split())
+    available = set(read_control(os.path.join(cgroup, "cgroup.controllers")).split())
+    enabled = set(read_control(os.path.join(cgroup, "cgroup.subtree_control")).split())
     wanted = [c for c in controllers if c in available and c not in enabled]
     if wanted:
-        _write(os.path.join(cgroup, "cgroup.subtree_control"), " ".join(f"+{c}" for c in wanted))
+        write_control(os.path.join(cgroup, "cgroup.subtree_control"), " ".join(f"+{c}" for c in wanted))
 
 
 def v2_memory_base(mount: str, own: str) -> tuple[str | None, str]:
@@ -93,7 +98,7 @@ def v2_memory_base(mount: str, own: str) -> tuple[str | None, str]:
         return None, f"the agent's cgroup {own} is not a plain path"
     here = os.path.join(mount, relative) if relative else mount
     try:
-        if "memory" not in _read(os.path.join(mount, "cgroup.controllers")).split():
+        if "memory" not in read_control(os.path.join(mount, "cgroup.controllers")).split():
             return None, "the memory controller is not available in cgroup v2 (bound to cgroup v1 here)"
         if not relative:
             base = mount
@@ -103,9 +108,9 @@ def v2_memory_base(mount: str, own: str) -> tuple[str | None, str]:
                 return None, (f"the agent's cgroup {own} holds the agent and its parent is not the agent's to "
                               "write: start it in a leaf of a delegated cgroup (systemd: Delegate=yes with "
                               "DelegateSubgroup=agent, systemd >= 254)")
-            if _read(os.path.join(base, "cgroup.procs")).split():
+            if read_control(os.path.join(base, "cgroup.procs")).split():
                 return None, f"{base} holds processes itself: no controller can be enabled below it"
-        if "memory" not in _read(os.path.join(base, "cgroup.controllers")).split():
+        if "memory" not in read_control(os.path.join(base, "cgroup.controllers")).split():
             return None, f"the memory controller is not delegated to {base}"
         _enable(base, ("memory", "pids"))
         parent = os.path.join(base, "qinglong-edge")
@@ -126,10 +131,10 @@ def create_v1_leaf(path: str, limit: int) -> None:
         os.mkdir(path, 0o755)
     except FileExistsError:
         pass
-    _write(os.path.join(path, "memory.limit_in_bytes"), str(limit))
+    write_control(os.path.join(path, "memory.limit_in_bytes"), str(limit))
     memsw = os.path.join(path, "memory.memsw.limit_in_bytes")
     if os.path.exists(memsw):  # swap accounting: memory + swap = memory, i.e. no swap
-        _write(memsw, str(limit))
+        write_control(memsw, str(limit))
 
 
 def create_v2_leaves(run: str, limit: int, pids_max: int | None) -> None:
@@ -140,7 +145,7 @@ def create_v2_leaves(run: str, limit: int, pids_max: int | None) -> None:
         OSError: a directory, a controller or a limit could not be written.
     """
     if pids_max is not None and os.path.exists(os.path.join(run, "pids.max")):
-        _write(os.path.join(run, "pids.max"), str(pids_max))
+        write_control(os.path.join(run, "pids.max"), str(pids_max))
     _enable(run, ("memory",))
     for leaf in (WRAPPER_LEAF, JOB_LEAF):
         try:
@@ -148,10 +153,10 @@ def create_v2_leaves(run: str, limit: int, pids_max: int | None) -> None:
         except FileExistsError:
             pass
     job = os.path.join(run, JOB_LEAF)
-    _write(os.path.join(job, "memory.max"), str(limit))
+    write_control(os.path.join(job, "memory.max"), str(limit))
     swap = os.path.join(job, "memory.swap.max")
     if os.path.exists(swap):
-        _write(swap, "0")
+        write_control(swap, "0")
 
 
 def oom_kills(path: str, v2: bool) -> int | None:
@@ -159,7 +164,7 @@ def oom_kills(path: str, v2: bool) -> int | None:
     ``memory.events`` on v2, ``memory.oom_control`` on v1: the ``oom_kill`` line), or
     None when the kernel does not count them or the cgroup is gone."""
     try:
-        text = _read(os.path.join(path, "memory.events" if v2 else "memory.oom_control"))
+        text = read_control(os.path.join(path, "memory.events" if v2 else "memory.oom_control"))
     except (OSError, ValueError):
         return None
     for line in text.splitlines():

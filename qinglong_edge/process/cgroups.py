@@ -54,7 +54,9 @@ from qinglong_edge.process.cgroup_memory import (
     create_v1_leaf,
     create_v2_leaves,
     oom_kills,
+    read_control,
     v2_memory_base,
+    write_control,
 )
 from qinglong_edge.process.identity import read_proc_stat
 
@@ -155,22 +157,9 @@ def own_cgroups(text: str) -> dict[str, str]:
     return found
 
 
-def _read(path: str) -> str:
-    with open(path, encoding="ascii") as handle:
-        return handle.read()
-
-
-def _write(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, text.encode("ascii"))
-    finally:
-        os.close(fd)
-
-
 def _read_pids(path: str) -> set[int]:
     try:
-        return {int(line) for line in _read(path).split()}
+        return {int(line) for line in read_control(path).split()}
     except FileNotFoundError:
         return set()
 
@@ -322,18 +311,18 @@ class RunCgroup:
         try:
             v2 = self.paths.get("v2")
             if v2 is not None and os.path.exists(os.path.join(v2, "cgroup.kill")):
-                _write(os.path.join(v2, "cgroup.kill"), "1")
+                write_control(os.path.join(v2, "cgroup.kill"), "1")
                 return
             if "freezer" in self.paths:
                 self._frozen_kill(
                     os.path.join(self.paths["freezer"], "freezer.state"), "FROZEN", "THAWED",
-                    lambda: _read(os.path.join(self.paths["freezer"], "freezer.state")).strip() == "FROZEN",
+                    lambda: read_control(os.path.join(self.paths["freezer"], "freezer.state")).strip() == "FROZEN",
                 )
                 return
             if v2 is not None and os.path.exists(os.path.join(v2, "cgroup.freeze")):
                 self._frozen_kill(
                     os.path.join(v2, "cgroup.freeze"), "1", "0",
-                    lambda: "frozen 1" in _read(os.path.join(v2, "cgroup.events")),
+                    lambda: "frozen 1" in read_control(os.path.join(v2, "cgroup.events")),
                 )
                 return
             self.signal_members(signal.SIGKILL)
@@ -343,7 +332,7 @@ class RunCgroup:
             ) from None
 
     def _frozen_kill(self, control: str, frozen: str, thawed: str, is_frozen: Callable[[], bool]) -> None:
-        _write(control, frozen)
+        write_control(control, frozen)
         try:
             deadline = time.monotonic() + _FREEZE_WAIT_MS / 1000
             while not is_frozen() and time.monotonic() < deadline:
@@ -353,7 +342,7 @@ class RunCgroup:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         finally:
-            _write(control, thawed)  # SIGKILL takes effect as the tasks thaw
+            write_control(control, thawed)  # SIGKILL takes effect as the tasks thaw
 
     def live_members(self) -> set[int]:
         """Members that are not zombies (a zombie holds no resources but its pid)."""
@@ -465,11 +454,11 @@ class CgroupManager:
         if mode == "off":
             return cls([], reason="disabled by configuration (execution.cgroups=off)")
         try:
-            mountinfo = _read(mountinfo_path)
+            mountinfo = read_control(mountinfo_path)
         except OSError:
             return cls([], reason="mountinfo is unreadable")
         try:
-            own = own_cgroups(_read(self_cgroup_path))
+            own = own_cgroups(read_control(self_cgroup_path))
         except OSError:
             own = {}
         usable = []
@@ -533,7 +522,7 @@ class CgroupManager:
                         ) from None
                 group.paths[hierarchy.kind] = path
                 if hierarchy.kind == "pids" and self.pids_max is not None:
-                    _write(os.path.join(path, "pids.max"), str(self.pids_max))
+                    write_control(os.path.join(path, "pids.max"), str(self.pids_max))
                 elif hierarchy.kind == "memory" and self.memory_max is not None:
                     create_v1_leaf(path, self.memory_max)
                 elif hierarchy.kind == "v2" and self.v2_memory and self.memory_max is not None:

@@ -8,7 +8,10 @@ tied to all four and re-checked before every signal (field-lessons.md 4).
 
 ``/proc/<pid>/stat`` is ``pid (comm) state ppid pgrp session ...``. ``comm`` is up to 15
 arbitrary bytes chosen by the process and may itself hold ``)``, ``(``, spaces or
-newlines, so the fields are split only after the *last* ``)``.
+newlines, so the fields are split only after the *last* ``)``. The line's parser and the
+boot id's reader are :mod:`qinglong_edge.clock`'s (one of each for the whole agent, the
+journal's owner lock uses them too); this module adapts their errors to
+:class:`~qinglong_edge.errors.ExecutionError`.
 
 The durable handle (stored in ``RunAttempts.executor_handle``, at most 512 bytes) is
 ``ql3lp1.`` + unpadded base64url of the compact JSON
@@ -28,6 +31,8 @@ import os
 import re
 import sys
 
+from qinglong_edge import clock as _clock
+from qinglong_edge.clock import BOOT_ID_PATH
 from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.contracts.strictjson import StrictJsonError, dumps, loads
 from qinglong_edge.errors import ExecutionError
@@ -53,14 +58,10 @@ __all__ = [
     "scan_processes",
 ]
 
-BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 HANDLE_PREFIX = "ql3lp1."
 MAX_HANDLE_BYTES = 512
 #: /proc/<pid>/stat is one line of well under 1 KiB; read a bounded amount.
 _STAT_READ_BYTES = 4096
-#: Number of fields after the comm field that we need (state .. starttime = 20).
-_MIN_FIELDS_AFTER_COMM = 20
-_BOOT_ID = re.compile(r"[A-Za-z0-9-]{1,64}")
 _DECIMAL = re.compile(r"[0-9]{1,32}")
 _HANDLE_BODY = re.compile(r"[A-Za-z0-9_-]+")
 _HANDLE_KEYS = ("v", "h", "b", "p", "g", "s")
@@ -184,15 +185,9 @@ class Inspection(Frozen):
         object.__setattr__(self, "liveness", liveness)
 
 
-def _positive_int(text: bytes) -> int | None:
-    if not text.isdigit() or len(text) > 16:
-        return None
-    value = int(text)
-    return value if value <= _MAX_SAFE_INTEGER else None
-
-
 def parse_proc_stat(pid: int, data: bytes) -> ProcStat:
-    """Parse one ``/proc/<pid>/stat`` line (bytes in, :class:`ProcStat` out).
+    """Parse one ``/proc/<pid>/stat`` line (bytes in, :class:`ProcStat` out) with
+    :func:`qinglong_edge.clock.parse_proc_stat` (the one parser of the line).
 
     The fields are taken after the **last** ``)``; the text before the first ``(``
     must be exactly ``pid``. ``pgrp``/``session`` may be 0 (kernel threads); callers
@@ -201,61 +196,36 @@ def parse_proc_stat(pid: int, data: bytes) -> ProcStat:
     Raises:
         ExecutionError: code ``invalid_proc_stat`` when the line is malformed.
     """
-    open_at = data.find(b"(")
-    close_at = data.rfind(b")")
-    if open_at < 1 or close_at <= open_at:
-        raise ExecutionError(f"/proc/{pid}/stat: no command field", code="invalid_proc_stat")
-    if _positive_int(data[:open_at].strip()) != pid:
-        raise ExecutionError(f"/proc/{pid}/stat: pid does not match", code="invalid_proc_stat")
-    fields = data[close_at + 1 :].split()
-    if len(fields) < _MIN_FIELDS_AFTER_COMM:
-        raise ExecutionError(f"/proc/{pid}/stat: missing fields", code="invalid_proc_stat")
-    state = fields[0]
-    ppid, pgrp, session = (_positive_int(f) for f in fields[1:4])
-    start_time = fields[19]
-    if (
-        len(state) != 1
-        or not state.isalpha()
-        or ppid is None
-        or pgrp is None
-        or session is None
-        or not _DECIMAL.fullmatch(start_time.decode("ascii", "replace"))
-    ):
-        raise ExecutionError(f"/proc/{pid}/stat: invalid identity fields", code="invalid_proc_stat")
-    return ProcStat(
-        pid=pid,
-        comm=data[open_at + 1 : close_at].decode("utf-8", "surrogateescape"),
-        state=state.decode("ascii"),
-        ppid=ppid,
-        pgrp=pgrp,
-        session=session,
-        start_time=start_time.decode("ascii"),
-    )
+    try:
+        _, comm, state, ppid, pgrp, session, start_time = _clock.parse_proc_stat(data, pid)
+    except ValueError as exc:
+        raise ExecutionError(f"/proc/{pid}/stat: {exc}", code="invalid_proc_stat") from None
+    return ProcStat(pid=pid, comm=comm, state=state, ppid=ppid, pgrp=pgrp, session=session, start_time=start_time)
 
 
 def parse_boot_id(data: bytes) -> str:
-    """Trim and validate a boot id (``^[A-Za-z0-9-]{1,64}$``).
+    """Trim and validate a boot id (``^[A-Za-z0-9-]{1,64}$``) with
+    :func:`qinglong_edge.clock.parse_boot_id`.
 
     Raises:
         ExecutionError: code ``invalid_boot_id``.
     """
-    text = data.decode("ascii", "replace").strip()
-    if not _BOOT_ID.fullmatch(text):
+    text = _clock.parse_boot_id(data)
+    if text is None:
         raise ExecutionError("boot id has an invalid format", code="invalid_boot_id")
     return text
 
 
 def read_boot_id(path: str = BOOT_ID_PATH) -> str:
-    """Read and validate the kernel boot id.
+    """Read and validate the kernel boot id (:func:`qinglong_edge.clock.boot_id`).
 
     Raises:
         ExecutionError: code ``provider_unavailable`` when unreadable or invalid.
     """
-    try:
-        with open(path, "rb") as handle:
-            return parse_boot_id(handle.read(128))
-    except (OSError, ExecutionError):
-        raise ExecutionError("boot id is unavailable", code="provider_unavailable") from None
+    text = _clock.boot_id(path)
+    if text is None:
+        raise ExecutionError("boot id is unavailable", code="provider_unavailable")
+    return text
 
 
 def read_proc_stat(pid: int, proc: str = "/proc") -> ProcStat | None:
@@ -367,7 +337,7 @@ def inspect(handle: str | DurableHandle | ProcessIdentity) -> Inspection:
 
 
 def _validate_identity(identity: ProcessIdentity) -> None:
-    if not _BOOT_ID.fullmatch(identity.boot_id):
+    if not _clock.is_boot_id(identity.boot_id):
         raise ExecutionError("handle boot id is invalid", code="invalid_handle")
     for value in (identity.pid, identity.pgid):
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _MAX_SAFE_INTEGER:

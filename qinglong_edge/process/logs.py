@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 
 from qinglong_edge.errors import ExecutionError
+from qinglong_edge.filecheck import stat_problem
 
 __all__ = ["MAX_PUBLICATION_BYTES", "TRUNCATION_NOTICE", "read_publication", "read_receipt", "read_truncation_fact"]
 
@@ -51,7 +51,7 @@ def read_publication(path: str, what: str = "publication") -> bytes | None:
         raise ExecutionError(f"{what} {path}: {exc.strerror}", code=code) from None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077 or st.st_nlink != 1:
+        if stat_problem(st, path, directory=False, single_link=True) is not None:
             raise ExecutionError(f"{what} {path}: not a private regular file", code="publication_invalid")
         if not 1 <= st.st_size <= MAX_PUBLICATION_BYTES:
             raise ExecutionError(f"{what} {path}: size {st.st_size} outside 1..{MAX_PUBLICATION_BYTES}",

@@ -52,6 +52,7 @@ from collections.abc import Mapping
 
 from qinglong_edge.contracts.ids import new_uuid4
 from qinglong_edge.errors import ExecutionError, LogStorageUnavailable
+from qinglong_edge.filecheck import write_all
 from qinglong_edge.process.cgroups import RunCgroup
 from qinglong_edge.process.identity import ProcessIdentity, capture, encode_handle
 from qinglong_edge.process.jobspec import (
@@ -262,9 +263,7 @@ def _source_descriptor(python: str) -> tuple[int, int]:
             fd = -1
         if fd >= 0:
             try:
-                view = memoryview(source)
-                while view:
-                    view = view[os.write(fd, view):]
+                write_all(fd, source)
                 seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
                 fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
             except OSError:

@@ -201,27 +201,18 @@ class _Target:
     def _signal_group(self, sig: int) -> None:
         if not self.pinned():
             return
-        try:
-            os.killpg(self.identity.pgid, sig)
-        except ProcessLookupError:
-            pass
-        except OSError as exc:
-            raise ExecutionError(f"signal to the process group failed: {exc.strerror}", code="signal_failed") from None
+        _send("the process group", lambda: os.killpg(self.identity.pgid, sig))
 
     def _signal_leader(self, sig: int) -> None:
         """``sig`` to the leader alone, while its identity is verified running (through
         the pidfd bound to it, so a recycled pid is never hit)."""
         if self.leader() is not Liveness.RUNNING:
             return
-        try:
-            if self.leader_fd is not None and self.leader_fd >= 0:
-                signal.pidfd_send_signal(self.leader_fd, sig)
-            else:
-                os.kill(self.identity.pid, sig)
-        except ProcessLookupError:
-            pass
-        except OSError as exc:
-            raise ExecutionError(f"signal to the job wrapper failed: {exc.strerror}", code="signal_failed") from None
+        fd = self.leader_fd
+        if fd is not None and fd >= 0:
+            _send("the job wrapper", lambda: signal.pidfd_send_signal(fd, sig))
+        else:
+            _send("the job wrapper", lambda: os.kill(self.identity.pid, sig))
 
     def terminate(self) -> None:
         """One SIGTERM for each process of the Run (module docstring, step 3): the running
@@ -291,6 +282,17 @@ class _Target:
         self._signal_group(signal.SIGKILL)
         if self.cgroup is not None:
             self.cgroup.kill()
+
+
+def _send(target: str, send: Callable[[], None]) -> None:
+    """``send()`` a signal; a target already gone is no error, another failure is
+    ``signal_failed``."""
+    try:
+        send()
+    except ProcessLookupError:
+        pass
+    except OSError as exc:
+        raise ExecutionError(f"signal to {target} failed: {exc.strerror}", code="signal_failed") from None
 
 
 def pid_namespace_depth(pid: int) -> int:

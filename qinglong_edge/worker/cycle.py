@@ -69,6 +69,8 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see cont
 if TYPE_CHECKING:
     from typing import Any
 
+    from qinglong_edge.contracts.records import InboxRecord
+
 #: A wall clock before this is "not set yet" (:data:`qinglong_edge.clock.CLOCK_FLOOR_MS`,
 #: the source's date; doctor's rule too).
 CLOCK_FLOOR_MS = _clock.CLOCK_FLOOR_MS
@@ -86,7 +88,7 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
     if now < CLOCK_FLOOR_MS:
         return CycleReport(None, None, "clock_not_set", "the wall clock is before this package's build date: "
                            "waiting for NTP (nothing is claimed)"), 0
-    kept: list[dict[str, Any]] = []
+    kept: list[InboxRecord] = []
     journal.prune_inbox(now, process_gone=_process_gone, remove_files=lambda r: _remove_files(worker, runtime, r),
                         kept=kept)
     journal.prune_abandoned()
@@ -137,13 +139,13 @@ def _cycle(journal: Journal, keeper: SessionKeeper, coordinator: PullCoordinator
     return CycleReport(session, result, inbox=states), busy
 
 
-def _process_gone(record: dict[str, Any]) -> bool:
+def _process_gone(record: InboxRecord) -> bool:
     from qinglong_edge.worker.remote.job_files import process_gone
 
     return process_gone(record)
 
 
-def _leftovers(worker: WorkerConfig, record: dict[str, Any]) -> None:
+def _leftovers(worker: WorkerConfig, record: InboxRecord) -> None:
     """The files of an acknowledged completion are removed right after it; a crash in
     between leaves them, found here (two ``lstat`` per such record, no write otherwise)."""
     from qinglong_edge.worker.remote.job_files import remove_job_files, worker_record_files
@@ -153,7 +155,7 @@ def _leftovers(worker: WorkerConfig, record: dict[str, Any]) -> None:
         remove_job_files(files)
 
 
-def _remove_files(worker: WorkerConfig, runtime: RuntimeDirectory, record: dict[str, Any]) -> None:
+def _remove_files(worker: WorkerConfig, runtime: RuntimeDirectory, record: InboxRecord) -> None:
     """A pruned record's log, receipt, truncation fact, scratch directory and outcome note."""
     from qinglong_edge.worker.remote.job_files import outcome_name, remove_job_files, worker_record_files
 

@@ -21,6 +21,7 @@ from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.strictjson import loads
 
 __all__ = ["KINDS", "RuntimeFile", "damaged_files", "kind_of"]
+from qinglong_edge.filecheck import stat_problem
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
@@ -186,12 +187,10 @@ def _problem(path: str, kind: RuntimeFile) -> str | None:
         return "a symlink" if os.path.islink(path) else (exc.strerror or "unreadable").lower()
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return "not a regular file"
-        if st.st_uid != os.geteuid():
-            return f"owned by uid {st.st_uid}"
-        if st.st_mode & 0o077:
-            return f"mode {stat.S_IMODE(st.st_mode):04o}"
+        problem = stat_problem(st, path, directory=False)
+        if problem is not None:
+            return {"not_file": "not a regular file", "foreign_owner": f"owned by uid {st.st_uid}"}.get(
+                problem.kind, f"mode {stat.S_IMODE(st.st_mode):04o}")
         if not 2 <= st.st_size <= kind.max_bytes:
             return f"{st.st_size} bytes"
         data = os.read(fd, kind.max_bytes + 1)

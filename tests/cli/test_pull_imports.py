@@ -105,6 +105,10 @@ IDLE_OURS = frozenset({
     "qinglong_edge.worker.journal.view",
 })
 
+#: Modules of ours for the type checker only (imported under ``TYPE_CHECKING``): no cycle,
+#: idle or executing, imports them (contracts/records.py imports ``typing``).
+TYPE_ONLY = ("qinglong_edge.contracts.records",)
+
 EXECUTION = ("qinglong_edge.worker.remote.resident", "qinglong_edge.worker.remote.runner", "qinglong_edge.worker.remote.calls",
              "qinglong_edge.process.spawn", "qinglong_edge.process.stop", "subprocess")
 
@@ -142,6 +146,7 @@ def test_an_accepting_cycle_imports_nothing_it_does_not_need_up_to_the_inbox(env
     assert sorted(set(EXECUTION) & published) == []  # nothing of the execution before it is needed
     assert set(EXECUTION) <= modules  # then the offer was executed: those came after
     assert sorted({"sqlite3", "_sqlite3", "http.server", "asyncio", "multiprocessing"} & modules) == []
+    assert sorted(set(TYPE_ONLY) & modules) == []  # annotations only, under TYPE_CHECKING, the execution too
     ((_, record),) = env.inbox().items()
     assert record["state"] == "completion_acknowledged"
 

@@ -358,7 +358,12 @@ def test_a_restart_starts_the_successor_pull_at_once_within_the_jobs_lease(busyb
     first = procd_start()
     successor = None
     try:
-        assert wait_until((traces / "job").exists, timeout=60)
+        if not wait_until((traces / "job").exists, timeout=60):
+            first.kill()
+            _, stderr = first.communicate(timeout=30)
+            records = sorted(str(p.relative_to(device.root)) for p in device.root.rglob("*") if p.is_file())
+            raise AssertionError(f"the job never started; pull's stderr: {stderr.decode(errors='replace')!r}; "
+                                 f"exchanges: {[e.op for e in cluster.exchanges]}; files: {records}")
         assert wait_until(lambda: any(e.op == "lease-control" for e in cluster.exchanges), timeout=30)
         # restart = stop (stop_service, procd SIGTERMs the instance's pid) + start
         assert router.call(busybox, "stop_service").returncode == 0

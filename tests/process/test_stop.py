@@ -216,8 +216,10 @@ def test_rejects_out_of_range_durations(kwargs: dict[str, int]) -> None:
 #: ``wait`` is interruptible, so the trap runs as each TERM arrives (two TERMs never
 #: merge into one run of the trap). After the first it keeps counting for ten more rounds
 #: of 50 ms (a second TERM, which would come within milliseconds, is caught), then exits 0.
+#: ``count FILE READY`` touches READY only once its trap is set: a TERM that came between a
+#: ``touch`` before the call and the ``trap`` killed the shell uncounted (seen under load).
 _COUNTER = (
-    "count() { n=0; trap 'echo TERM >> \"$1\"; n=1' TERM; "
+    "count() { n=0; trap 'echo TERM >> \"$1\"; n=1' TERM; touch \"$2\"; "
     "while :; do sleep 0.05 & wait $!; [ $n -gt 0 ] && n=$((n + 1)); [ $n -gt 10 ] && exit 0; done; }; "
 )
 ONE_STOP = {"terminate_grace_ms": 10_000, "kill_grace_ms": 300, "poll_ms": 10}
@@ -264,7 +266,7 @@ def test_a_trapping_command_gets_exactly_one_term(request: pytest.FixtureRequest
     cgroup = request.getfixturevalue("run_cgroup") if with_cgroup else None
     counted = os.path.join(str(tmp_path), "command.terms")
     ready = os.path.join(str(tmp_path), "ready")
-    job = start_job(_COUNTER + f"touch {ready}; count {counted}", str(tmp_path), cgroup=cgroup)
+    job = start_job(_COUNTER + f"count {counted} {ready}", str(tmp_path), cgroup=cgroup)
     try:
         assert wait_until(lambda: os.path.exists(ready))
         result = stop(job.handle, cgroup, **ONE_STOP)
@@ -297,12 +299,13 @@ def test_every_member_of_a_pipeline_gets_exactly_one_term(tmp_path: object) -> N
     each count their TERMs. All three are in the job's process group, so each gets the one
     TERM of the stop (none is skipped, none is doubled)."""
     names = {name: os.path.join(str(tmp_path), f"{name}.terms") for name in ("shell", "a", "b")}
-    ready = os.path.join(str(tmp_path), "ready")
-    script = (_COUNTER + f"trap 'echo TERM >> {names['shell']}' TERM; count {names['a']} | count {names['b']} & "
-              f"pipeline=$!; touch {ready}; until wait $pipeline; do :; done")
+    ready = {name: os.path.join(str(tmp_path), f"{name}.ready") for name in names}
+    script = (_COUNTER + f"trap 'echo TERM >> {names['shell']}' TERM; "
+              f"count {names['a']} {ready['a']} | count {names['b']} {ready['b']} & "
+              f"pipeline=$!; touch {ready['shell']}; until wait $pipeline; do :; done")
     job = start_job(script, str(tmp_path))
     try:
-        assert wait_until(lambda: os.path.exists(ready))
+        assert wait_until(lambda: all(os.path.exists(path) for path in ready.values()))
         result = stop(job.handle, **ONE_STOP)
         assert result == StopResult("stopped", "SIGTERM")
         assert {name: _terms(path) for name, path in names.items()} == {"shell": 1, "a": 1, "b": 1}

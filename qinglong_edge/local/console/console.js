@@ -104,12 +104,20 @@
     return out;
   }
 
-  async function loadRuns() {
-    const { body } = await api('/runs?limit=32');
-    const tbody = $('runs').tBodies[0];
+  async function loadTable(id, path, key, fill) {
+    const { body } = await api(path);
+    const tbody = $(id).tBodies[0];
     tbody.replaceChildren();
-    for (const run of body.runs) {
+    for (const item of body[key]) {
       const row = document.createElement('tr');
+      fill(row, item);
+      tbody.append(row);
+    }
+    return tbody;
+  }
+
+  async function loadRuns() {
+    const tbody = await loadTable('runs', '/runs?limit=32', 'runs', (row, run) => {
       row.dataset.runId = run.id;
       cell(row, run.id, 'id');
       cell(row, run.taskId);
@@ -117,17 +125,9 @@
       cell(row, time(run.createdAtMs));
       cell(row, time(run.startedAtMs));
       cell(row, time(run.finishedAtMs));
-      const actions = document.createElement('td');
-      row.append(actions);
-      const log = document.createElement('button');
-      log.type = 'button';
-      log.textContent = 'Log';
-      log.className = 'follow';
-      log.addEventListener('click', () => follow(run.id));
-      actions.append(log);
-      tbody.append(row);
-    }
-    if (!body.runs.length) {
+      button(row, 'Log', () => follow(run.id)).className = 'follow';
+    });
+    if (!tbody.rows.length) {
       const row = document.createElement('tr');
       cell(row, 'no Runs yet', 'muted');
       tbody.append(row);
@@ -135,11 +135,7 @@
   }
 
   async function loadTasks() {
-    const { body } = await api('/tasks?limit=64');
-    const tbody = $('tasks').tBodies[0];
-    tbody.replaceChildren();
-    for (const task of body.tasks) {
-      const row = document.createElement('tr');
+    await loadTable('tasks', '/tasks?limit=64', 'tasks', (row, task) => {
       row.dataset.taskId = task.taskId;
       cell(row, task.taskId, 'id');
       cell(row, task.name);
@@ -148,8 +144,7 @@
       const start = button(row, 'Start', () => startTask(task.taskId));
       start.className = 'start';
       start.disabled = !task.enabled;
-      tbody.append(row);
-    }
+    });
   }
 
   function renderWorker(value) {

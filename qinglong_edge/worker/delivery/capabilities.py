@@ -51,6 +51,7 @@ from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.session import capabilities_snapshot
 from qinglong_edge.contracts.strictjson import dumps_bytes, loads
 from qinglong_edge.errors import ConfigError, JournalError
+from qinglong_edge.filecheck import stat_problem
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
@@ -105,9 +106,10 @@ def read_capabilities_file(path: str, architecture: str) -> dict[str, Any]:
         raise _invalid(path, f"cannot be opened: {exc.strerror}") from None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+        problem = stat_problem(st, path, directory=False, forbidden=0o022, owner=False)  # root may own it
+        if problem is not None and problem.kind == "not_file":
             raise _invalid(path, "is not a regular file")
-        if st.st_mode & 0o022:
+        if problem is not None:
             raise _invalid(path, f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}; "
                                  f"chmod go-w {path})")
         if not MIN_FILE_BYTES <= st.st_size <= MAX_FILE_BYTES:

@@ -10,8 +10,9 @@ Two files, both in RAM, neither ever on flash:
   cycle without metrics writes nothing (spec README: an idle cycle writes nothing, and
   zero extra cost when not configured: one ``is None`` test).
 * ``worker.metricsTextfile`` (off by default): the node_exporter textfile collector's
-  format (:mod:`qinglong_edge.contracts.exposition`), rewritten after every cycle: a temp
-  file ``.<name>.<hex>.tmp`` in the same directory, mode 0644 (the exporter runs as
+  format (:mod:`qinglong_edge.contracts.exposition`), rewritten after every cycle
+  (:func:`qinglong_edge.filecheck.replace_file`, no fsync): a temp file
+  ``.<name>.<32 hex>.tmp`` in the same directory, mode 0644 (the exporter runs as
   another user), then ``rename`` over the name, so the exporter never reads half a file.
   Its directory must be on a RAM file system (``tmpfs``/``ramfs``, from
   ``/proc/self/mountinfo``): elsewhere nothing is written and a warning is said once per
@@ -33,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import os
 
+from qinglong_edge import filecheck
 from qinglong_edge.contracts.exposition import Family, render
 from qinglong_edge.contracts.strictjson import StrictJsonError, dumps_bytes, loads
 from qinglong_edge.errors import JournalError
@@ -152,22 +154,9 @@ def textfile(state: dict[str, Any], records: dict[str, int]) -> bytes:
 
 
 def _write_textfile(path: str, data: bytes) -> None:
-    directory, name = os.path.split(path)
-    tmp = os.path.join(directory, f".{name}.{os.urandom(16).hex()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    try:
-        try:
-            os.fchmod(fd, 0o644)  # whatever the umask: the exporter is another user
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """Temp file beside ``path``, 0644 whatever the umask (the exporter is another user),
+    then ``rename``; no fsync (RAM). Raises OSError (the temp file removed)."""
+    filecheck.replace_file(path, data, mode=0o644, sync=False)
 
 
 def record_cycle(worker: WorkerConfig, report: Any, exit_status: int, now_ms: int,

@@ -101,6 +101,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see cont
 if TYPE_CHECKING:
     from typing import Any, Protocol
 
+    from qinglong_edge.contracts.records import InboxRecord, InternalOffer
     from qinglong_edge.worker.delivery.session import SessionOutcome
 
     class _Transport(Protocol):
@@ -117,9 +118,9 @@ if TYPE_CHECKING:
 
         def abandon_claim(self, reason: str, now_ms: int) -> Any: ...
 
-        def accept_offer(self, offer: dict[str, Any], now_ms: int) -> tuple[str, dict[str, Any]]: ...
+        def accept_offer(self, offer: InternalOffer, now_ms: int) -> tuple[str, InboxRecord]: ...
 
-        def read_offer(self, offer_id: str) -> dict[str, Any] | None: ...
+        def read_offer(self, offer_id: str) -> InboxRecord | None: ...
 
         def has_capacity(self) -> bool: ...
 

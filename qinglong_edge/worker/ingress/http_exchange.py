@@ -44,6 +44,7 @@ import re
 from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.ids import SESSION_ID, WORKER_ID
+from qinglong_edge.contracts.origin import HTTP_FIELD_VALUE, HTTP_FIELD_VALUE_RE, HTTP_OWS, HTTP_TOKEN
 from qinglong_edge.contracts.strictjson import loads
 from qinglong_edge.errors import TransportError
 
@@ -102,13 +103,13 @@ _STREAM_PATH = re.compile(
 _ERROR_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}", re.ASCII)
 #: Largest non-200 body read for its code (the cluster's are ``{"code":"..."}``).
 MAX_ERROR_BODY_BYTES = 1024
-_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: ([\t\x20-\x7e\x80-\xff]*))?")
-_FIELD_LINE = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):(.*)", re.DOTALL)
-_FIELD_VALUE = re.compile(rb"[\t\x20-\x7e\x80-\xff]*")
+# token, field-vchar, field-value and OWS: contracts/origin.py's HTTP_* (the Local API's too).
+_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: (" + HTTP_FIELD_VALUE + rb"))?")
+_FIELD_LINE = re.compile(rb"(" + HTTP_TOKEN + rb"):(.*)", re.DOTALL)
 _JSON_MEDIA_TYPE = re.compile(r"application/json(?:\s*;|$)", re.IGNORECASE | re.ASCII)
 _DIGITS = re.compile(r"[0-9]+", re.ASCII)
 #: Compiled on first use (``re`` caches it): the cluster answers with Content-Length.
-_CHUNK_SIZE = rb"([0-9A-Fa-f]{1,16})(?:[\t ]*;[\t\x20-\x7e\x80-\xff]*)?"
+_CHUNK_SIZE = rb"([0-9A-Fa-f]{1,16})(?:[\t ]*;" + HTTP_FIELD_VALUE + rb")?"
 
 
 def is_ingress_path(path: object) -> bool:
@@ -189,8 +190,8 @@ def _field(line: bytes) -> tuple[str, str] | None:
     match = _FIELD_LINE.fullmatch(line)
     if match is None:
         return None
-    value = match.group(2).strip(b" \t")
-    if _FIELD_VALUE.fullmatch(value) is None:
+    value = match.group(2).strip(HTTP_OWS)
+    if HTTP_FIELD_VALUE_RE.fullmatch(value) is None:
         return None
     return match.group(1).decode("ascii").lower(), value.decode("latin-1")
 

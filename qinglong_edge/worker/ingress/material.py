@@ -42,6 +42,7 @@ from qinglong_edge.contracts.credentials import parse_worker_token
 from qinglong_edge.contracts.digest import sha256
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.errors import TransportError
+from qinglong_edge.filecheck import stat_problem, write_all
 
 __all__ = [
     "MAX_CREDENTIAL_BYTES",
@@ -110,14 +111,16 @@ def _check_parent(path: str, forbidden: int, what: str) -> None:
         info = os.lstat(parent)
     except OSError as exc:
         raise _unavailable(f"{what} {path}: parent directory unavailable ({exc.strerror})") from None
-    if stat.S_ISLNK(info.st_mode):
+    problem = stat_problem(info, parent, directory=True, forbidden=forbidden, owner=False)  # root may own it
+    if problem is None:
+        return
+    if problem.kind == "symlink":
         raise _unavailable(f"{what} {path}: parent directory is a symlink")
-    if not stat.S_ISDIR(info.st_mode):
+    if problem.kind == "not_directory":
         raise _unavailable(f"{what} {path}: parent is not a directory")
-    if info.st_mode & forbidden:
-        raise _unavailable(
-            f"{what} {path}: parent directory mode {stat.S_IMODE(info.st_mode):04o} has forbidden group/other bits"
-        )
+    raise _unavailable(  # loose_mode
+        f"{what} {path}: parent directory mode {stat.S_IMODE(info.st_mode):04o} has forbidden group/other bits"
+    )
 
 
 def read_guarded_file(path: str, max_bytes: int, forbidden: int, what: str) -> bytes:
@@ -152,9 +155,10 @@ def _read_checked(fd: int, path: str, max_bytes: int, forbidden: int, what: str)
         info = os.fstat(fd)
     except OSError as exc:
         raise _unavailable(f"{what} {path}: cannot stat ({exc.strerror})") from None
-    if not stat.S_ISREG(info.st_mode):
+    problem = stat_problem(info, path, directory=False, forbidden=forbidden, owner=False)
+    if problem is not None and problem.kind == "not_file":
         raise _unavailable(f"{what} {path}: not a regular file")
-    if info.st_mode & forbidden:
+    if problem is not None:
         raise _unavailable(f"{what} {path}: mode {stat.S_IMODE(info.st_mode):04o} has forbidden group/other bits")
     if not 1 <= info.st_size <= max_bytes:
         raise _unavailable(f"{what} {path}: size {info.st_size} outside 1-{max_bytes} bytes")
@@ -249,9 +253,7 @@ def _load_chain_from_memory(context: ssl.SSLContext, certificate: bytes, private
         for blob in (certificate, private_key):
             fd = os.memfd_create("qinglong-edge-tls", os.MFD_CLOEXEC)
             fds.append(fd)
-            view = memoryview(blob)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, blob)
         context.load_cert_chain(f"/proc/self/fd/{fds[0]}", f"/proc/self/fd/{fds[1]}", password=_no_password)
     finally:
         for fd in fds:

@@ -45,7 +45,7 @@ import errno
 import socket
 import ssl
 
-from qinglong_edge.errors import TransportError
+from qinglong_edge.errors import EdgeError, TransportError
 
 __all__ = ["CLIENT_CERTIFICATE_ALERTS", "classify", "is_tls_alert"]
 
@@ -77,6 +77,8 @@ def is_tls_alert(exc: BaseException) -> bool:
 
 def _describe(exc: BaseException) -> str:
     """A secret-free description of a network failure."""
+    if isinstance(exc, EdgeError):  # tls_wire's DeadlineExceeded, PeerClosed: their own message
+        return exc.message
     if isinstance(exc, ssl.SSLCertVerificationError):
         return f"certificate verify failed ({exc.verify_message})"
     if isinstance(exc, ssl.SSLError):

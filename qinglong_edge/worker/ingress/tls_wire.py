@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from qinglong_edge.contracts.origin import Origin
-from qinglong_edge.errors import TransportError
+from qinglong_edge.errors import EX_TEMPFAIL, EdgeError, TransportError
 from qinglong_edge.worker.ingress.http_exchange import MAX_HEAD_BYTES, BodyDecoder
 
 __all__ = [
@@ -38,18 +38,30 @@ DEADLINE_FACTOR = 2
 _RECV_BYTES = 64 * 1024
 
 
-class DeadlineExceeded(TimeoutError):
-    """The request's hard deadline passed."""
+class DeadlineExceeded(EdgeError, TimeoutError):
+    """The request's hard deadline passed (a ``TimeoutError``: the transport classifies it
+    with the socket's own, :func:`qinglong_edge.worker.ingress.reasons.classify`)."""
+
+    code = "deadline_exceeded"
+    exit_status = EX_TEMPFAIL
 
 
-class PeerClosed(ConnectionError):
-    """The peer closed the connection before the response head was complete."""
+class PeerClosed(EdgeError, ConnectionError):
+    """The peer closed the connection before the response head was complete (a
+    ``ConnectionError``, classified like a reset)."""
+
+    code = "connection_closed"
+    exit_status = EX_TEMPFAIL
 
 
-class SourceChanged(Exception):
+class SourceChanged(EdgeError):
     """A streamed file changed size or content time under the upload
     (:mod:`qinglong_edge.worker.ingress.stream`; here so that the transport can catch
-    it without importing that module on every call)."""
+    it without importing that module on every call). The transport turns it into a
+    ``TransportError`` with reason ``source_changed``."""
+
+    code = "source_changed"
+    exit_status = EX_TEMPFAIL
 
 
 class Deadline:

@@ -741,7 +741,8 @@ class IngressTransport:
         except TransportError:
             raise
         except SourceChanged as exc:
-            raise TransportError(f"send request: {exc}", code="request_rejected", reason="source_changed") from None
+            raise TransportError(f"send request: {exc.message}", code="request_rejected",
+                                 reason="source_changed") from None
         except OSError as exc:
             raise self._classified(exc, stage, wire, deadline, status) from None
         finally:

@@ -23,6 +23,10 @@ The order, per the contract (section 3.5) and field lessons 8: temp file
 before the fsync (the reference does it after) so the mode is made durable by the
 same fsync; the resulting file is the same.
 
+The steps themselves are :mod:`qinglong_edge.filecheck`'s (``publish_file``,
+``replace_file``, ``remove_file``, the one durable-write module); this module fires the
+crash points at their step boundaries and maps their errors.
+
 Errors: ``ENOSPC``, ``EDQUOT``, ``EIO`` and ``EROFS`` are
 ``JournalError(code="storage_unavailable")`` (retry later: field lessons 8); any
 other ``OSError`` and every unsafe condition (symlink, wrong type, mode or owner, bad
@@ -38,7 +42,7 @@ import re
 import stat
 from collections.abc import Callable
 
-from qinglong_edge import crashpoints
+from qinglong_edge import crashpoints, filecheck
 from qinglong_edge.contracts.errors import ContractError
 from qinglong_edge.contracts.fields import dispatch_id
 from qinglong_edge.contracts.ids import JOURNAL_OFFER_ID
@@ -76,7 +80,7 @@ TEMP_NAME = re.compile(r"\.(.+)\.[0-9a-f]{32}\.tmp")
 
 _UNAVAILABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_TEMP_FLAGS = filecheck.TEMP_FLAGS
 # O_NONBLOCK: a FIFO planted under a record's name must not hang the reader; the
 # fstat check then rejects it.
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -175,20 +179,8 @@ def fsync_directory(dir_fd: int, what: str) -> None:
 
 
 def temp_name(target: str) -> str:
-    """``.<target>.<32 random hex>.tmp`` (section 3.5)."""
-    return f".{target}.{os.urandom(16).hex()}.tmp"  # not secrets.token_hex: no import on the pull path
-
-
-def _write_all(fd: int, data: bytes, op: str) -> None:
-    view = memoryview(data)
-    # One write() normally; two when a test armed the torn-write point between them.
-    split = len(view) // 2 if crashpoints.armed(f"{op}.tmp_partial") else len(view)
-    written = 0
-    while written < len(view):
-        end = split if written < split else len(view)
-        written += os.write(fd, view[written:end])
-        if written == split and split < len(view):
-            crashpoint(f"{op}.tmp_partial")
+    """``.<target>.<32 random hex>.tmp`` (section 3.5; :func:`qinglong_edge.filecheck.temp_name`)."""
+    return filecheck.temp_name(target)
 
 
 def _check_size(data: bytes, what: str) -> None:
@@ -196,45 +188,28 @@ def _check_size(data: bytes, what: str) -> None:
         raise unsafe(f"{what}: record of {len(data)} bytes is outside {MIN_RECORD_BYTES}..{MAX_RECORD_BYTES}")
 
 
-def _write_temp(root_fd: int, target: str, data: bytes, op: str, what: str) -> str:
-    """Create, fill and fsync the temp file in the root; return its name."""
-    tmp = temp_name(target)
-    try:
-        fd = os.open(tmp, _TEMP_FLAGS, 0o600, dir_fd=root_fd)
-    except OSError as exc:
-        raise journal_error(exc, f"{what}: create temp file") from None
-    try:
-        crashpoint(f"{op}.tmp_created")
-        os.fchmod(fd, 0o600)
-        _write_all(fd, data, op)
-        crashpoint(f"{op}.tmp_written")
-        os.fsync(fd)
-    except OSError as exc:
-        os.close(fd)
-        _discard_temp(root_fd, tmp)
-        raise journal_error(exc, f"{what}: write temp file") from None
-    except BaseException:
-        os.close(fd)
-        _discard_temp(root_fd, tmp)
-        raise
-    try:
-        os.close(fd)
-    except OSError as exc:  # close can report a deferred write error (NFS, some FUSE)
-        _discard_temp(root_fd, tmp)
-        raise journal_error(exc, f"{what}: close temp file") from None
-    crashpoint(f"{op}.tmp_synced")
-    return tmp
+#: :func:`qinglong_edge.filecheck.failed_step` -> how a message names the step.
+_STEP_WORDS = {"create": "create temp file", "write": "write temp file", "close": "close temp file",
+               "link": "link", "rename": "rename", "unlink": "unlink", "sync_directory": "fsync"}
 
 
-def _discard_temp(root_fd: int, tmp: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(tmp, dir_fd=root_fd)
+def _failed(exc: OSError, what: str) -> JournalError:
+    """A durable write's OSError as the journal's error (a JournalError of a guard as it is)."""
+    if isinstance(exc, JournalError):
+        return exc
+    return journal_error(exc, f"{what}: {_STEP_WORDS.get(filecheck.failed_step(exc), 'write')}")
+
+
+def _points(op: str) -> Callable[[str], None]:
+    """The step callback that fires ``<op>.<step>`` (:mod:`qinglong_edge.crashpoints`)."""
+    return lambda step: crashpoint(f"{op}.{step}")
 
 
 def publish_first(
     root_fd: int, dir_fd: int, name: str, data: bytes, *, op: str, what: str, guard: Guard,
 ) -> None:
-    """First publication (``writeFirst``): temp file, fsync, ``link()``, fsync(dir).
+    """First publication (``writeFirst``): temp file, fsync, ``link()``, fsync(dir)
+    (:func:`qinglong_edge.filecheck.publish_file`).
 
     Args:
         root_fd: the journal root (where the temp file lives).
@@ -252,29 +227,22 @@ def publish_first(
     """
     _check_size(data, what)
     crashpoint(f"{op}.begin")
-    tmp = _write_temp(root_fd, name, data, op, what)
     try:
-        guard()
-        try:
-            os.link(tmp, name, src_dir_fd=root_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
-        except FileExistsError:
+        # The root is not fsynced after the temp name's unlink (section 3.5): a temp name
+        # that reappears after power loss is cleaned at the next open.
+        filecheck.publish_file(name, data, dir_fd=dir_fd, temp_dir_fd=root_fd,
+                               torn=crashpoints.armed(f"{op}.tmp_partial"), step=_points(op), before=guard)
+    except OSError as exc:
+        if isinstance(exc, FileExistsError) and filecheck.failed_step(exc) == "link":
             raise JournalError(f"{what}: already exists", code="offer_conflict") from None
-        except OSError as exc:
-            raise journal_error(exc, f"{what}: link") from None
-        crashpoint(f"{op}.linked")
-        fsync_directory(dir_fd, what)
-        crashpoint(f"{op}.dir_synced")
-    finally:
-        # The root is not fsynced after this unlink (section 3.5): a temp name that
-        # reappears after power loss is cleaned at the next open.
-        _discard_temp(root_fd, tmp)
-    crashpoint(f"{op}.tmp_removed")
+        raise _failed(exc, what) from None
 
 
 def publish_replace(
     root_fd: int, dir_fd: int, name: str, data: bytes, *, op: str, what: str, guard: Guard,
 ) -> None:
-    """Update (``writeReplacement``): temp file, fsync, ``rename()``, fsync(dir).
+    """Update (``writeReplacement``): temp file, fsync, ``rename()``, fsync(dir)
+    (:func:`qinglong_edge.filecheck.replace_file`).
 
     Arguments as :func:`publish_first`. A crash leaves the old or the new complete
     file. Raises ``storage_unavailable`` / ``unsafe_storage``; the target keeps its
@@ -282,37 +250,22 @@ def publish_replace(
     """
     _check_size(data, what)
     crashpoint(f"{op}.begin")
-    tmp = _write_temp(root_fd, name, data, op, what)
-    renamed = False
     try:
-        guard()
-        try:
-            os.rename(tmp, name, src_dir_fd=root_fd, dst_dir_fd=dir_fd)
-        except OSError as exc:
-            raise journal_error(exc, f"{what}: rename") from None
-        renamed = True
-        crashpoint(f"{op}.renamed")
-        fsync_directory(dir_fd, what)
-        crashpoint(f"{op}.dir_synced")
-    finally:
-        if not renamed:
-            _discard_temp(root_fd, tmp)
+        filecheck.replace_file(name, data, dir_fd=dir_fd, temp_dir_fd=root_fd,
+                               torn=crashpoints.armed(f"{op}.tmp_partial"), step=_points(op), before=guard)
+    except OSError as exc:
+        raise _failed(exc, what) from None
 
 
 def remove_durably(dir_fd: int, name: str, *, op: str, what: str, guard: Guard) -> bool:
-    """Unlink ``name`` and fsync its directory. Returns False if it was already absent."""
+    """Unlink ``name`` and fsync its directory (:func:`qinglong_edge.filecheck.remove_file`).
+    Returns False if it was already absent."""
     crashpoint(f"{op}.begin")
     guard()
     try:
-        os.unlink(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return False
+        return filecheck.remove_file(name, dir_fd=dir_fd, step=_points(op))
     except OSError as exc:
-        raise journal_error(exc, f"{what}: unlink") from None
-    crashpoint(f"{op}.unlinked")
-    fsync_directory(dir_fd, what)
-    crashpoint(f"{op}.dir_synced")
-    return True
+        raise _failed(exc, what) from None
 
 
 def read_record(dir_fd: int, name: str, what: str) -> bytes | None:
@@ -407,13 +360,10 @@ def fsync_parent(path: str) -> None:
     """fsync the directory holding ``path`` (a just-created journal root)."""
     parent = os.path.dirname(path) or "/"
     try:
-        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        filecheck.fsync_directory_of(path)
     except OSError as exc:
-        raise journal_error(exc, parent) from None
-    try:
-        fsync_directory(fd, parent)
-    finally:
-        os.close(fd)
+        what = parent if filecheck.failed_step(exc) == "open_directory" else f"{parent}: fsync"
+        raise journal_error(exc, what) from None
 
 
 def remove_stray_temp_files(root_fd: int, root: str) -> list[str]:

@@ -52,6 +52,7 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
+from qinglong_edge.clock import boot_id, parse_proc_stat
 from qinglong_edge.contracts._shape import Frozen
 from qinglong_edge.errors import JournalError
 from qinglong_edge.worker.journal.files import check_private, journal_error, unsafe
@@ -96,23 +97,15 @@ _MAX_RECORD_BYTES = 4096
 
 
 def parse_proc_stat_start_ticks(data: bytes) -> int:
-    """Field 22 (``starttime``, clock ticks since boot) of a ``/proc/<pid>/stat`` line.
-
-    The second field is the command name in parentheses and may itself contain
-    spaces and ``)`` (field lessons 4), so the fields are counted from the **last**
-    ``)``.
+    """Field 22 (``starttime``, clock ticks since boot) of a ``/proc/<pid>/stat`` line
+    (:func:`qinglong_edge.clock.parse_proc_stat`: the fields are counted from the
+    **last** ``)``, since the command name may itself hold spaces and ``)``, field
+    lessons 4).
 
     Raises:
         ValueError: the line does not have the shape.
     """
-    end = data.rfind(b")")
-    if end < 0:
-        raise ValueError("no ')' in /proc stat line")
-    fields = data[end + 1 :].split()
-    # fields[0] is field 3 (state), so field 22 is fields[19].
-    if len(fields) < 20:
-        raise ValueError("too few fields in /proc stat line")
-    return int(fields[19])
+    return int(parse_proc_stat(data)[6])
 
 
 def process_start_ticks(pid: int | None = None) -> int | None:
@@ -120,15 +113,6 @@ def process_start_ticks(pid: int | None = None) -> int | None:
     try:
         with open(f"/proc/{'self' if pid is None else pid}/stat", "rb") as handle:
             return parse_proc_stat_start_ticks(handle.read())
-    except (OSError, ValueError):
-        return None
-
-
-def boot_id() -> str | None:
-    """``/proc/sys/kernel/random/boot_id`` (changes at every boot), or None."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
-            return handle.read().strip() or None
     except (OSError, ValueError):
         return None
 

@@ -30,7 +30,8 @@ Rules:
   directory (a real directory, ours, no group/other bits) and used through one
   ``O_DIRECTORY`` descriptor, so a path swapped after the check cannot redirect a write;
 * a file is written to ``.<name>.<32 hex>.tmp`` (``O_CREAT|O_EXCL|O_NOFOLLOW``, 0600)
-  and renamed over the name: a reader sees the old or the new complete file. Nothing
+  and renamed over the name (:func:`qinglong_edge.filecheck.replace_file`, ``sync=False``):
+  a reader sees the old or the new complete file. Nothing
   is fsynced (RAM; on the fallback below a power loss may lose the last write, which
   costs at most a re-registration);
 * reads follow the journal's rules (``O_NOFOLLOW``, a regular file of ours, no
@@ -53,6 +54,8 @@ import contextlib
 import os
 import re
 
+from qinglong_edge import clock as _clock
+from qinglong_edge import filecheck
 from qinglong_edge.config import DEFAULT_RUNTIME_DIRECTORY
 from qinglong_edge.contracts.digest import sha256
 from qinglong_edge.crashpoints import crashpoint
@@ -78,16 +81,11 @@ MAX_RUNTIME_FILE_BYTES = 16_384
 HANDOVER_NAME = "handover.json"
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 _DAY_MS = 86_400_000
-_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def boot_id() -> str:
-    """``/proc/sys/kernel/random/boot_id`` (new at every boot), or ``"unknown"``."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
-            return handle.read().strip() or "unknown"
-    except (OSError, ValueError):
-        return "unknown"
+    """:func:`qinglong_edge.clock.boot_id` (new at every boot), or ``"unknown"``."""
+    return _clock.boot_id() or "unknown"
 
 
 def handover_pending(configured: str, journal_root: str) -> bool:
@@ -113,6 +111,16 @@ def _unwritable(exc: OSError, what: str) -> JournalError:
     error = files.journal_error(exc, what)
     return JournalError(f"{error.message} (the runtime directory, worker.runtimeDirectory: free space in it or make "
                         "it writable for the agent's user)", code=error.code)
+
+
+#: filecheck's step -> this write's crash point (RUNTIME_STEPS: ``tmp_written`` is after the close).
+_RUNTIME_POINTS = {"tmp_synced": "runtime_write.tmp_written", "renamed": "runtime_write.renamed"}
+
+
+def _runtime_points(step: str) -> None:
+    point = _RUNTIME_POINTS.get(step)
+    if point is not None:
+        crashpoint(point)
 
 
 def _check_name(name: str) -> str:
@@ -237,32 +245,15 @@ class RuntimeDirectory:
                                code="unsafe_storage")
         dir_fd = self._dir()
         crashpoint("runtime_write.begin")
-        tmp = files.temp_name(name)
         try:
-            fd = os.open(tmp, _TEMP_FLAGS, 0o600, dir_fd=dir_fd)
+            # No fchmod (0600 as the umask leaves it) and no fsync of file or directory (RAM).
+            filecheck.replace_file(name, data, dir_fd=dir_fd, chmod=False, sync=False, step=_runtime_points)
         except OSError as exc:
-            if not self._made_again(exc):
-                raise _unwritable(exc, f"{what}: create temp file") from None
-            self.write(name, data, max_bytes=max_bytes)
-            return
-        try:
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-            finally:
-                os.close(fd)
-            crashpoint("runtime_write.tmp_written")
-            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dir_fd)
-            raise _unwritable(exc, f"{what}: write") from None
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dir_fd)
-            raise
-        crashpoint("runtime_write.renamed")
+            if filecheck.failed_step(exc) == "create" and self._made_again(exc):
+                self.write(name, data, max_bytes=max_bytes)
+                return
+            step = "create temp file" if filecheck.failed_step(exc) == "create" else "write"
+            raise _unwritable(exc, f"{what}: {step}") from None
 
     def _made_again(self, exc: OSError) -> bool:
         """Whether the directory was removed under us (``rm -rf``: its descriptor has no link
@@ -315,12 +306,9 @@ class RuntimeDirectory:
         """Unlink ``name`` (no fsync). False when it was absent."""
         what = os.path.join(self.path, _check_name(name))
         try:
-            os.unlink(name, dir_fd=self._dir())
-        except FileNotFoundError:
-            return False
+            return filecheck.remove_file(name, dir_fd=self._dir(), sync=False)
         except OSError as exc:
             raise files.journal_error(exc, f"{what}: unlink") from None
-        return True
 
     # -- notices ------------------------------------------------------------------------------
 

@@ -74,8 +74,9 @@ from qinglong_edge.worker.journal.view import (
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
-    from typing import Any, Literal
+    from typing import Literal
 
+    from qinglong_edge.contracts.records import InboxRecord, InternalOffer
     from qinglong_edge.worker.journal.runtime import RuntimeDirectory
 
 #: Where versions before the runtime directory kept the Worker Session record.
@@ -453,7 +454,7 @@ class Journal(RecordReads):
 
     # -- inbox (3.4, 3.6) ------------------------------------------------------------------
 
-    def accept_offer(self, offer: dict[str, Any], now_ms: int) -> AcceptResult:
+    def accept_offer(self, offer: InternalOffer, now_ms: int) -> AcceptResult:
         """Durably accept a delivered internal offer, or recognise its replay (3.6).
 
         The offer is normalized again (the full section 2.6 step 12 checks). Then:
@@ -503,7 +504,7 @@ class Journal(RecordReads):
                 new_offer = delivered
             else:
                 new_offer = {**stored, "lease": delivered["lease"]}
-            updated = {
+            updated: InboxRecord = {
                 **existing,
                 "revision": existing["revision"] + 1,
                 "offer": new_offer,

@@ -21,7 +21,9 @@ from qinglong_edge.worker.journal import files
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
-    from typing import Any, TypeVar
+    from typing import TypeVar
+
+    from qinglong_edge.contracts.records import InboxRecord
 
     T = TypeVar("T")
 
@@ -43,11 +45,10 @@ CLAIM_NAME = "pending-claim.json"
 OFFERS_DIR = "offers"
 ABANDONED_DIR = "abandoned"
 
-#: An inbox record: the normalized ``offers/<offerId>.json`` document (contracts.journal_records).
-if TYPE_CHECKING:
-    InboxRecord = dict[str, Any]
-else:
-    InboxRecord = dict  # at run time ``dict[str, Any]`` would need typing.Any (not imported by pull)
+#: An inbox record: the normalized ``offers/<offerId>.json`` document (contracts.journal_records);
+#: for the type checker the TypedDict of contracts/records.py (never imported at run time).
+if not TYPE_CHECKING:
+    InboxRecord = dict
 
 def check_root_path(root: str) -> None:
     """3.1: absolute, <= 4096 characters, no NUL/CR/LF."""

@@ -87,6 +87,8 @@ if TYPE_CHECKING:
         def post_stream(self, path: str, prefix: bytes, source: object, length: int, *,
                         max_response_bytes: int) -> Any: ...
 
+    from qinglong_edge.contracts.records import InternalOffer
+
 __all__ = ["ExecutionCalls", "call_error"]
 
 #: The default worker-ingress request cap (activation bodies).
@@ -118,7 +120,15 @@ def _contract_error(operation: str, exc: ContractError, code: str) -> RemoteCall
     return RemoteCallError(operation, f"{exc.code} at {exc.path} ({reason})", code=code, reason=reason)
 
 
-def _worker(offer: dict[str, Any]) -> tuple[str, str]:
+def _contract_checked(operation: str, step: Any, code: str) -> Any:
+    """``step()``; its :class:`ContractError` becomes the call's ``code`` (request or response side)."""
+    try:
+        return step()
+    except ContractError as exc:
+        raise _contract_error(operation, exc, code) from None
+
+
+def _worker(offer: InternalOffer) -> tuple[str, str]:
     worker = offer.get("worker")
     if not isinstance(worker, dict):
         raise RemoteCallError("offer", "the stored offer has no worker", code="call_request_invalid")
@@ -138,14 +148,12 @@ class ExecutionCalls:
 
     # -- plumbing ----------------------------------------------------------------------------
 
-    def _path(self, offer: dict[str, Any], operation: str) -> str:
+    def _path(self, offer: InternalOffer, operation: str) -> str:
         worker_id, session_id = _worker(offer)
-        try:
-            return worker_call_path(worker_id, session_id, operation)
-        except ContractError as exc:
-            raise _contract_error(operation, exc, "call_request_invalid") from None
+        path: str = self._build(operation, lambda: worker_call_path(worker_id, session_id, operation))
+        return path
 
-    def _post(self, offer: dict[str, Any], operation: str, body: bytes, *, max_response_bytes: int,
+    def _post(self, offer: InternalOffer, operation: str, body: bytes, *, max_response_bytes: int,
               max_request_bytes: int = _DEFAULT_REQUEST_MAX_BYTES) -> bytes:
         path = self._path(offer, operation)
         try:
@@ -158,37 +166,31 @@ class ExecutionCalls:
 
     @staticmethod
     def _build(operation: str, build: Any) -> Any:
-        try:
-            return build()
-        except ContractError as exc:
-            raise _contract_error(operation, exc, "call_request_invalid") from None
+        return _contract_checked(operation, build, "call_request_invalid")
 
     @staticmethod
     def _parse(operation: str, parse: Any) -> Any:
-        try:
-            return parse()
-        except ContractError as exc:
-            raise _contract_error(operation, exc, "call_response_invalid") from None
+        return _contract_checked(operation, parse, "call_response_invalid")
 
     # -- activation (3.1-3.3) ----------------------------------------------------------------
 
-    def _activation(self, offer: dict[str, Any], operation: str, body: bytes) -> ActivationResult:
+    def _activation(self, offer: InternalOffer, operation: str, body: bytes) -> ActivationResult:
         data = self._post(offer, operation, body, max_response_bytes=ACTIVATION_RESPONSE_MAX_BYTES)
         result: ActivationResult = self._parse(
             operation, lambda: parse_activation_response(data, offer, operation=operation))
         return result
 
-    def starting(self, offer: dict[str, Any]) -> ActivationResult:
+    def starting(self, offer: InternalOffer) -> ActivationResult:
         """T1 / T2: POST starting (fence7). Raises :class:`RemoteCallError`."""
         body = self._build("starting", lambda: starting_request_body(offer))
         return self._activation(offer, "starting", body)
 
-    def start_failure(self, offer: dict[str, Any]) -> ActivationResult:
+    def start_failure(self, offer: InternalOffer) -> ActivationResult:
         """T9: POST start-failure (fence7). Raises :class:`RemoteCallError`."""
         body = self._build("start-failure", lambda: start_failure_request_body(offer))
         return self._activation(offer, "start-failure", body)
 
-    def running(self, offer: dict[str, Any], *, executor_handle: str, log_artifact_id: str,
+    def running(self, offer: InternalOffer, *, executor_handle: str, log_artifact_id: str,
                 callback_sequence: int, callback_token_digest: str) -> ActivationResult:
         """T8: POST running with the launch barrier's stored values. Raises :class:`RemoteCallError`."""
         body = self._build("running", lambda: running_request_body(
@@ -198,7 +200,7 @@ class ExecutionCalls:
 
     # -- secrets (3.4) -------------------------------------------------------------------------
 
-    def secrets(self, offer: dict[str, Any]) -> SecretValues | None:
+    def secrets(self, offer: InternalOffer) -> SecretValues | None:
         """T3: POST secrets, or None when the revision binds no secret and no bundle.
 
         The answer's values come back as ``bytearray`` (:class:`SecretValues`: wipe them
@@ -217,7 +219,7 @@ class ExecutionCalls:
 
     # -- lease-control (3.5) ------------------------------------------------------------------
 
-    def lease_control(self, offer: dict[str, Any], *, expected_lease_version: int | None = None) -> LeaseControlResult:
+    def lease_control(self, offer: InternalOffer, *, expected_lease_version: int | None = None) -> LeaseControlResult:
         """T11: POST lease-control; ``expected_lease_version`` for the G2 retry (stored + 1).
 
         Raises:
@@ -233,7 +235,7 @@ class ExecutionCalls:
 
     # -- artifacts and completion (3.6, 3.7) ---------------------------------------------------
 
-    def upload(self, offer: dict[str, Any], *, log_artifact_id: str, source: int, byte_length: int,
+    def upload(self, offer: InternalOffer, *, log_artifact_id: str, source: int, byte_length: int,
                truncated: bool | None) -> ArtifactReceipt:
         """POST artifacts: the preamble, then ``byte_length`` bytes of the file ``source``
         (a descriptor) from offset 0, streamed; the echoed sha256 must be ours.
@@ -257,7 +259,7 @@ class ExecutionCalls:
             sha256=digest))
         return receipt
 
-    def completion(self, offer: dict[str, Any], *, callback_sequence: int, callback_token_digest: str,
+    def completion(self, offer: InternalOffer, *, callback_sequence: int, callback_token_digest: str,
                    started_at_ms: int, finished_at_ms: int, exit_code: int, log_artifact_id: str,
                    byte_length: int, sha256: str, truncated: bool | None) -> CompletionResult:
         """T10: POST completion (the outcome is ``succeeded`` iff ``exit_code`` is 0).

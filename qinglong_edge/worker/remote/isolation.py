@@ -12,10 +12,10 @@ Everything the agent reads back is one of them, or belongs to root (docs/worker/
 from __future__ import annotations
 
 import os
-import stat
 import sys
 
 from qinglong_edge.config import EdgeConfig
+from qinglong_edge.filecheck import stat_problem
 
 __all__ = ["CGROUP_ROOT", "agent_code_paths", "remote_hidden_paths", "remote_readonly_paths"]
 
@@ -28,7 +28,7 @@ def _private_directory(path: str) -> bool:
         st = os.lstat(path)
     except OSError:
         return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
+    return stat_problem(st, path, directory=True) is None
 
 
 def _file_or_directory(path: str) -> str:

@@ -55,6 +55,7 @@ from qinglong_edge.contracts.receipt import (
 )
 from qinglong_edge.contracts.strictjson import dumps_bytes, loads
 from qinglong_edge.errors import EdgeError, ExecutionError, JournalError
+from qinglong_edge.filecheck import stat_problem
 from qinglong_edge.process.cgroups import CgroupManager, RunCgroup, out_of_memory
 from qinglong_edge.process.identity import Liveness, ProcessIdentity, decode_handle, probe
 from qinglong_edge.process.logs import read_receipt, read_truncation_fact
@@ -78,8 +79,8 @@ from qinglong_edge.worker.remote.job_files import JobFiles, RemoteLimits, remove
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any
 
+    from qinglong_edge.contracts.records import InboxRecord
     from qinglong_edge.worker.journal.runtime import RuntimeDirectory
 
 __all__ = ["LaunchFailure", "Outcome", "RemoteJob", "adopt", "allocate_log", "cgroup_name", "forget_caches",
@@ -145,7 +146,7 @@ def _private_dir(path: str) -> None:
         st = os.lstat(path)
     except OSError as exc:
         raise LaunchFailure(f"{path}: {exc.strerror}", code="log_unavailable") from None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+    if stat_problem(st, path, directory=True) is not None:
         raise LaunchFailure(f"{path}: not a private directory of the agent's user (0700)", code="log_unavailable")
 
 
@@ -198,7 +199,7 @@ def open_log(files: JobFiles) -> int:
         fd = -2
     if fd >= 0:
         st = os.fstat(fd)
-        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid():
+        if stat_problem(st, path, directory=False, forbidden=0, single_link=True) is None:  # any mode: the wrapper's
             return fd
         os.close(fd)
     try:
@@ -220,7 +221,7 @@ def _remove_entry(path: str) -> None:
         os.unlink(path)
 
 
-def read_truncated(files: JobFiles, record: dict[str, Any], maximum_bytes: int) -> bool | None:
+def read_truncated(files: JobFiles, record: InboxRecord, maximum_bytes: int) -> bool | None:
     """The truncation fact's ``quotaReached``, or None without a valid fact (4.3)."""
     candidate = record["offer"]["candidate"]
     try:
@@ -347,7 +348,7 @@ def stop_job(job: RemoteJob, limits: RemoteLimits, graces: tuple[int, int] | Non
 
 
 def launch(
-    record: dict[str, Any],
+    record: InboxRecord,
     files: JobFiles,
     *,
     plan: LaunchPlan,
@@ -412,7 +413,7 @@ def launch(
 
 # -- the outcome -------------------------------------------------------------------------------
 
-def read_outcome(record: dict[str, Any], files: JobFiles, job: RemoteJob | None, now_ms: int) -> Outcome:
+def read_outcome(record: InboxRecord, files: JobFiles, job: RemoteJob | None, now_ms: int) -> Outcome:
     """How a job that is gone ended: its authenticated receipt, else what was observed
     ("No receipt": reaped as its parent, else 143/137 after our signal, else 255); with
     the reason ``out_of_memory`` when its memory leaf counted an OOM kill (read here,
@@ -427,7 +428,7 @@ def read_outcome(record: dict[str, Any], files: JobFiles, job: RemoteJob | None,
     return outcome
 
 
-def _read_outcome(record: dict[str, Any], files: JobFiles, job: RemoteJob | None, now_ms: int) -> Outcome:
+def _read_outcome(record: InboxRecord, files: JobFiles, job: RemoteJob | None, now_ms: int) -> Outcome:
     started = int(record.get("executorStartedAtMs", now_ms))
     note = ""
     try:

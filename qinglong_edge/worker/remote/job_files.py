@@ -37,7 +37,7 @@ from qinglong_edge.contracts.residency import lease_expired_locally, needs_local
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
-    from typing import Any
+    from qinglong_edge.contracts.records import InboxRecord
 
 __all__ = [
     "EDGE_LIMITS",
@@ -160,7 +160,7 @@ class JobFiles(Frozen):
         _set(self, "work_path", work_path)
 
 
-def job_files(log_directory: str, receipt_directory: str, record: dict[str, Any]) -> JobFiles:
+def job_files(log_directory: str, receipt_directory: str, record: InboxRecord) -> JobFiles:
     """The files of a record's attempt: its stored ``logArtifactId``, or the one T5 will
     store (deterministic per offer, section 4.3).
 
@@ -265,7 +265,7 @@ def _open_directory(name: str, dir_fd: int | None) -> int:
         os.close(handle)
 
 
-def record_files(limits: RemoteLimits, record: dict[str, Any]) -> JobFiles | None:
+def record_files(limits: RemoteLimits, record: InboxRecord) -> JobFiles | None:
     """:func:`job_files` for a record, or None for ids a launch could never carry."""
     try:
         return job_files(limits.log_directory, limits.receipt_directory, record)
@@ -273,7 +273,7 @@ def record_files(limits: RemoteLimits, record: dict[str, Any]) -> JobFiles | Non
         return None
 
 
-def worker_record_files(worker: WorkerConfig, record: dict[str, Any]) -> JobFiles | None:
+def worker_record_files(worker: WorkerConfig, record: InboxRecord) -> JobFiles | None:
     """:func:`record_files` from the worker section alone (the cron cycle's pruning)."""
     try:
         return job_files(worker.log_directory, os.path.join(worker.journal_directory, RECEIPTS_DIR), record)
@@ -289,7 +289,7 @@ def outcome_name(offer_id: str) -> str:
     return "outcome." + sha256_hex(offer_id.encode("utf-8"))[:16]
 
 
-def process_gone(record: dict[str, Any]) -> bool:
+def process_gone(record: InboxRecord) -> bool:
     """Whether a stopped record's process is verified gone (its handle probed in /proc)."""
     handle = record.get("executorHandle")
     if not isinstance(handle, str):
@@ -299,7 +299,7 @@ def process_gone(record: dict[str, Any]) -> bool:
     return inspect(handle).status == "not_running"
 
 
-def in_flight(record: dict[str, Any], now_ms: int) -> bool:
+def in_flight(record: InboxRecord, now_ms: int) -> bool:
     """Whether ``record`` keeps the pull resident and holds a slot (spec README "Terminal for
     residency and pruning"; an unverified stop is probed by its handle)."""
     gone = record.get("recoveryReason") == "lease_lost_local_execution_unverified" and process_gone(record)

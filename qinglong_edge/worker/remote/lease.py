@@ -59,6 +59,8 @@ if TYPE_CHECKING:
 
         def remove(self, name: str) -> bool: ...
 
+    from qinglong_edge.contracts.records import InboxRecord
+
 __all__ = ["JobLease", "lease_name", "read_job_lease", "remove_job_lease", "stopped_by_wrapper", "stopped_name",
            "write_job_lease"]
 
@@ -155,7 +157,7 @@ def parse_job_lease(data: bytes) -> JobLease:
                     starting_boot_ms=optional["startingBootMs"], started_boot_ms=optional["startedBootMs"])
 
 
-def read_job_lease(store: _Store, record: dict[str, Any], boot_id: str) -> JobLease | None:
+def read_job_lease(store: _Store, record: InboxRecord, boot_id: str) -> JobLease | None:
     """The lease file of ``record``, or None when absent or damaged (module docstring):
     unreadable, another boot's, another offer's, attempt's or lease generation's."""
     offer = record["offer"]

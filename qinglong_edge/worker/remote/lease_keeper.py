@@ -39,8 +39,7 @@ from qinglong_edge.worker.remote.runner_state import Track, Transitions
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
-    from typing import Any
-
+    from qinglong_edge.contracts.records import OfferLease
     from qinglong_edge.worker.journal.runtime import RuntimeDirectory
 
 __all__ = ["LeaseKeeper"]
@@ -69,9 +68,9 @@ class LeaseKeeper:
         self.runtime = runtime
 
     @staticmethod
-    def lease(t: Track) -> dict[str, Any]:
+    def lease(t: Track) -> OfferLease:
         """The record's current lease (the offer's ``lease`` object)."""
-        lease: dict[str, Any] = t.record["offer"]["lease"]
+        lease: OfferLease = t.record["offer"]["lease"]
         return lease
 
     # -- the lease's local clock (spec README "Decisions for clocks") -------------------------

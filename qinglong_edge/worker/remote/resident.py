@@ -59,6 +59,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see cont
 if TYPE_CHECKING:
     from typing import Any
 
+    from qinglong_edge.contracts.records import InboxRecord
     from qinglong_edge.worker.journal.store import Journal
 
 __all__ = ["Resident", "ResidentSummary"]
@@ -218,7 +219,7 @@ class Resident:
 
     # -- records -------------------------------------------------------------------------------
 
-    def _track(self, record: dict[str, Any]) -> Track:
+    def _track(self, record: InboxRecord) -> Track:
         """A new track, its lease restored (the lease file, or the offer POST's send
         instant when this process accepted it; a lease from an offer is renewed at once)."""
         track = Track(record, self.clock_ms())
@@ -269,7 +270,7 @@ class Resident:
         self.journal.make_room(lambda r: r["offer"]["offerId"] not in live and not in_flight(r, now),
                                remove_files=self._remove_finished)
 
-    def _remove_finished(self, record: dict[str, Any]) -> None:
+    def _remove_finished(self, record: InboxRecord) -> None:
         files = record_files(self.limits, record)
         if files is not None:
             remove_job_files(files)
@@ -288,7 +289,7 @@ class Resident:
             record = self.journal.read_offer(offer_id) if track is None else track.record
             self._discard(offer_id, request_id, record)
 
-    def _discard(self, offer_id: str, request_id: str, record: dict[str, Any] | None) -> None:
+    def _discard(self, offer_id: str, request_id: str, record: InboxRecord | None) -> None:
         if record is None:
             write_result(self.runtime, offer_id, request_id, {"discarded": False, "reason": "not_found"})
             return

@@ -72,6 +72,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see cont
 if TYPE_CHECKING:
     from typing import Any
 
+    from qinglong_edge.contracts.records import InboxRecord
     from qinglong_edge.worker.journal.store import Journal
     from qinglong_edge.worker.remote.job import Outcome, RemoteJob
 
@@ -115,7 +116,7 @@ class RecordEvent(Frozen):
     state: str
     details: dict[str, Any]
 
-    def __init__(self, event: str, record: dict[str, Any], details: dict[str, Any] | None = None) -> None:
+    def __init__(self, event: str, record: InboxRecord, details: dict[str, Any] | None = None) -> None:
         candidate = record["offer"]["candidate"]
         _set = object.__setattr__
         _set(self, "event", event)
@@ -171,7 +172,7 @@ class Track:
                  "failures", "fenced", "job", "lease_dirty", "outcome", "record", "renew_now", "renewing",
                  "sent_at_ms", "skip_running", "started_boot_ms", "starting_at_ms", "stop_reason")
 
-    def __init__(self, record: dict[str, Any], now_ms: int) -> None:
+    def __init__(self, record: InboxRecord, now_ms: int) -> None:
         self.record = record
         self._phase = LIVE
         self.job: RemoteJob | None = None
@@ -252,7 +253,7 @@ class Transitions:
     def event(self, t: Track, name: str, **details: Any) -> None:
         self.emit(RecordEvent(name, t.record, details))
 
-    def write(self, t: Track, record: dict[str, Any], point: str, event: str | None = None, **details: Any) -> None:
+    def write(self, t: Track, record: InboxRecord, point: str, event: str | None = None, **details: Any) -> None:
         """One durable transition (the journal re-checks it against the stored record);
         ``record`` holds the current lease, so the journal catches up on renewals here.
         Then the crash point ``runner.<point>`` and the event, if any.
