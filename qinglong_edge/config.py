@@ -711,11 +711,19 @@ def load_config(explicit: str | None = None) -> EdgeConfig:
     """
     path = resolve_config_path(explicit)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO must not block open
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot open ({exc.strerror})") from None
+    try:
+        kind = os.fstat(fd).st_mode & 0o170000
+    except OSError as exc:
+        os.close(fd)
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    if kind not in (0o100000, 0o040000):  # a directory says "Is a directory" below
+        os.close(fd)
+        raise ConfigError(f"{path}: not a regular file")
     try:
         with os.fdopen(fd, "rb") as handle:
             data = handle.read(MAX_CONFIG_BYTES + 1)

@@ -490,17 +490,22 @@ def check_worker_file(path: str, name: str, what: str, *, forbidden: int, creden
         read_guarded_file,
     )
 
+    limit = MAX_CREDENTIAL_BYTES if credential else MAX_TLS_MATERIAL_BYTES
+    content = (f"write the ql3w_<credentialId>_<secret> token the cluster issued for this worker into "
+               f"{shlex.quote(path)} as its only line (at most {limit} bytes)") if credential else (
+               f"{shlex.quote(path)} must be a PEM file of 1 byte - {limit} bytes")
     try:
-        if credential:
-            read_authorization(path)
-            size = os.stat(path).st_size
-        else:
-            size = len(read_guarded_file(path, MAX_TLS_MATERIAL_BYTES, forbidden, what))
+        size = len(read_guarded_file(path, limit, forbidden, what))  # the file rules
     except TransportError as exc:
         missing = not os.path.lexists(path)
-        remedy = f"install the file at {shlex.quote(path)}" if missing else _worker_file_remedy(path, forbidden)
+        remedy = f"install the file at {shlex.quote(path)}" if missing else (
+            content if f"{path}: size " in exc.message else _worker_file_remedy(path, forbidden))
         return Check(name, False, True, exc.message, remedy)
-    limit = MAX_CREDENTIAL_BYTES if credential else MAX_TLS_MATERIAL_BYTES
+    if credential:
+        try:
+            read_authorization(path)  # its content: one ql3w token line
+        except TransportError as exc:
+            return Check(name, False, True, exc.message, content)
     kind = "a ql3w token" if credential else f"{size} bytes (limit {limit})"
     rule = "private" if forbidden == 0o077 else "not writable by others"
     return Check(name, True, True, f"{path}: {rule}, {kind}")
@@ -825,7 +830,8 @@ def check_local_store_caps(config: EdgeConfig) -> list[Check]:
     directory only listed. Over a cap is a warning (``serve`` prunes to it). Required
     only where ``serve`` and ``admin`` refuse the database
     (:func:`qinglong_edge.local.guards.check_database_present`: missing or emptied
-    while the keyring holds keys, ``database_missing``).
+    while the keyring holds keys, ``database_missing``; a file SQLite calls damaged or not
+    a database, ``database_corrupt``).
     """
     local = config.local_api
     if local is None:
@@ -855,6 +861,11 @@ def check_local_store_caps(config: EdgeConfig) -> list[Check]:
             conn.close()
     except Exception as exc:  # noqa: BLE001 - a diagnosis (sqlite3.Error, OSError...), never a traceback
         name = getattr(exc, "sqlite_errorname", "") or type(exc).__name__
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF in (11, 26):  # SQLITE_CORRUPT, SQLITE_NOTADB
+            # serve and admin refuse it (74 database_corrupt): a required check, as database_missing
+            return [Check("store_database", False, True,
+                          f"database_corrupt: {local.database_file}: damaged or not a SQLite database ({name})",
+                          "restore the database file from a backup, or move it aside (serve and admin refuse it)")]
         return [Check("store_database", False, False, f"{local.database_file}: cannot be read ({name})",
                       "check the file (admin init creates it; serve must be able to open it)")]
     now = int(time.time() * 1000)

@@ -197,7 +197,8 @@ TRANSPORT_REASONS: dict[str, tuple[str, bool]] = {
                        "then", True),
     # local faults: nothing was sent
     "credentials_unavailable": ("fix the file the message names: owned by the agent's user, mode 0600 in a "
-                                "0700 directory (anchors: not group/other writable), 1 byte - 1 MiB", False),
+                                "0700 directory (anchors: not group/other writable), 1 byte - 1 MiB; the "
+                                "credential: one ql3w_<credentialId>_<secret> line, at most 256 bytes", False),
     "invalid_configuration": ("fix the worker configuration the message names", False),
     "invalid_request": ("a request broke the transport's own limits: a bug, please report it", False),
     "closed": ("the transport was closed (the agent is stopping)", True),

@@ -158,6 +158,15 @@ def test_cli_unreadable_directory_as_file(tmp_path: pathlib.Path) -> None:
     _assert_config_failure(["--config", str(tmp_path), "doctor"], "cannot read")
 
 
+def test_cli_a_fifo_as_the_config_file_fails_at_once(tmp_path: pathlib.Path) -> None:
+    """Regression (issue 27): a FIFO at the config path (a mistaken ``mkfifo``, a
+    process substitution gone) blocked ``open`` for good: every cron pull hung, one more
+    each minute, with nothing said. Like every file the worker reads, it is refused."""
+    path = tmp_path / "config.json"
+    os.mkfifo(path)
+    _assert_config_failure(["--config", str(path), "pull"], f"{path}: not a regular file")
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to another uid")
 def test_cli_unreadable_file_for_the_agent_user(tmp_path: pathlib.Path) -> None:
     import subprocess

@@ -128,6 +128,34 @@ def test_missing_directories_name_the_command_that_makes_them(tmp_path: pathlib.
 
 # -- one source of truth for file checks (issue 18 item 5) ------------------------------------
 
+@pytest.mark.parametrize("content", ["Bearer {token}\n", "{token} trailing\n", "{token}" + "x" * 300])
+def test_a_credential_with_the_wrong_content_gets_a_content_remedy_not_chmod(tmp_path: pathlib.Path,
+                                                                          content: str) -> None:
+    """Regression (issue 27): a credential file of the right mode and owner whose content is
+    not one ``ql3w`` token line (a pasted ``Bearer``, a trailing word, 300 bytes) failed with
+    the remedy ``chown 0 DIR FILE && chmod 0700 DIR && chmod 0600 FILE``, which changes
+    nothing; pull's remedy said ``1 byte - 1 MiB`` where the credential's bound is 256."""
+    from tests.support.cluster_double import ClusterDouble
+    from tests.support.pull_env import PullEnv
+
+    with ClusterDouble() as cluster:
+        env = PullEnv(tmp_path, cluster)
+        path = pathlib.Path(env.files["credentialFile"])
+        token = path.read_text().strip()
+        path.write_text(content.format(token=token))
+        pulled = env.pull("--json")
+        doctor = env.cli("doctor", "--json")
+    assert pulled.status == 78 and pulled.last()["code"] == "credentials_unavailable"
+    assert "256" in pulled.last()["remedy"], pulled.last()
+    assert doctor.status == 69
+    check = _checks(json.loads(doctor.stdout))["worker_credential"]
+    assert (check["ok"], check["required"]) == (False, True)
+    assert "chmod" not in str(check["remedy"]) and "chown" not in str(check["remedy"]), check
+    assert "ql3w_<credentialId>_<secret>" in str(check["remedy"]) and str(path) in str(check["remedy"]), check
+    for text in (doctor.stdout, pulled.stdout, pulled.stderr):
+        assert token.rsplit("_", 1)[-1] not in text
+
+
 def test_a_credential_directory_at_0755_fails_doctor_exactly_as_it_fails_pull(tmp_path: pathlib.Path) -> None:
     from tests.support.cluster_double import ClusterDouble
     from tests.support.pull_env import PullEnv
@@ -314,6 +342,24 @@ def test_a_database_serve_refuses_to_recreate_fails_doctor_too(tmp_path: pathlib
     assert "database_missing" in str(check["detail"]) and str(database) in str(check["detail"])
     assert "restore" in str(check["remedy"])
     assert database.exists() == (how == "emptied") and (how == "removed" or database.stat().st_size == 0)
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbage"])
+def test_a_damaged_database_serve_refuses_fails_doctor_too(tmp_path: pathlib.Path, how: str) -> None:
+    """Regression (issue 27): a database cut short (flash, a power cut) or overwritten makes
+    serve and admin exit 74 ``database_corrupt``; doctor warned ``cannot be read
+    (SQLITE_CORRUPT)`` and said "all required checks passed", exit 0."""
+    state, config = _provisioned(tmp_path)
+    database = state / "local.db"
+    data = database.read_bytes()
+    database.write_bytes(data[: len(data) // 3] if how == "truncated" else os.urandom(8192))
+    assert run_cli("--config", str(config), "admin", "prune").status == 74
+    result = run_cli("--config", str(config), "--json", "doctor")
+    assert result.status == 69, result.stdout
+    check = _checks(result.json())["store_database"]
+    assert (check["ok"], check["required"]) == (False, True), check
+    assert "database_corrupt" in str(check["detail"]) and str(database) in str(check["detail"])
+    assert "restore" in str(check["remedy"])
 
 
 # -- the pepper keyring as serve checks it (one source of truth) -------------------------------

@@ -76,22 +76,43 @@ def _prune_journal(config: Any) -> dict[str, Any]:
         if exc.code == "already_owned":
             return {"skipped": "a pull owns the journal (it prunes it every cycle)"}
         raise
-    from qinglong_edge.worker.remote.job_files import in_flight, process_gone, remove_job_files, worker_record_files
+    from qinglong_edge.worker.journal.runtime import RuntimeDirectory
+    from qinglong_edge.worker.remote.job_files import (
+        in_flight,
+        outcome_name,
+        process_gone,
+        remove_job_files,
+        worker_record_files,
+    )
 
-    def remove_files(record: InboxRecord) -> None:  # the remote run's log, receipt, fact
+    try:
+        runtime: RuntimeDirectory | None = RuntimeDirectory.open(worker.runtime_directory, worker.journal_directory)
+    except JournalError:
+        runtime = None
+
+    def remove_files(record: InboxRecord) -> None:  # the remote run's log, receipt, fact, outcome note
         files = worker_record_files(worker, record)
         if files is not None:
             remove_job_files(files)
+        if runtime is not None:
+            try:
+                runtime.remove(outcome_name(record["offer"]["offerId"]))
+            except JournalError:
+                pass  # RAM: a reboot forgets it
 
-    with journal:
-        now = now_ms()
-        kept: list[InboxRecord] = []
-        inbox = journal.prune_inbox(now, process_gone=process_gone, remove_files=remove_files, kept=kept)
-        # Issue 23: an inbox that finished records fill gets one entry free now, as the next
-        # pull would make it (the oldest finished first); records in flight are never touched.
-        inbox += journal.make_room(lambda r: not in_flight(r, now), remove_files=remove_files, records=kept)
-        abandoned = journal.prune_abandoned()
-        left = len(journal.list_offers())
+    try:
+        with journal:
+            now = now_ms()
+            kept: list[InboxRecord] = []
+            inbox = journal.prune_inbox(now, process_gone=process_gone, remove_files=remove_files, kept=kept)
+            # Issue 23: an inbox that finished records fill gets one entry free now, as the next
+            # pull would make it (the oldest finished first); records in flight are never touched.
+            inbox += journal.make_room(lambda r: not in_flight(r, now), remove_files=remove_files, records=kept)
+            abandoned = journal.prune_abandoned()
+            left = len(journal.list_offers())
+    finally:
+        if runtime is not None:
+            runtime.close()
     return {"inboxRecords": inbox, "abandonedClaims": abandoned, "inboxLeft": left}
 
 

@@ -327,7 +327,7 @@ def _log(args: argparse.Namespace) -> int:
 def _discard(args: argparse.Namespace) -> int:
     from qinglong_edge.config import load_config
     from qinglong_edge.contracts.residency import PRE_LAUNCH_STATES, lease_expired_locally
-    from qinglong_edge.errors import EdgeError, UsageError
+    from qinglong_edge.errors import EdgeError, JournalError, UsageError
     from qinglong_edge.worker.delivery.cluster_clock import estimated_cluster_now
     from qinglong_edge.worker.remote.job_files import in_flight
 
@@ -337,7 +337,12 @@ def _discard(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     worker = _worker_config(args)
     root = worker.journal_directory
-    record = _existing_record(root, offer_id)
+    try:
+        record = _existing_record(root, offer_id)
+    except JournalError as exc:
+        if exc.code != "unsafe_storage" or not args.force:
+            raise
+        return _discard_damaged(args, worker, offer_id)
     now = estimated_cluster_now(worker.runtime_directory, root)  # the lease's own clock (clock.json), else wall
     busy = in_flight(record, now) and not (
         record["state"] in PRE_LAUNCH_STATES and lease_expired_locally(record["offer"]["lease"], now))
@@ -356,6 +361,39 @@ def _discard(args: argparse.Namespace) -> int:
     emit(args.json, f"inbox: discarded {offer_id}" + (f" (its job: {stopped})" if stopped else ""),
          {"ok": True, "discarded": offer_id, **({"stop": stopped} if stopped else {})})
     return 0
+
+
+def _discard_damaged(args: argparse.Namespace, worker: WorkerConfig, offer_id: str) -> int:
+    """``--force`` on a record that cannot be read (truncated, garbage, a wrong mode): take
+    the lock (a pull that holds it: ``already_owned``), remove the file and what the runtime
+    directory keeps by its offerId. Its log and receipt cannot be located without it; a job
+    it started is no longer renewed and its wrapper stops it when its lease ends."""
+    from qinglong_edge.worker.journal.store import Journal, JournalOptions
+
+    with Journal.open(worker.journal_directory, JournalOptions.from_config(worker)) as journal:
+        journal.discard_offer(offer_id)
+        _forget_runtime(worker, offer_id)
+    emit(args.json, f"inbox: discarded {offer_id} (a damaged record: a job it started stops when its lease ends)",
+         {"ok": True, "discarded": offer_id, "damaged": True})
+    return 0
+
+
+def _forget_runtime(worker: WorkerConfig, offer_id: str) -> None:
+    """Remove a discarded record's lease file, stop mark and outcome note (RAM)."""
+    from qinglong_edge.errors import JournalError
+    from qinglong_edge.worker.remote.job_files import outcome_name
+    from qinglong_edge.worker.remote.lease import remove_job_lease
+
+    runtime = _runtime(worker)
+    if runtime is None:
+        return
+    try:
+        remove_job_lease(runtime, offer_id)
+        runtime.remove(outcome_name(offer_id))
+    except JournalError:
+        pass  # RAM only: a reboot forgets them
+    finally:
+        runtime.close()
 
 
 def _ask_owner(worker: WorkerConfig, offer_id: str, config: Any) -> dict[str, Any] | None:
@@ -427,4 +465,5 @@ def _discard_here(config: Any, offer_id: str, busy: bool) -> str | None:
         if files is not None:
             remove_job_files(files)
         journal.discard_offer(offer_id)
+        _forget_runtime(worker, offer_id)
     return stopped

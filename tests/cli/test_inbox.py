@@ -120,6 +120,43 @@ def test_rejects_discard_while_a_pull_owns_the_journal(config: pathlib.Path, jou
     assert (journal_root / "offers" / "offer-1.json").exists()
 
 
+@pytest.mark.parametrize("damage", ["truncated", "empty"])
+def test_a_damaged_record_names_its_remedy_and_a_forced_discard_removes_it(
+        config: pathlib.Path, journal_root: pathlib.Path, damage: str) -> None:
+    """Regression (issue 27, a device nobody watches): one damaged inbox record (a flash
+    file system that lost its tail, a stray edit) made every ``pull``, ``admin prune``,
+    ``inbox list`` and even ``inbox discard`` exit 73 ``invalid_json at $`` with no way out
+    but deleting journal files by hand. The message now names the remedy, and a forced
+    discard removes the record it cannot read (the others stay)."""
+    _accept(journal_root, "offer-1", "offer-2")
+    path = journal_root / "offers" / "offer-1.json"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"")
+    listing = run_cli("--config", str(config), "inbox", "list")
+    assert listing.status == 73
+    assert "inbox discard offer-1 --yes --force" in listing.stderr, listing.stderr
+    plain = run_cli("--config", str(config), "inbox", "discard", "offer-1", "--yes", "--json")
+    assert plain.status == 73 and plain.json()["code"] == "unsafe_storage"
+    assert path.exists()
+    forced = run_cli("--config", str(config), "inbox", "discard", "offer-1", "--yes", "--force", "--json")
+    assert forced.status == 0, forced.stderr
+    assert forced.json() == {"ok": True, "discarded": "offer-1", "damaged": True}
+    assert sorted(p.name for p in (journal_root / "offers").iterdir()) == ["offer-2.json"]
+    after = run_cli("--config", str(config), "inbox", "list", "--json")
+    assert after.status == 0, after.stderr
+    assert [row["offerId"] for row in after.json()["offers"]] == ["offer-2"]
+
+
+def test_a_forced_discard_of_a_damaged_record_waits_for_a_pull_that_owns_the_journal(
+        config: pathlib.Path, journal_root: pathlib.Path) -> None:
+    _accept(journal_root, "offer-1")
+    (journal_root / "offers" / "offer-1.json").write_bytes(b"{}")
+    with Journal.open(str(journal_root)):
+        result = run_cli("--config", str(config), "inbox", "discard", "offer-1", "--yes", "--force", "--json")
+    assert result.status == 75 and result.json()["code"] == "already_owned", result.stdout
+    assert (journal_root / "offers" / "offer-1.json").exists()
+
+
 @pytest.mark.parametrize("offer_id", ["a/b", "x" * 129, "a b"], ids=["slash", "too_long", "space"])
 def test_rejects_malformed_offer_id(config: pathlib.Path, offer_id: str) -> None:
     for action in (["show", offer_id], ["discard", offer_id, "--yes"]):

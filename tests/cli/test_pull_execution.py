@@ -502,6 +502,30 @@ def test_inbox_commands_while_resident(env: RemoteEnv) -> None:
     assert env.remote_logs() == [] and env.receipts() == []
 
 
+def test_a_forced_discard_with_no_pull_running_leaves_nothing_of_the_record_in_the_runtime_directory(
+        env: RemoteEnv) -> None:
+    """Regression (issue 27): with no pull running (it was SIGKILLed), ``inbox discard
+    --force`` stopped the job and removed the record, but its lease file (``job.*.json``)
+    stayed in the runtime directory for good (nothing prunes a file of a record that is
+    gone): one more file in RAM per forced discard, until a reboot."""
+    env.gated_job("job")
+    proc = env.spawn_json()
+    offer_id = env.wait_state("running_acknowledged")["offer"]["offerId"]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    from qinglong_edge.worker.remote.job_files import outcome_name
+    from qinglong_edge.worker.remote.lease import lease_name, stopped_name
+
+    assert (env.runtime / lease_name(offer_id)).exists()
+    forced = env.cli("inbox", "discard", offer_id, "--yes", "--force", "--json")
+    assert forced.status == 0, forced.stdout + forced.stderr
+    assert forced.lines()[0]["stop"].startswith("stopped"), forced.stdout
+    assert env.inbox() == {} and env.remote_logs() == [] and env.receipts() == []
+    for name in (lease_name(offer_id), stopped_name(offer_id), outcome_name(offer_id)):
+        assert not (env.runtime / name).exists(), name
+    assert env.starts("job") == 1
+
+
 def test_two_forced_discards_at_once_both_get_an_answer(env: RemoteEnv) -> None:
     """Regression: the second request replaced the first one's file (one name per offer),
     so the first command waited out its whole budget and said exit 75 ``already_owned``

@@ -89,6 +89,20 @@ def test_admin_prune_makes_room_in_an_inbox_full_of_finished_records(env: Remote
     assert "journal: 0 terminal inbox records removed" in text.stdout, text.stdout  # room is there already
 
 
+def test_admin_prune_removes_the_outcome_notes_of_the_records_it_prunes(env: RemoteEnv) -> None:
+    """Regression (issue 27): the pull's own pruning removed a record's exit-code note
+    (``outcome.*`` in the runtime directory) with it; ``admin prune`` did not, so each record
+    it pruned left its note in RAM for good (nothing else reads or prunes them)."""
+    offers = [_job(env, f"job{n}")["offerId"] for n in range(3)]
+    pruned = env.cli("admin", "prune", "--json")
+    assert pruned.status == 0, pruned.stderr
+    (gone,) = pruned.lines()[0]["journal"]["inboxRecords"]
+    from qinglong_edge.worker.remote.job_files import outcome_name
+
+    notes = sorted(p.name for p in env.runtime.iterdir() if p.name.startswith("outcome."))
+    assert notes == sorted(outcome_name(o) for o in offers if o != gone)
+
+
 def test_a_pending_claim_on_an_inbox_full_of_records_in_flight_says_inbox_full(env: RemoteEnv) -> None:
     """The true reason, not ``idle (worker_unavailable)`` nor "every slot is busy": records
     that need this device fill the inbox (a cap lowered below them), so a pending claim is

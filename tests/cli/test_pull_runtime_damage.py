@@ -185,3 +185,29 @@ def test_a_read_only_or_full_runtime_directory_is_one_line_and_nothing_is_sent(t
         again = env.pull("--json")
         assert again.status == 0 and again.last()["status"] == "accepted", dump(again)
         assert wait_until(lambda: env.state() == "completion_acknowledged", timeout=30)
+
+
+def test_a_runtime_directory_removed_under_a_running_job_is_made_again_and_the_job_lives(env: RemoteEnv) -> None:
+    """Regression (issue 27): ``rm -rf`` of the runtime directory (an operator clearing
+    caches, a tmpfiles clean-up) while a resident pull ran a job: every later write went to
+    the removed directory (ENOENT), so the job's lease file was never renewed, its wrapper
+    stopped it at the old lease's end although the cluster's lease was live, and the stop
+    was reported as a completion, exit 143 ``failed`` (the wrapper's mark could not be
+    made either); the pull then exited 75. The directory is now made again at its path."""
+    task = env.gated_job("job")
+    proc = env.spawn_json()
+    env.wait_state("running_acknowledged")
+    import shutil
+
+    shutil.rmtree(env.runtime)
+    run_id = task.candidate["runId"]
+    version = env.cluster.lease_version(run_id)
+    # two renewals later (every 2 s here), past the old lease file's stop time
+    assert wait_until(lambda: env.cluster.lease_version(run_id) >= version + 4, timeout=30)
+    assert env.starts("job") == 1 and env.state() == "running_acknowledged"
+    env.release("job")
+    outcome = env.finish(proc, timeout=60)
+    assert outcome.status == 0, dump(outcome)
+    assert not outcome.events("storage_failed"), dump(outcome)
+    assert env.cluster.completion(run_id)["result"]["exitCode"] == 0
+    assert env.runtime.is_dir() and (env.runtime.stat().st_mode & 0o777) == 0o700

@@ -249,8 +249,29 @@ class RuntimeDirectory:
             # No fchmod (0600 as the umask leaves it) and no fsync of file or directory (RAM).
             filecheck.replace_file(name, data, dir_fd=dir_fd, chmod=False, sync=False, step=_runtime_points)
         except OSError as exc:
+            if filecheck.failed_step(exc) == "create" and self._made_again(exc):
+                self.write(name, data, max_bytes=max_bytes)
+                return
             step = "create temp file" if filecheck.failed_step(exc) == "create" else "write"
             raise _unwritable(exc, f"{what}: {step}") from None
+
+    def _made_again(self, exc: OSError) -> bool:
+        """Whether the directory was removed under us (``rm -rf``: its descriptor has no link
+        left) and is now made again at its path, 0700 (only where its parent still is): else
+        every later write would fail, a job's lease file among them, whose wrapper would then
+        stop the job at its old lease's end although the agent renews it."""
+        if not isinstance(exc, FileNotFoundError) or self._fd is None:
+            return False
+        try:
+            if os.fstat(self._fd).st_nlink != 0 or not os.path.isdir(os.path.dirname(self.path)):
+                return False
+            fd, _ = files.open_private_directory(self.path, dir_fd=None, what=self.path, create=True)
+        except (OSError, JournalError):
+            return False
+        old, self._fd = self._fd, fd
+        with contextlib.suppress(OSError):
+            os.close(old)
+        return True
 
     def overwrite(self, name: str, data: bytes) -> None:
         """Replace the bytes of an existing file of exactly ``len(data)`` bytes in place

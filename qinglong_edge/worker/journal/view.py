@@ -105,8 +105,16 @@ class RecordReads:
 
     def _read_claim(self) -> PendingClaim | None:
         what = self._dirs.what(CLAIM_NAME)
-        data = files.read_record(self._dirs.root_fd, CLAIM_NAME, what)
-        return None if data is None else parse_record(parse_pending_claim, data, what)
+        try:
+            data = files.read_record(self._dirs.root_fd, CLAIM_NAME, what)
+            return None if data is None else parse_record(parse_pending_claim, data, what)
+        except JournalError as exc:
+            if exc.code not in ("unsafe_storage", "claim_conflict"):
+                raise
+            # Every cycle stops on it (3.1: fail closed): say the way out and what it costs.
+            raise JournalError(f"{exc.message} (this pending claim cannot be used: fix its mode, or remove it with "
+                               "no pull running; a claim that is not replayed costs nothing but time: the cluster "
+                               "retries its Run once the lease runs out)", code=exc.code) from None
 
     def _list_offers(self) -> list[str]:
         if self._dirs.offers_fd is None:  # a reader of a journal that never finished opening
@@ -118,10 +126,18 @@ class RecordReads:
         if self._dirs.offers_fd is None:
             return None
         what = self._dirs.what(OFFERS_DIR, name)
-        data = files.read_record(self._dirs.offers_fd, name, what)
-        if data is None:
-            return None
-        return parse_record(lambda raw: parse_inbox_record(raw, expected_offer_id=offer_id), data, what)
+        try:
+            data = files.read_record(self._dirs.offers_fd, name, what)
+            if data is None:
+                return None
+            return parse_record(lambda raw: parse_inbox_record(raw, expected_offer_id=offer_id), data, what)
+        except JournalError as exc:
+            if exc.code != "unsafe_storage":
+                raise
+            # One record the agent cannot use stops every cycle (3.1: fail closed); say the
+            # way out, which ``inbox discard`` takes for a record it cannot read.
+            raise JournalError(f"{exc.message} (this inbox record cannot be used: `qinglong-edge inbox discard "
+                               f"{offer_id} --yes --force` removes it)", code=exc.code) from None
 
 
 class JournalReader(RecordReads):

@@ -137,6 +137,22 @@ def test_rejects_corrupt_claim_as_unsafe_storage(journal: Journal, root: pathlib
     assert _code(info) == "unsafe_storage"
 
 
+@pytest.mark.parametrize("data", [b'{"schemaVersion":1,', b"", b'{"schemaVersion":1,"extra":1}\n'],
+                         ids=["truncated", "empty", "wrong_keys"])
+def test_a_damaged_claim_names_the_way_out(journal: Journal, root: pathlib.Path, data: bytes) -> None:
+    """Regression (issue 27): a damaged ``pending-claim.json`` made every pull exit 73 (or 65)
+    with ``invalid_json at $`` and nothing else, doctor said all was well: the message now
+    says what removing it costs, so a device nobody watches can be brought back."""
+    path = root / "pending-claim.json"
+    path.write_bytes(data)
+    path.chmod(0o600)
+    with pytest.raises(JournalError) as info:
+        journal.read_claim()
+    message = str(info.value)
+    assert str(path) in message and "remove it with no pull running" in message, message
+    assert "the cluster retries" in message
+
+
 def test_claim_with_a_wrong_key_set_keeps_the_contract_code(journal: Journal, root: pathlib.Path) -> None:
     document = json.loads(vectors.CLAIM_T1000)
     document["extra"] = 1
