@@ -38,6 +38,24 @@ def corpora() -> pathlib.Path:
     return corpora_dir()
 
 
+#: The shipped defaults' shared RAM directory (UCI log/work directories): one per machine, so a
+#: test that lets an agent make it, as root, breaks a later one whose agent runs as nobody.
+SHIPPED_RAM_ROOT = pathlib.Path("/tmp/qinglong-edge")
+
+
+@pytest.fixture(autouse=True)
+def _no_shipped_ram_directory() -> Iterator[None]:
+    """Every test keeps its agents' directories in its own temp root (a regression: a root
+    pull made /tmp/qinglong-edge/remote-logs/work, and the service test's pull, as nobody,
+    then failed every launch with ``work_unavailable``)."""
+    existed = SHIPPED_RAM_ROOT.exists()
+    yield
+    if not existed and SHIPPED_RAM_ROOT.exists():
+        made = sorted(str(path) for path in SHIPPED_RAM_ROOT.rglob("*"))[:8]
+        pytest.fail(f"the test made {SHIPPED_RAM_ROOT} (shared by the machine's tests): {made}; "
+                    "give its agents directories below tmp_path")
+
+
 @pytest.fixture
 def private_dir(tmp_path: pathlib.Path) -> pathlib.Path:
     """A 0700 directory for state that must not be group/other accessible."""

@@ -95,6 +95,9 @@ def worker_options(device: PullEnv) -> UciEdits:
         "certificate_file": device.files["certificateFile"],
         "private_key_file": device.files["privateKeyFile"],
         "trust_anchor_file": [device.files["trustAnchorFile"]],
+        # Not the shipped /tmp/qinglong-edge/remote-logs: shared by every test (and run) of
+        # the machine, a directory there another user made fails this one's launches.
+        "log_directory": str(device.root / "remote-logs"),
     }
     worker.update({_uci_name(key): str(value) for key, value in FAST_WORKER.items()})
     return {"main": {"state_directory": str(device.state_dir)}, "worker": worker}
@@ -102,7 +105,9 @@ def worker_options(device: PullEnv) -> UciEdits:
 
 def local_options(site: LocalSite) -> UciEdits:
     """UCI edits for the Local API on ``site``'s port and an execution controller with short graces."""
-    execution: dict[str, str | Sequence[str]] = {"enabled": "1", "log_directory": str(site.state / "logs")}
+    # Neither shipped /tmp/qinglong-edge default: the machine's tests (and runs) would share it.
+    execution: dict[str, str | Sequence[str]] = {"enabled": "1", "log_directory": str(site.state / "logs"),
+                                                 "work_directory": str(site.state / "work")}
     execution.update({_uci_name(key): str(value) for key, value in FAST_EXECUTION.items()})
     return {
         "main": {"state_directory": str(site.state)},
@@ -132,6 +137,7 @@ class Router:
         self.state = root / "etc/qinglong-edge/state"
         self.logs = root / "tmp/qinglong-edge/logs"
         self.work = root / "tmp/qinglong-edge/work"
+        self.remote_logs = root / "tmp/qinglong-edge/remote-logs"
         self.runtime = root / "var/run/qinglong-edge"
         self.log = root / "stub.log"
         init = (root / "etc/init.d/qinglong-edge").read_text()
@@ -161,6 +167,7 @@ class Router:
         text = text.replace("'/etc/qinglong-edge/state'", f"'{self.state}'")
         text = text.replace("'/tmp/qinglong-edge/logs'", f"'{self.logs}'")
         text = text.replace("'/tmp/qinglong-edge/work'", f"'{self.work}'")
+        text = text.replace("'/tmp/qinglong-edge/remote-logs'", f"'{self.remote_logs}'")
         text = text.replace("'/var/run/qinglong-edge'", f"'{self.runtime}'")
         for section, options in edits.items():
             text = set_uci_options(text, section, options)

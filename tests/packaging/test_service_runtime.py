@@ -350,13 +350,17 @@ def test_a_restart_starts_the_successor_pull_at_once_within_the_jobs_lease(busyb
     task = cluster.add_command_task(f"echo started >> {traces}/job; while [ ! -e {traces}/go ]; do sleep 0.05; done")
     lease_ms = 30_000  # the double's default, the reference's run lease
 
+    outputs: list[pathlib.Path] = []
+
     def procd_start() -> subprocess.Popen[bytes]:
         assert router.call(busybox, "start_service").returncode == 0
         argv = router.procd_param("command", "pull")
         assert router.procd_param("user", "pull") == ["nobody"]
-        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd="/",
-                                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, user=SERVICE_UID, group=SERVICE_UID,
-                                extra_groups=[])
+        outputs.append(base / f"pull-{len(outputs)}.out")  # procd sends it to logread; the events say why
+        with outputs[-1].open("wb") as out:
+            return subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, cwd="/",
+                                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, user=SERVICE_UID,
+                                    group=SERVICE_UID, extra_groups=[])
 
     first = procd_start()
     successor = None
@@ -365,8 +369,12 @@ def test_a_restart_starts_the_successor_pull_at_once_within_the_jobs_lease(busyb
             first.kill()
             _, stderr = first.communicate(timeout=30)
             records = sorted(str(p.relative_to(device.root)) for p in device.root.rglob("*") if p.is_file())
+            failures = [e.body.decode(errors="replace") for e in cluster.exchanges if e.op == "start-failure"]
+            offers = [p.read_text(errors="replace") for p in (device.root / "state" / "worker" / "offers").glob("*.json")]
             raise AssertionError(f"the job never started; pull's stderr: {stderr.decode(errors='replace')!r}; "
-                                 f"exchanges: {[e.op for e in cluster.exchanges]}; files: {records}")
+                                 f"exchanges: {[e.op for e in cluster.exchanges]}; files: {records}; "
+                                 f"start-failure bodies: {failures}; offers: {offers}; "
+                                 f"pull's output: {outputs[0].read_text(errors='replace')!r}")
         assert wait_until(lambda: any(e.op == "lease-control" for e in cluster.exchanges), timeout=30)
         # restart = stop (stop_service, procd SIGTERMs the instance's pid) + start
         assert router.call(busybox, "stop_service").returncode == 0
