@@ -75,6 +75,7 @@ __all__ = [
     "Problem",
     "create_file",
     "directory_problem",
+    "exists_at",
     "failed_step",
     "fsync_directory_of",
     "ownership_remedy",
@@ -413,7 +414,7 @@ def publish_file(
         except OSError as exc:
             if not rename_without_links or exc.errno not in _NO_LINKS:
                 raise _tag(exc, "link") from None
-            if os.path.lexists(name) if dir_fd is None else _exists(name, dir_fd):
+            if os.path.lexists(name) if dir_fd is None else exists_at(name, dir_fd):
                 raise _tag(FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST)), "link") from None
             try:
                 os.rename(tmp, name, src_dir_fd=source_fd, dst_dir_fd=dir_fd)
@@ -427,7 +428,9 @@ def publish_file(
     step("tmp_removed")
 
 
-def _exists(name: str, dir_fd: int) -> bool:
+def exists_at(name: str, dir_fd: int) -> bool:
+    """Whether ``name`` exists in the directory ``dir_fd`` (``lstat``: a dangling symlink
+    exists). Raises the ``OSError`` of any other failure than ``ENOENT``."""
     try:
         os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:

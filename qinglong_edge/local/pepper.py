@@ -250,7 +250,7 @@ def create_pepper(
     text = encode_secret(random_bytes(32)).encode("ascii")
     where = os.path.join(directory, name)
     with _open_directory(directory) as dir_fd:
-        if _exists(name, dir_fd):
+        if filecheck.exists_at(name, dir_fd):
             raise PepperError(f"{where}: pepper key file already exists", code="conflict")
         try:
             # Never replaces a key: link(), or rename() where there are no hard links.
@@ -264,10 +264,3 @@ def create_pepper(
             raise PepperError(f"{where}: cannot write the pepper key file ({exc.strerror})") from None
     return read_pepper(directory, key_id)
 
-
-def _exists(name: str, dir_fd: int) -> bool:
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True

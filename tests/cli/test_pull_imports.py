@@ -106,8 +106,8 @@ IDLE_OURS = frozenset({
 })
 
 #: Modules of ours for the type checker only (imported under ``TYPE_CHECKING``): no cycle,
-#: idle or executing, imports them (contracts/records.py imports ``typing``).
-TYPE_ONLY = ("qinglong_edge.contracts.records",)
+#: idle or executing, imports them (contracts/records.py and ports.py import ``typing``).
+TYPE_ONLY = ("qinglong_edge.contracts.ports", "qinglong_edge.contracts.records")
 
 EXECUTION = ("qinglong_edge.worker.remote.resident", "qinglong_edge.worker.remote.runner", "qinglong_edge.worker.remote.calls",
              "qinglong_edge.process.spawn", "qinglong_edge.process.stop", "subprocess")

@@ -33,14 +33,7 @@ from qinglong_edge.errors import JournalError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
-    from typing import Protocol
-
-    class _Store(Protocol):  # the runtime directory (qinglong_edge.worker.journal.runtime)
-        def read(self, name: str) -> bytes | None: ...
-
-        def write(self, name: str, data: bytes) -> None: ...
-
-        def once_per_boot(self, key: str) -> bool: ...
+    from qinglong_edge.worker.journal.runtime import RuntimeDirectory
 
 __all__ = ["CLOCK_NAME", "SOURCES", "ClusterClock", "estimated_cluster_now", "read_sample", "skew_message",
            "stored_sample"]
@@ -82,7 +75,7 @@ class ClusterClock:
         boot_id: this boot's id (default :func:`qinglong_edge.clock.boot_id`).
     """
 
-    def __init__(self, store: _Store | None, *, boot_ms: Callable[[], int] = _clock.boot_ms,
+    def __init__(self, store: RuntimeDirectory | None, *, boot_ms: Callable[[], int] = _clock.boot_ms,
                  wall_ms: Callable[[], int] = _clock.wall_ms, boot_id: str | None = None) -> None:
         self._store = store
         self.boot_ms = boot_ms

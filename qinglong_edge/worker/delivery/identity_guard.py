@@ -46,12 +46,9 @@ from qinglong_edge.errors import JournalError, SessionError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
-    from typing import Any, Protocol
+    from typing import Any
 
-    class _Store(Protocol):  # the runtime directory (qinglong_edge.worker.journal.runtime)
-        def read(self, name: str) -> bytes | None: ...
-
-        def write(self, name: str, data: bytes) -> None: ...
+    from qinglong_edge.worker.journal.runtime import RuntimeDirectory
 
 __all__ = ["IDENTITY_NAME", "THRESHOLD", "WINDOW_MS", "IdentityGuard", "IdentityState", "conflict_message",
            "parse_identity"]
@@ -126,7 +123,7 @@ class IdentityGuard:
         boot: this boot's id (default :func:`qinglong_edge.boot_id`).
     """
 
-    def __init__(self, store: _Store, worker_id: str, *, boot_clock: Callable[[], int] = boot_ms,
+    def __init__(self, store: RuntimeDirectory, worker_id: str, *, boot_clock: Callable[[], int] = boot_ms,
                  wall_clock: Callable[[], int] = wall_ms, boot: str | None = None) -> None:
         self._store = store
         self._worker_id = worker_id

@@ -101,11 +101,10 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see cont
 if TYPE_CHECKING:
     from typing import Any, Protocol
 
+    from qinglong_edge.contracts.ports import Transport
     from qinglong_edge.contracts.records import InboxRecord, InternalOffer
     from qinglong_edge.worker.delivery.session import SessionOutcome
-
-    class _Transport(Protocol):
-        def post_json(self, path: str, body: bytes, *, max_response_bytes: int) -> Any: ...
+    from qinglong_edge.worker.journal.runtime import RuntimeDirectory
 
     class _Journal(Protocol):
         def read_claim(self) -> PendingClaim | None: ...
@@ -124,12 +123,6 @@ if TYPE_CHECKING:
 
         def has_capacity(self) -> bool: ...
 
-    class _Runtime(Protocol):  # qinglong_edge.worker.journal.runtime.RuntimeDirectory
-        def read(self, name: str) -> bytes | None: ...
-
-        def write(self, name: str, data: bytes) -> None: ...
-
-        def remove(self, name: str) -> bool: ...
 
 
 __all__ = [
@@ -312,9 +305,9 @@ class PullCoordinator:
     def __init__(
         self,
         journal: _Journal,
-        transport: _Transport,
+        transport: Transport,
         *,
-        runtime: _Runtime,
+        runtime: RuntimeDirectory,
         backoff_base_ms: int = 1000,
         clock_ms: Callable[[], int],
         random: Callable[[], float] = random.random,

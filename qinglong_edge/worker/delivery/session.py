@@ -118,17 +118,10 @@ from qinglong_edge.worker.delivery.pacing import (
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
-    from typing import Any, Protocol
+    from typing import Any
 
-    class _Transport(Protocol):
-        def post_json(
-            self, path: str, body: bytes, *, max_response_bytes: int, max_request_bytes: int = ...
-        ) -> Any: ...
-
-    class _Store(Protocol):  # the runtime directory (qinglong_edge.worker.journal.runtime)
-        def read(self, name: str) -> bytes | None: ...
-
-        def write(self, name: str, data: bytes) -> None: ...
+    from qinglong_edge.contracts.ports import Transport
+    from qinglong_edge.worker.journal.runtime import RuntimeDirectory
 
 
 __all__ = [
@@ -342,7 +335,7 @@ def _onto_boot(state: SessionState, boot_now: int, wall_now: int, boot_id: str) 
     return SessionState(record, window, boot_id)
 
 
-def migrate_legacy_record(data: bytes | None, store: _Store) -> bool:
+def migrate_legacy_record(data: bytes | None, store: RuntimeDirectory) -> bool:
     """Carry a ``session.json`` of the journal root (versions before the runtime
     directory) into the runtime directory, unless it already has a session there.
     Returns whether it was carried over (an unreadable one is dropped)."""
@@ -441,8 +434,8 @@ class SessionKeeper:
 
     def __init__(
         self,
-        store: _Store,
-        transport: _Transport,
+        store: RuntimeDirectory,
+        transport: Transport,
         *,
         worker_id: str,
         max_concurrent_runs: int,

@@ -78,15 +78,9 @@ from qinglong_edge.errors import RemoteCallError, TransportError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
-    from typing import Any, Protocol
+    from typing import Any
 
-    class _Transport(Protocol):
-        def post_json(self, path: str, body: bytes, *, max_response_bytes: int,
-                      max_request_bytes: int = ...) -> Any: ...
-
-        def post_stream(self, path: str, prefix: bytes, source: object, length: int, *,
-                        max_response_bytes: int) -> Any: ...
-
+    from qinglong_edge.contracts.ports import Transport
     from qinglong_edge.contracts.records import InternalOffer
 
 __all__ = ["ExecutionCalls", "call_error"]
@@ -143,7 +137,7 @@ class ExecutionCalls:
             so that a signal interrupts a call in flight (:mod:`qinglong_edge.worker.cycle`).
     """
 
-    def __init__(self, transport: _Transport) -> None:
+    def __init__(self, transport: Transport) -> None:
         self._transport = transport
 
     # -- plumbing ----------------------------------------------------------------------------

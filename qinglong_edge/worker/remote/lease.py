@@ -46,20 +46,10 @@ from qinglong_edge.errors import JournalError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see contracts/_shape.py)
 if TYPE_CHECKING:
-    from typing import Any, Protocol
-
-    class _Store(Protocol):  # the runtime directory (qinglong_edge.worker.journal.runtime)
-        path: str
-
-        def read(self, name: str) -> bytes | None: ...
-
-        def write(self, name: str, data: bytes) -> None: ...
-
-        def overwrite(self, name: str, data: bytes) -> None: ...
-
-        def remove(self, name: str) -> bool: ...
+    from typing import Any
 
     from qinglong_edge.contracts.records import InboxRecord
+    from qinglong_edge.worker.journal.runtime import RuntimeDirectory
 
 __all__ = ["JobLease", "lease_name", "read_job_lease", "remove_job_lease", "stopped_by_wrapper", "stopped_name",
            "write_job_lease"]
@@ -157,7 +147,7 @@ def parse_job_lease(data: bytes) -> JobLease:
                     starting_boot_ms=optional["startingBootMs"], started_boot_ms=optional["startedBootMs"])
 
 
-def read_job_lease(store: _Store, record: InboxRecord, boot_id: str) -> JobLease | None:
+def read_job_lease(store: RuntimeDirectory, record: InboxRecord, boot_id: str) -> JobLease | None:
     """The lease file of ``record``, or None when absent or damaged (module docstring):
     unreadable, another boot's, another offer's, attempt's or lease generation's."""
     offer = record["offer"]
@@ -174,7 +164,7 @@ def read_job_lease(store: _Store, record: InboxRecord, boot_id: str) -> JobLease
     return lease
 
 
-def write_job_lease(store: _Store, lease: JobLease) -> None:
+def write_job_lease(store: RuntimeDirectory, lease: JobLease) -> None:
     """Write the lease file: in place when it exists (always :data:`FILE_BYTES` long, so an
     update needs no new block: a full RAM file system does not stop the renewals from
     reaching the wrapper), else a new file (temp + rename). No fsync (RAM).
@@ -189,7 +179,7 @@ def write_job_lease(store: _Store, lease: JobLease) -> None:
         store.write(name, data)
 
 
-def stopped_by_wrapper(store: _Store, offer_id: str) -> bool:
+def stopped_by_wrapper(store: RuntimeDirectory, offer_id: str) -> bool:
     """Whether the job wrapper stopped this record's job for its lease (its mark exists)."""
     try:
         return store.read(stopped_name(offer_id)) is not None
@@ -197,7 +187,7 @@ def stopped_by_wrapper(store: _Store, offer_id: str) -> bool:
         return True  # a mark we cannot read is still a mark (a foreign or odd file there)
 
 
-def remove_job_lease(store: _Store, offer_id: str) -> None:
+def remove_job_lease(store: RuntimeDirectory, offer_id: str) -> None:
     """Remove the lease file and the wrapper's mark (absent ones are fine; errors ignored:
     a file left here is RAM, pruned with its record)."""
     for name in (lease_name(offer_id), stopped_name(offer_id)):
