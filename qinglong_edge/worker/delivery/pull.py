@@ -124,7 +124,6 @@ if TYPE_CHECKING:
         def has_capacity(self) -> bool: ...
 
 
-
 __all__ = [
     "BACKOFF_CAP_MS",
     "MARKER_NAME",
