@@ -696,8 +696,16 @@ def parse_config(document: object, source: str = "") -> EdgeConfig:
 
 
 def resolve_config_path(explicit: str | None) -> str:
-    """``--config``, else ``$QINGLONG_EDGE_CONFIG``, else the default path."""
-    if explicit:
+    """``--config``, else ``$QINGLONG_EDGE_CONFIG``, else the default path. An empty
+    variable counts as unset (the shell's convention).
+
+    Raises:
+        ConfigError: ``--config ""`` (``--config "$CFG"`` with ``CFG`` unset): falling back
+            would read another file, the device's own configuration among them.
+    """
+    if explicit is not None:
+        if not explicit:
+            raise ConfigError("--config is empty: it names no file (give the path, or leave the option out)")
         return explicit
     return os.environ.get(ENV_CONFIG) or DEFAULT_CONFIG_PATH
 

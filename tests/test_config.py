@@ -167,6 +167,19 @@ def test_cli_a_fifo_as_the_config_file_fails_at_once(tmp_path: pathlib.Path) -> 
     _assert_config_failure(["--config", str(path), "pull"], f"{path}: not a regular file")
 
 
+def test_cli_an_empty_config_option_names_no_file(tmp_path: pathlib.Path) -> None:
+    """Regression (issue 27 break-it): ``--config "$CFG"`` with ``CFG`` unset fell back to
+    $QINGLONG_EDGE_CONFIG or /etc/qinglong-edge/config.json, so a script meant for a test
+    configuration ran against the device's own. An empty option is refused; an empty
+    variable still means unset (the shell's convention)."""
+    other = tmp_path / "from-env.json"
+    _assert_config_failure(["--config", "", "doctor"], "--config is empty",
+                           env={"QINGLONG_EDGE_CONFIG": str(other)})
+    _assert_config_failure(["--config=", "pull"], "--config is empty")
+    _assert_config_failure(["--config", str(other), "doctor"], f"{other}: no such file",
+                           env={"QINGLONG_EDGE_CONFIG": ""})
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to another uid")
 def test_cli_unreadable_file_for_the_agent_user(tmp_path: pathlib.Path) -> None:
     import subprocess
