@@ -219,10 +219,13 @@ def _attempt(work_directory: str | None, pid: str, timeout_s: float, python: str
     try:
         hidden = os.path.join(root, "hidden")
         cwd = os.path.join(hidden, "work")
-        os.makedirs(cwd, 0o700)
         secret = os.path.join(hidden, "secret")
-        with open(secret, "w", encoding="ascii") as handle:
-            handle.write("secret")
+        try:
+            os.makedirs(cwd, 0o700)
+            with open(secret, "w", encoding="ascii") as handle:
+                handle.write("secret")
+        except OSError as exc:  # a full file system (ENOSPC at the close), quota, EIO: doctor says so
+            return f"cannot probe in {base}: {exc.strerror}"
         log = os.path.join(root, "probe.log")
         spec = JobSpec([sys.executable, "-I", "-S", "-c", _CHECK, secret], {}, cwd, log, 4096,
                        drain_ms=0, isolation=Isolation(hide=[hidden], pid=pid), label="isolation-probe")

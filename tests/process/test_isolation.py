@@ -8,6 +8,7 @@ the probe's reason where unprivileged user namespaces are not available.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -142,3 +143,20 @@ def test_the_probe_falls_back_to_no_pid_namespace_where_the_kernel_refuses_one(t
     available, pid, level, reason = proc.stdout.splitlines()[:4]
     assert (available, pid, level) == ("True", "none", "none")
     assert "refused a PID namespace" in reason
+
+
+def test_the_probe_on_a_full_file_system_says_so(tmp_path: pathlib.Path) -> None:
+    """Regression (issue 27 soak): with the work directory's file system full, the probe's
+    mkdir worked but writing its secret file raised ENOSPC out of ``probe_isolation``, and
+    ``doctor`` said ``internal_error: OSError`` (exit 70). The probe reports it instead."""
+    from tests.support.mounts import tmpfs
+
+    with tmpfs(tmp_path / "full", "64k") as full:
+        with contextlib.suppress(OSError), open(full / "filler", "wb") as handle:
+            while True:  # until ENOSPC
+                handle.write(b"\0" * 4096)
+                handle.flush()
+        probe = probe_isolation(str(full))
+        assert not probe.available and probe.mechanism == "none"
+        assert f"cannot probe in {full}" in probe.reason and "No space left on device" in probe.reason
+        assert [p.name for p in full.iterdir()] == ["filler"]  # nothing of the probe is left
