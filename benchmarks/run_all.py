@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECORDED = os.path.join(REPO, "benchmarks", "recorded.md")
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
@@ -270,6 +271,9 @@ def render(outcomes: list[Outcome], info: dict[str, str], total_s: float, quick:
                 lines.append("")
         lines += ["<details><summary>raw JSON</summary>", "", "```json",
                   json.dumps(outcome.result, indent=1, sort_keys=False), "```", "", "</details>"]
+    if os.path.exists(RECORDED):
+        with open(RECORDED, encoding="utf-8") as handle:
+            lines += ["", "## Recorded by hand", "", handle.read().rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 

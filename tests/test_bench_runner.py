@@ -31,7 +31,8 @@ def test_runner_writes_the_document(tmp_path: pathlib.Path) -> None:
     assert text.startswith("# Benchmarks\n")
     for needle in ("## Machine", "| CPU |", "| Python |", "| System |", "## Summary", "## startup",
                    "Command: `python benchmarks/bench_startup.py --runs 5`", "quick smoke run",
-                   "| `--help` heavy modules (ssl, sqlite3, socket, http, subprocess) | none |", "raw JSON"):
+                   "| `--help` heavy modules (ssl, sqlite3, socket, http, subprocess) | none |", "raw JSON",
+                   "## Recorded by hand", "### Issue 27 (the refactor)"):
         assert needle in text, needle
 
 
